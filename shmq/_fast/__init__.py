@@ -1,0 +1,82 @@
+"""Cython hot paths (a leaf: imports nothing from shmq) with a pure-Python twin.
+
+``HAVE_FAST`` tells whether the compiled modules loaded; set ``SHMQ_PURE=1`` to force the twin.
+Every public name below exists in both ``batch``/``crc32c``/``index`` and ``_reference``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from shmq._fast import _reference
+
+HAVE_FAST = False
+if not os.environ.get("SHMQ_PURE"):
+    try:
+        from shmq._fast import batch as _batch
+        from shmq._fast import crc32c as _crc
+        from shmq._fast import index as _index
+
+        HAVE_FAST = True
+    except ImportError:  # not built: fall back to the twin
+        pass
+
+if HAVE_FAST:
+    crc32c = _crc.crc32c
+    crc32c_software = _crc.crc32c_software
+    have_hardware = _crc.have_hardware
+    validate_batch = _batch.validate_batch
+    batch_header = _batch.batch_header
+    stamp_batch = _batch.stamp_batch
+    scan_batches = _batch.scan_batches
+    decode_records = _batch.decode_records
+    encode_records = _batch.encode_records
+    build_batch = _batch.build_batch
+    ColumnBuilder = _batch.ColumnBuilder
+    largest_lower_bound = _index.largest_lower_bound
+    smallest_upper_bound = _index.smallest_upper_bound
+else:
+    crc32c = _reference.crc32c
+    crc32c_software = _reference.crc32c_software
+    have_hardware = _reference.have_hardware
+    validate_batch = _reference.validate_batch
+    batch_header = _reference.batch_header
+    stamp_batch = _reference.stamp_batch
+    scan_batches = _reference.scan_batches
+    decode_records = _reference.decode_records
+    encode_records = _reference.encode_records
+    build_batch = _reference.build_batch
+    ColumnBuilder = _reference.ColumnBuilder  # type: ignore[misc]
+    largest_lower_bound = _reference.largest_lower_bound
+    smallest_upper_bound = _reference.smallest_upper_bound
+
+from shmq._fast._reference import (  # noqa: E402  (constants are shared)
+    COL_ATTRIBUTES,
+    COL_BASE_OFFSET,
+    COL_BASE_SEQUENCE,
+    COL_BASE_TIMESTAMP,
+    COL_LAST_OFFSET,
+    COL_LEADER_EPOCH,
+    COL_MAX_TIMESTAMP,
+    COL_POSITION,
+    COL_PRODUCER_EPOCH,
+    COL_PRODUCER_ID,
+    COL_RECORDS_COUNT,
+    COL_SIZE,
+    HEADER_SIZE,
+    SCAN_COLUMNS,
+    SCAN_CORRUPT,
+    SCAN_END,
+    SCAN_FULL,
+    SCAN_PARTIAL,
+)
+
+__all__ = [
+    "COL_ATTRIBUTES", "COL_BASE_OFFSET", "COL_BASE_SEQUENCE", "COL_BASE_TIMESTAMP",
+    "COL_LAST_OFFSET", "COL_LEADER_EPOCH", "COL_MAX_TIMESTAMP", "COL_POSITION",
+    "COL_PRODUCER_EPOCH", "COL_PRODUCER_ID", "COL_RECORDS_COUNT", "COL_SIZE", "HAVE_FAST",
+    "HEADER_SIZE", "SCAN_COLUMNS", "SCAN_CORRUPT", "SCAN_END", "SCAN_FULL", "SCAN_PARTIAL",
+    "ColumnBuilder", "batch_header", "build_batch", "crc32c", "crc32c_software",
+    "decode_records", "encode_records", "have_hardware", "largest_lower_bound",
+    "scan_batches", "smallest_upper_bound", "stamp_batch", "validate_batch",
+]

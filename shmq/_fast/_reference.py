@@ -1,0 +1,413 @@
+"""Pure-Python twin of every compiled ``_fast`` function: same names, same behaviour.
+
+It is the fallback when the extensions are not built and the oracle the parity tests compare the
+compiled code against, so it is written for obviousness, not speed.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+from shmq._fast._errors import CorruptRecordError
+
+HEADER_SIZE = 61
+SCAN_END, SCAN_PARTIAL, SCAN_CORRUPT, SCAN_FULL = 0, 1, 2, 3
+SCAN_COLUMNS = 12
+(
+    COL_POSITION,
+    COL_BASE_OFFSET,
+    COL_LAST_OFFSET,
+    COL_MAX_TIMESTAMP,
+    COL_SIZE,
+    COL_LEADER_EPOCH,
+    COL_PRODUCER_ID,
+    COL_PRODUCER_EPOCH,
+    COL_BASE_SEQUENCE,
+    COL_ATTRIBUTES,
+    COL_RECORDS_COUNT,
+    COL_BASE_TIMESTAMP,
+) = range(12)
+
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+
+# --- CRC-32C ---------------------------------------------------------------------------------
+
+_POLY = 0x82F63B78
+_TABLE = []
+for _n in range(256):
+    _c = _n
+    for _ in range(8):
+        _c = (_c >> 1) ^ _POLY if _c & 1 else _c >> 1
+    _TABLE.append(_c)
+
+
+def crc32c(data: Any, value: int = 0) -> int:
+    """CRC-32C of ``data`` continuing from ``value`` (a finished CRC, 0 to start)."""
+    crc = value ^ 0xFFFFFFFF
+    table = _TABLE
+    for b in bytes(data):
+        crc = (crc >> 8) ^ table[(crc ^ b) & 0xFF]
+    return crc ^ 0xFFFFFFFF
+
+
+crc32c_software = crc32c
+
+
+def have_hardware() -> bool:
+    return False
+
+
+# --- batch headers ---------------------------------------------------------------------------
+
+_REASONS = {
+    "partial": "batch runs past the end of the buffer",
+    "short": "batch length is smaller than the 61-byte header",
+    "magic": "magic byte is not 2",
+    "crc": "CRC-32C mismatch",
+    "count": "record count is invalid",
+    "delta": "lastOffsetDelta does not match the record count",
+    "control": "clients may not write control batches",
+    "sequence": "producer id set but base sequence is negative",
+}
+
+
+def _check(buf: bytes, pos: int, end: int, verify_crc: bool, strict: bool) -> tuple[str, int]:
+    avail = end - pos
+    if avail < 17:
+        return "partial", 0
+    (length,) = struct.unpack_from(">i", buf, pos + 8)
+    if length < HEADER_SIZE - 12:
+        return "short", 0
+    if buf[pos + 16] != 2:
+        return "magic", 0
+    size = length + 12
+    if size > avail:
+        return "partial", 0
+    if verify_crc:
+        (stored,) = struct.unpack_from(">I", buf, pos + 17)
+        if crc32c(buf[pos + 21 : pos + size]) != stored:
+            return "crc", size
+    (delta,) = struct.unpack_from(">i", buf, pos + 23)
+    (count,) = struct.unpack_from(">i", buf, pos + 57)
+    if count < 0 or delta < 0:
+        return "count", size
+    if strict:
+        if count == 0 or delta != count - 1:
+            return "delta", size
+        if buf[pos + 22] & 0x20:
+            return "control", size
+        (pid,) = struct.unpack_from(">q", buf, pos + 43)
+        (seq,) = struct.unpack_from(">i", buf, pos + 53)
+        if pid >= 0 and seq < 0:
+            return "sequence", size
+    return "", size
+
+
+def validate_batch(
+    buf: Any, pos: int = 0, end: int = -1, verify_crc: bool = True, strict: bool = True
+) -> int:
+    data = bytes(buf)
+    if end < 0 or end > len(data):
+        end = len(data)
+    if pos < 0 or pos > end:
+        raise CorruptRecordError(f"batch position {pos} outside the buffer")
+    reason, size = _check(data, pos, end, verify_crc, strict)
+    if reason:
+        raise CorruptRecordError(f"invalid record batch at byte {pos}: {_REASONS[reason]}")
+    return size
+
+
+def batch_header(buf: Any, pos: int = 0) -> tuple[int, ...]:
+    data = bytes(buf)
+    if pos < 0 or len(data) - pos < HEADER_SIZE:
+        raise CorruptRecordError(f"record batch header at byte {pos} is truncated")
+    return _HEADER.unpack_from(data, pos)
+
+
+def stamp_batch(buf: Any, pos: int, base_offset: int, leader_epoch: int) -> None:
+    if pos < 0 or len(buf) - pos < HEADER_SIZE:
+        raise CorruptRecordError(f"record batch header at byte {pos} is truncated")
+    struct.pack_into(">q", buf, pos, base_offset)
+    struct.pack_into(">i", buf, pos + 12, leader_epoch)
+
+
+def scan_batches(
+    buf: Any, start: int, end: int, out: Any, verify_crc: bool = True, strict: bool = False
+) -> tuple[int, int, int, str | None]:
+    data = bytes(buf)
+    if end < 0 or end > len(data):
+        end = len(data)
+    if start < 0 or start > end:
+        raise CorruptRecordError(f"scan start {start} outside the buffer")
+    cap = len(out) // SCAN_COLUMNS
+    n, pos = 0, start
+    while True:
+        if pos == end:
+            return n, pos, SCAN_END, None
+        if n == cap:
+            return n, pos, SCAN_FULL, None
+        reason, size = _check(data, pos, end, verify_crc, strict)
+        if reason:
+            status = SCAN_PARTIAL if reason == "partial" else SCAN_CORRUPT
+            return n, pos, status, _REASONS[reason]
+        h = _HEADER.unpack_from(data, pos)
+        row = [pos, h[0], h[0] + h[6], h[8], size, h[2], h[9], h[10], h[11], h[5], h[12], h[7]]
+        out[n * SCAN_COLUMNS : (n + 1) * SCAN_COLUMNS] = row
+        n += 1
+        pos += size
+
+
+# --- varints and records ---------------------------------------------------------------------
+
+
+def _read_varint(data: bytes, pos: int, end: int, max_bytes: int) -> tuple[int, int]:
+    raw, shift, i = 0, 0, 0
+    while True:
+        if pos + i >= end or i >= max_bytes:
+            raise CorruptRecordError("truncated or overlong varint")
+        b = data[pos + i]
+        raw |= (b & 0x7F) << shift
+        i += 1
+        if not b & 0x80:
+            break
+        shift += 7
+    return (raw >> 1) ^ -(raw & 1), pos + i
+
+
+def _zigzag(v: int) -> bytes:
+    z = ((v << 1) ^ (v >> 63)) & 0xFFFFFFFFFFFFFFFF
+    out = bytearray()
+    while z >= 0x80:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+def _parse_record(data: bytes, pos: int, end: int) -> tuple[int, int, Any, Any, tuple, int]:
+    length, pos = _read_varint(data, pos, end, 5)
+    if length < 6 or length > end - pos:
+        raise CorruptRecordError("record length out of range")
+    rend = pos + length
+    pos += 1
+    ts_delta, pos = _read_varint(data, pos, rend, 10)
+    off_delta, pos = _read_varint(data, pos, rend, 5)
+    fields = []
+    for _ in range(2):
+        n, pos = _read_varint(data, pos, rend, 5)
+        if n < -1 or n > rend - pos:
+            raise CorruptRecordError("key or value length out of range")
+        fields.append(None if n < 0 else data[pos : pos + n])
+        pos += max(n, 0)
+    count, pos = _read_varint(data, pos, rend, 5)
+    if count < 0 or count > rend - pos:
+        raise CorruptRecordError("header count out of range")
+    headers = []
+    for _ in range(count):
+        n, pos = _read_varint(data, pos, rend, 5)
+        if n < 0 or n > rend - pos:
+            raise CorruptRecordError("header key length out of range")
+        hkey = data[pos : pos + n].decode("utf-8", "replace")
+        pos += n
+        n, pos = _read_varint(data, pos, rend, 5)
+        if n < -1 or n > rend - pos:
+            raise CorruptRecordError("header value length out of range")
+        headers.append((hkey, None if n < 0 else data[pos : pos + n]))
+        pos += max(n, 0)
+    if pos != rend:
+        raise CorruptRecordError("record length does not match its fields")
+    return ts_delta, off_delta, fields[0], fields[1], tuple(headers), rend
+
+
+def decode_records(
+    body: Any, count: int, base_offset: int, base_timestamp: int, log_append_time: int = -1
+) -> list[tuple[int, int, bytes | None, bytes | None, tuple]]:
+    data = bytes(body)
+    if count < 0 or count > len(data):
+        raise CorruptRecordError(f"record count {count} cannot fit in {len(data)} bytes")
+    out = []
+    pos = 0
+    for i in range(count):
+        try:
+            ts_delta, off_delta, key, value, headers, pos = _parse_record(data, pos, len(data))
+        except CorruptRecordError:
+            raise CorruptRecordError(f"record {i} of {count} is malformed") from None
+        ts = log_append_time if log_append_time >= 0 else base_timestamp + ts_delta
+        out.append((base_offset + off_delta, ts, key, value, headers))
+    if pos != len(data):
+        raise CorruptRecordError(f"{len(data) - pos} bytes left after {count} records")
+    return out
+
+
+def _as_bytes(obj: Any) -> bytes | None:
+    if obj is None:
+        return None
+    if isinstance(obj, str):
+        return obj.encode("utf-8")
+    return bytes(obj)
+
+
+def encode_records(records: Sequence[tuple[Any, Any, int, Any]], base_timestamp: int) -> bytes:
+    out = bytearray()
+    for i, (key, value, timestamp, headers) in enumerate(records):
+        body = bytearray(b"\x00")
+        body += _zigzag(timestamp - base_timestamp)
+        body += _zigzag(i)
+        for field in (_as_bytes(key), _as_bytes(value)):
+            if field is None:
+                body += _zigzag(-1)
+            else:
+                body += _zigzag(len(field)) + field
+        hlist = list(headers) if headers else []
+        body += _zigzag(len(hlist))
+        for hkey, hvalue in hlist:
+            if hkey is None:
+                raise ValueError("header keys may not be None")
+            hk = _as_bytes(hkey)
+            assert hk is not None
+            body += _zigzag(len(hk)) + hk
+            hv = _as_bytes(hvalue)
+            body += _zigzag(-1) if hv is None else _zigzag(len(hv)) + hv
+        out += _zigzag(len(body)) + body
+    return bytes(out)
+
+
+def build_batch(
+    records: Any,
+    records_count: int,
+    last_offset_delta: int,
+    attributes: int,
+    base_offset: int,
+    leader_epoch: int,
+    base_timestamp: int,
+    max_timestamp: int,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+) -> bytearray:
+    body = bytes(records)
+    size = HEADER_SIZE + len(body)
+    if size - 12 > 0x7FFFFFFF:
+        raise ValueError("record batch larger than 2 GiB")
+    out = bytearray(size)
+    _HEADER.pack_into(
+        out, 0, base_offset, size - 12, leader_epoch, 2, 0, attributes, last_offset_delta,
+        base_timestamp, max_timestamp, producer_id, producer_epoch, base_sequence, records_count,
+    )
+    out[HEADER_SIZE:] = body
+    struct.pack_into(">I", out, 17, crc32c(out[21:]))
+    return out
+
+
+class ColumnBuilder:
+    """Twin of the compiled ColumnBuilder (bytearrays instead of malloc'd blocks)."""
+
+    def __init__(self, timestamp_scale: int = 1) -> None:
+        self.timestamp_scale = timestamp_scale
+        self._reset()
+
+    def _reset(self) -> None:
+        self.offsets: list[int] = []
+        self.timestamps: list[int] = []
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def add(
+        self,
+        body: Any,
+        count: int,
+        base_offset: int,
+        base_timestamp: int,
+        log_append_time: int = -1,
+        min_offset: int = -0x7FFFFFFFFFFFFFFF,
+        max_offset: int = 0x7FFFFFFFFFFFFFFF,
+    ) -> int:
+        records = decode_records(body, count, base_offset, base_timestamp, log_append_time)
+        if sum(len(r[2] or b"") for r in records) + sum(map(len, filter(None, self.keys))) > 0x7FFFFFFF:
+            raise OverflowError("a ColumnBuilder holds at most 2 GiB of keys or values")
+        kept = 0
+        for offset, ts, key, value, _headers in records:
+            if offset < min_offset or offset >= max_offset:
+                continue
+            self.offsets.append(offset)
+            self.timestamps.append(ts * self.timestamp_scale)
+            self.keys.append(key)
+            self.values.append(value)
+            kept += 1
+        return kept
+
+    @staticmethod
+    def _binary(items: list[bytes | None]) -> tuple[bytes, bytes, bytes, int]:
+        offsets, data, bits = [0], bytearray(), bytearray((len(items) + 7) // 8)
+        for i, item in enumerate(items):
+            if item is not None:
+                data += item
+                bits[i >> 3] |= 1 << (i & 7)
+            offsets.append(len(data))
+        nulls = sum(1 for item in items if item is None)
+        return struct.pack(f"<{len(offsets)}i", *offsets), bytes(data), bytes(bits), nulls
+
+    def finish(self) -> dict[str, Any]:
+        n = len(self.offsets)
+        koff, kdata, kvalid, knulls = self._binary(self.keys)
+        voff, vdata, vvalid, vnulls = self._binary(self.values)
+        out = {
+            "length": n,
+            "offsets": struct.pack(f"<{n}q", *self.offsets),
+            "timestamps": struct.pack(f"<{n}q", *self.timestamps),
+            "key_offsets": koff,
+            "key_data": kdata,
+            "key_validity": kvalid,
+            "key_null_count": knulls,
+            "value_offsets": voff,
+            "value_data": vdata,
+            "value_validity": vvalid,
+            "value_null_count": vnulls,
+        }
+        self._reset()
+        return out
+
+
+# --- index search ----------------------------------------------------------------------------
+
+_WARM_BYTES = 8192
+
+
+def _check_args(size: int, entries: int, entry_size: int, key_offset: int, key_width: int) -> None:
+    if entry_size <= 0 or key_width not in (4, 8) or key_offset < 0 or key_offset + key_width > entry_size:
+        raise ValueError("bad index entry layout")
+    if entries < 0 or entries * entry_size > size:
+        raise ValueError(f"{entries} entries of {entry_size} bytes do not fit in {size} bytes")
+
+
+def _key(buf: Any, slot: int, entry_size: int, key_offset: int, key_width: int) -> int:
+    fmt = ">q" if key_width == 8 else ">i"
+    return struct.unpack_from(fmt, buf, slot * entry_size + key_offset)[0]
+
+
+def largest_lower_bound(
+    buf: Any, entries: int, entry_size: int, key_offset: int, key_width: int, target: int
+) -> int:
+    _check_args(len(buf), entries, entry_size, key_offset, key_width)
+    best = -1
+    for slot in range(entries):
+        if _key(buf, slot, entry_size, key_offset, key_width) <= target:
+            best = slot
+        else:
+            break
+    return best
+
+
+def smallest_upper_bound(
+    buf: Any, entries: int, entry_size: int, key_offset: int, key_width: int, target: int
+) -> int:
+    _check_args(len(buf), entries, entry_size, key_offset, key_width)
+    for slot in range(entries):
+        if _key(buf, slot, entry_size, key_offset, key_width) >= target:
+            return slot
+    return -1

@@ -1,0 +1,757 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""RecordBatch v2 hot paths: header checks, in-place stamping, batch scans, record codecs.
+
+Byte layout of a batch (big-endian, Kafka ``DefaultRecordBatch``)::
+
+    0  baseOffset int64          (stamped by the broker, not in the CRC)
+    8  batchLength int32         bytes after this field = size - 12
+   12  partitionLeaderEpoch int32 (stamped by the broker, not in the CRC)
+   16  magic int8 = 2
+   17  crc uint32                CRC-32C of bytes 21..size
+   21  attributes int16          bits 0-2 codec, 3 LogAppendTime, 4 transactional, 5 control
+   23  lastOffsetDelta int32
+   27  baseTimestamp int64
+   35  maxTimestamp int64
+   43  producerId int64
+   51  producerEpoch int16
+   53  baseSequence int32
+   57  recordsCount int32
+   61  records (one compressed stream when the codec is not none)
+
+Record (zigzag varints)::
+
+    length varint | attributes int8 | timestampDelta varlong | offsetDelta varint
+    keyLength varint (-1 null) | key | valueLength varint (-1 null) | value
+    headersCount varint | [headerKeyLength varint | key utf-8 | headerValueLength varint | value]
+
+Every function here bounds every read by the buffer it was given: bad input raises
+``CorruptRecordError`` and never reads outside the buffer.  The pure-Python twin in
+``_reference.py`` has the same names and behaviour and is the oracle in the parity tests.
+"""
+
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.string cimport memcpy, memset
+from libc.stdlib cimport malloc, realloc, free
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+from cpython.list cimport PyList_New, PyList_SET_ITEM
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from cpython.ref cimport Py_INCREF
+
+from shmq._fast.crc32c cimport crc32c_c, shmq_crc32c_init
+from shmq._fast._errors import CorruptRecordError
+
+cdef extern from "_endian.h":
+    int16_t shmq_load_i16(const unsigned char *p) nogil
+    int32_t shmq_load_i32(const unsigned char *p) nogil
+    int64_t shmq_load_i64(const unsigned char *p) nogil
+    uint32_t shmq_load_u32(const unsigned char *p) nogil
+    void shmq_store_u16(unsigned char *p, uint16_t v) nogil
+    void shmq_store_u32(unsigned char *p, uint32_t v) nogil
+    void shmq_store_u64(unsigned char *p, uint64_t v) nogil
+
+shmq_crc32c_init()
+
+cdef enum:
+    HEADER = 61
+    # scan_batches statuses
+    S_END = 0        # stopped exactly at `end`
+    S_PARTIAL = 1    # the batch at `pos` runs past `end` (a torn tail, or a lying length)
+    S_CORRUPT = 2    # the batch at `pos` is invalid (size, magic, CRC, counts)
+    S_FULL = 3       # `out` is full; call again from `pos`
+
+HEADER_SIZE = HEADER
+SCAN_END, SCAN_PARTIAL, SCAN_CORRUPT, SCAN_FULL = S_END, S_PARTIAL, S_CORRUPT, S_FULL
+# scan_batches output columns, SCAN_COLUMNS int64 per batch
+SCAN_COLUMNS = 12
+COL_POSITION, COL_BASE_OFFSET, COL_LAST_OFFSET, COL_MAX_TIMESTAMP, COL_SIZE, COL_LEADER_EPOCH, \
+    COL_PRODUCER_ID, COL_PRODUCER_EPOCH, COL_BASE_SEQUENCE, COL_ATTRIBUTES, COL_RECORDS_COUNT, \
+    COL_BASE_TIMESTAMP = range(12)
+
+# reasons a batch is invalid (_check); messages in _REASONS
+cdef enum:
+    OK = 0
+    PARTIAL = 1
+    R_SHORT_LENGTH = 10
+    R_MAGIC = 11
+    R_CRC = 12
+    R_COUNT = 13
+    R_DELTA = 14
+    R_CONTROL = 15
+    R_SEQUENCE = 16
+
+_REASONS = {
+    PARTIAL: "batch runs past the end of the buffer",
+    R_SHORT_LENGTH: "batch length is smaller than the 61-byte header",
+    R_MAGIC: "magic byte is not 2",
+    R_CRC: "CRC-32C mismatch",
+    R_COUNT: "record count is invalid",
+    R_DELTA: "lastOffsetDelta does not match the record count",
+    R_CONTROL: "clients may not write control batches",
+    R_SEQUENCE: "producer id set but base sequence is negative",
+}
+
+
+cdef int _check(const unsigned char *p, Py_ssize_t avail, bint verify_crc, bint strict,
+                Py_ssize_t *size_out) noexcept nogil:
+    """Classify the batch at p: OK (size in size_out), PARTIAL, or a reason code."""
+    cdef int32_t length, count, delta
+    cdef Py_ssize_t size
+    if avail < 17:
+        return PARTIAL
+    length = shmq_load_i32(p + 8)
+    if length < HEADER - 12:
+        return R_SHORT_LENGTH
+    if p[16] != 2:
+        return R_MAGIC
+    size = <Py_ssize_t>length + 12
+    if size > avail:
+        return PARTIAL
+    size_out[0] = size
+    if verify_crc and crc32c_c(p + 21, size - 21) != shmq_load_u32(p + 17):
+        return R_CRC
+    count = shmq_load_i32(p + 57)
+    delta = shmq_load_i32(p + 23)
+    if count < 0 or delta < 0:
+        return R_COUNT
+    if strict:
+        # LogValidator.validateBatch: a client batch holds exactly lastOffsetDelta + 1 records,
+        # is not a control batch, and carries a sequence when it carries a producer id.
+        if count == 0 or delta != count - 1:
+            return R_DELTA
+        if p[22] & 0x20:
+            return R_CONTROL
+        if shmq_load_i64(p + 43) >= 0 and shmq_load_i32(p + 53) < 0:
+            return R_SEQUENCE
+    return OK
+
+
+cdef object _corrupt(int reason, Py_ssize_t pos):
+    return CorruptRecordError(f"invalid record batch at byte {pos}: {_REASONS[reason]}")
+
+
+def validate_batch(const unsigned char[::1] buf not None, Py_ssize_t pos=0, Py_ssize_t end=-1,
+                   bint verify_crc=True, bint strict=True):
+    """Validate the batch at ``buf[pos:]`` (bounded by ``end``) and return its size in bytes.
+
+    ``strict`` adds the checks Kafka applies to client batches on produce (count equals
+    lastOffsetDelta + 1 and is positive, no control batch, sequence with producer id).
+    """
+    cdef Py_ssize_t size = 0
+    cdef int r
+    if end < 0 or end > buf.shape[0]:
+        end = buf.shape[0]
+    if pos < 0 or pos > end:
+        raise CorruptRecordError(f"batch position {pos} outside the buffer")
+    with nogil:
+        r = _check(&buf[0] + pos if buf.shape[0] else NULL, end - pos, verify_crc, strict, &size)
+    if r != OK:
+        raise _corrupt(r, pos)
+    return size
+
+
+def batch_header(const unsigned char[::1] buf not None, Py_ssize_t pos=0):
+    """The 13 header fields of the batch at ``buf[pos:]`` (no validation beyond the bounds).
+
+    Returns (base_offset, batch_length, leader_epoch, magic, crc, attributes, last_offset_delta,
+    base_timestamp, max_timestamp, producer_id, producer_epoch, base_sequence, records_count).
+    """
+    if pos < 0 or buf.shape[0] - pos < HEADER:
+        raise CorruptRecordError(f"record batch header at byte {pos} is truncated")
+    cdef const unsigned char *p = &buf[0] + pos
+    return (shmq_load_i64(p), shmq_load_i32(p + 8), shmq_load_i32(p + 12), <int8_t>p[16],
+            shmq_load_u32(p + 17), shmq_load_i16(p + 21), shmq_load_i32(p + 23),
+            shmq_load_i64(p + 27), shmq_load_i64(p + 35), shmq_load_i64(p + 43),
+            shmq_load_i16(p + 51), shmq_load_i32(p + 53), shmq_load_i32(p + 57))
+
+
+def stamp_batch(unsigned char[::1] buf not None, Py_ssize_t pos, int64_t base_offset,
+                int32_t leader_epoch):
+    """Write baseOffset and partitionLeaderEpoch in place; both lie outside the CRC."""
+    if pos < 0 or buf.shape[0] - pos < HEADER:
+        raise CorruptRecordError(f"record batch header at byte {pos} is truncated")
+    shmq_store_u64(&buf[pos], <uint64_t>base_offset)
+    shmq_store_u32(&buf[pos + 12], <uint32_t>leader_epoch)
+
+
+def scan_batches(const unsigned char[::1] buf not None, Py_ssize_t start, Py_ssize_t end,
+                 int64_t[::1] out not None, bint verify_crc=True, bint strict=False):
+    """Walk batches in ``buf[start:end]``, writing SCAN_COLUMNS int64 per batch into ``out``.
+
+    Returns ``(count, pos, status, reason)``: ``pos`` is where the walk stopped (the start of the
+    first batch not reported), ``status`` one of SCAN_END / SCAN_PARTIAL / SCAN_CORRUPT /
+    SCAN_FULL and ``reason`` a message for PARTIAL and CORRUPT (else None).
+    """
+    cdef Py_ssize_t cap = out.shape[0] // SCAN_COLUMNS
+    cdef Py_ssize_t n = 0, pos, size = 0
+    cdef int r = OK, status = 0
+    cdef const unsigned char *base
+    cdef const unsigned char *p
+    cdef int64_t *row
+    if end < 0 or end > buf.shape[0]:
+        end = buf.shape[0]
+    if start < 0 or start > end:
+        raise CorruptRecordError(f"scan start {start} outside the buffer")
+    pos = start
+    if end == start:
+        return 0, pos, S_END, None
+    base = &buf[0]
+    with nogil:
+        while True:
+            if pos == end:
+                status = S_END
+                break
+            if n == cap:
+                status = S_FULL
+                break
+            p = base + pos
+            r = _check(p, end - pos, verify_crc, strict, &size)
+            if r != OK:
+                status = S_PARTIAL if r == PARTIAL else S_CORRUPT
+                break
+            row = &out[n * 12]
+            row[0] = pos
+            row[1] = shmq_load_i64(p)
+            row[2] = row[1] + shmq_load_i32(p + 23)
+            row[3] = shmq_load_i64(p + 35)
+            row[4] = size
+            row[5] = shmq_load_i32(p + 12)
+            row[6] = shmq_load_i64(p + 43)
+            row[7] = shmq_load_i16(p + 51)
+            row[8] = shmq_load_i32(p + 53)
+            row[9] = shmq_load_i16(p + 21)
+            row[10] = shmq_load_i32(p + 57)
+            row[11] = shmq_load_i64(p + 27)
+            n += 1
+            pos += size
+    return n, pos, status, (_REASONS[r] if r != OK else None)
+
+
+# --- varints (zigzag, Kafka ByteUtils) -------------------------------------------------------
+
+cdef inline int _read_varlong(const unsigned char *p, Py_ssize_t avail, int64_t *out,
+                              int max_bytes) noexcept nogil:
+    """Read a zigzag varint of at most max_bytes; return bytes used, or -1."""
+    cdef uint64_t raw = 0
+    cdef int shift = 0, i = 0
+    cdef unsigned char b
+    while True:
+        if i >= avail or i >= max_bytes:
+            return -1
+        b = p[i]
+        raw |= (<uint64_t>(b & 0x7f)) << shift
+        i += 1
+        if not (b & 0x80):
+            break
+        shift += 7
+    out[0] = <int64_t>((raw >> 1) ^ (-(<int64_t>(raw & 1))))
+    return i
+
+
+cdef inline int _varint_size(int64_t v) noexcept nogil:
+    cdef uint64_t z = (<uint64_t>v << 1) ^ <uint64_t>(v >> 63)
+    cdef int n = 1
+    while z >= 0x80:
+        z >>= 7
+        n += 1
+    return n
+
+
+cdef inline Py_ssize_t _write_varint(unsigned char *p, int64_t v) noexcept nogil:
+    cdef uint64_t z = (<uint64_t>v << 1) ^ <uint64_t>(v >> 63)
+    cdef Py_ssize_t n = 0
+    while z >= 0x80:
+        p[n] = <unsigned char>((z & 0x7f) | 0x80)
+        z >>= 7
+        n += 1
+    p[n] = <unsigned char>z
+    return n + 1
+
+
+# --- record decoding -------------------------------------------------------------------------
+
+cdef struct RecordView:
+    int64_t timestamp_delta
+    int64_t offset_delta
+    Py_ssize_t key_pos          # -1 when null
+    Py_ssize_t key_len
+    Py_ssize_t value_pos        # -1 when null
+    Py_ssize_t value_len
+    Py_ssize_t headers_pos      # position of the first header
+    int64_t headers_count
+    Py_ssize_t end              # position after the record
+
+
+cdef int _parse_record(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end,
+                       RecordView *rv) noexcept nogil:
+    """Parse one record at p[pos:end]; 0 on success, -1 when malformed."""
+    cdef int64_t length, v, klen, vlen
+    cdef int n
+    cdef Py_ssize_t rend, i
+    n = _read_varlong(p + pos, end - pos, &length, 5)
+    if n < 0 or length < 6:
+        return -1
+    pos += n
+    if length > end - pos:
+        return -1
+    rend = pos + length
+    pos += 1  # attributes
+    n = _read_varlong(p + pos, rend - pos, &rv.timestamp_delta, 10)
+    if n < 0:
+        return -1
+    pos += n
+    n = _read_varlong(p + pos, rend - pos, &rv.offset_delta, 5)
+    if n < 0:
+        return -1
+    pos += n
+    n = _read_varlong(p + pos, rend - pos, &klen, 5)
+    if n < 0 or klen < -1 or klen > rend - pos - n:
+        return -1
+    pos += n
+    if klen < 0:
+        rv.key_pos = -1
+        rv.key_len = 0
+    else:
+        rv.key_pos = pos
+        rv.key_len = klen
+        pos += klen
+    n = _read_varlong(p + pos, rend - pos, &vlen, 5)
+    if n < 0 or vlen < -1 or vlen > rend - pos - n:
+        return -1
+    pos += n
+    if vlen < 0:
+        rv.value_pos = -1
+        rv.value_len = 0
+    else:
+        rv.value_pos = pos
+        rv.value_len = vlen
+        pos += vlen
+    n = _read_varlong(p + pos, rend - pos, &rv.headers_count, 5)
+    if n < 0 or rv.headers_count < 0 or rv.headers_count > rend - pos:
+        return -1
+    pos += n
+    rv.headers_pos = pos
+    i = 0
+    while i < rv.headers_count:
+        n = _read_varlong(p + pos, rend - pos, &klen, 5)
+        if n < 0 or klen < 0 or klen > rend - pos - n:
+            return -1
+        pos += n + klen
+        n = _read_varlong(p + pos, rend - pos, &vlen, 5)
+        if n < 0 or vlen < -1 or vlen > rend - pos - n:
+            return -1
+        pos += n
+        if vlen > 0:
+            pos += vlen
+        i += 1
+    if pos != rend:
+        return -1
+    rv.end = rend
+    return 0
+
+
+cdef object _headers_tuple(const unsigned char *p, RecordView *rv):
+    cdef Py_ssize_t pos = rv.headers_pos
+    cdef int64_t klen, vlen, i
+    cdef int n
+    cdef object key, value
+    if rv.headers_count == 0:
+        return ()
+    out = PyTuple_New(rv.headers_count)
+    for i in range(rv.headers_count):
+        n = _read_varlong(p + pos, rv.end - pos, &klen, 5)
+        pos += n
+        key = PyUnicode_DecodeUTF8(<const char *>p + pos, klen, "replace")
+        pos += klen
+        n = _read_varlong(p + pos, rv.end - pos, &vlen, 5)
+        pos += n
+        if vlen < 0:
+            value = None
+        else:
+            value = PyBytes_FromStringAndSize(<const char *>p + pos, vlen)
+            pos += vlen
+        item = (key, value)
+        Py_INCREF(item)
+        PyTuple_SET_ITEM(out, i, item)
+    return out
+
+
+def decode_records(const unsigned char[::1] body not None, int64_t count, int64_t base_offset,
+                   int64_t base_timestamp, int64_t log_append_time=-1):
+    """Decode ``count`` records from an uncompressed records section.
+
+    Returns a list of ``(offset, timestamp, key, value, headers)`` tuples, headers a tuple of
+    ``(str, bytes | None)``.  ``log_append_time >= 0`` replaces every timestamp (LogAppendTime
+    batches).  Raises CorruptRecordError when the section does not hold exactly ``count`` records.
+    """
+    cdef Py_ssize_t pos = 0, end = body.shape[0], i
+    cdef const unsigned char *p
+    cdef RecordView rv
+    if count < 0 or count > end:
+        raise CorruptRecordError(f"record count {count} cannot fit in {end} bytes")
+    p = &body[0] if end else NULL
+    out = PyList_New(count)
+    for i in range(count):
+        if _parse_record(p, pos, end, &rv) != 0:
+            # fill the rest so the list stays valid before raising
+            for j in range(i, count):
+                Py_INCREF(None)
+                PyList_SET_ITEM(out, j, None)
+            raise CorruptRecordError(f"record {i} of {count} is malformed")
+        key = None if rv.key_pos < 0 else PyBytes_FromStringAndSize(<const char *>p + rv.key_pos, rv.key_len)
+        value = None if rv.value_pos < 0 else PyBytes_FromStringAndSize(<const char *>p + rv.value_pos, rv.value_len)
+        item = (base_offset + rv.offset_delta,
+                log_append_time if log_append_time >= 0 else base_timestamp + rv.timestamp_delta,
+                key, value, _headers_tuple(p, &rv))
+        Py_INCREF(item)
+        PyList_SET_ITEM(out, i, item)
+        pos = rv.end
+    if pos != end:
+        raise CorruptRecordError(f"{end - pos} bytes left after {count} records")
+    return out
+
+
+# --- record encoding -------------------------------------------------------------------------
+
+cdef class _Buf:
+    """A borrowed read-only view of a bytes-like object, or None (null)."""
+    cdef Py_buffer view
+    cdef bint held
+
+    def __dealloc__(self):
+        if self.held:
+            PyBuffer_Release(&self.view)
+
+
+cdef inline _Buf _get_buf(object obj):
+    cdef _Buf b = _Buf.__new__(_Buf)
+    if obj is not None:
+        if isinstance(obj, str):
+            obj = (<str>obj).encode("utf-8")
+        PyObject_GetBuffer(obj, &b.view, PyBUF_SIMPLE)
+        b.held = True
+    return b
+
+
+def encode_records(records, int64_t base_timestamp):
+    """Encode ``records`` (sequence of ``(key, value, timestamp, headers)``) as a records section.
+
+    Offset deltas are 0..n-1; timestamps are written as deltas from ``base_timestamp``.  Keys and
+    values are bytes-like or None; headers a sequence of ``(str | bytes, bytes-like | None)``.
+    """
+    cdef Py_ssize_t n = len(records), i, total = 0, body, pos = 0, k
+    cdef int64_t ts
+    cdef _Buf kb, vb, hk, hv
+    cdef unsigned char *w
+    cdef list bufs = []
+    cdef Py_ssize_t *bodies = <Py_ssize_t *>malloc(sizeof(Py_ssize_t) * (n if n else 1))
+    if bodies == NULL:
+        raise MemoryError()
+    try:
+        # pass 1: sizes (and keep the buffers alive for pass 2)
+        for i in range(n):
+            key, value, timestamp, headers = records[i]
+            ts = timestamp - base_timestamp
+            kb = _get_buf(key)
+            vb = _get_buf(value)
+            bufs.append(kb)
+            bufs.append(vb)
+            body = 1 + _varint_size(ts) + _varint_size(i)
+            body += (_varint_size(kb.view.len) + kb.view.len) if kb.held else 1
+            body += (_varint_size(vb.view.len) + vb.view.len) if vb.held else 1
+            hlist = list(headers) if headers else []
+            bufs.append(hlist)
+            body += _varint_size(len(hlist))
+            for h in hlist:
+                hk = _get_buf(h[0])
+                hv = _get_buf(h[1])
+                if not hk.held:
+                    raise ValueError("header keys may not be None")
+                bufs.append(hk)
+                bufs.append(hv)
+                body += _varint_size(hk.view.len) + hk.view.len
+                body += (_varint_size(hv.view.len) + hv.view.len) if hv.held else 1
+            bodies[i] = body
+            total += _varint_size(body) + body
+        out = PyBytes_FromStringAndSize(NULL, total)
+        w = <unsigned char *>PyBytes_AS_STRING(out)
+        # pass 2: write
+        k = 0
+        for i in range(n):
+            ts = records[i][2] - base_timestamp
+            kb = <_Buf>bufs[k]
+            vb = <_Buf>bufs[k + 1]
+            hlist = bufs[k + 2]
+            k += 3
+            pos += _write_varint(w + pos, bodies[i])
+            w[pos] = 0
+            pos += 1
+            pos += _write_varint(w + pos, ts)
+            pos += _write_varint(w + pos, i)
+            if kb.held:
+                pos += _write_varint(w + pos, kb.view.len)
+                memcpy(w + pos, kb.view.buf, kb.view.len)
+                pos += kb.view.len
+            else:
+                pos += _write_varint(w + pos, -1)
+            if vb.held:
+                pos += _write_varint(w + pos, vb.view.len)
+                memcpy(w + pos, vb.view.buf, vb.view.len)
+                pos += vb.view.len
+            else:
+                pos += _write_varint(w + pos, -1)
+            pos += _write_varint(w + pos, len(hlist))
+            for _ in range(len(hlist)):
+                hk = <_Buf>bufs[k]
+                hv = <_Buf>bufs[k + 1]
+                k += 2
+                pos += _write_varint(w + pos, hk.view.len)
+                memcpy(w + pos, hk.view.buf, hk.view.len)
+                pos += hk.view.len
+                if hv.held:
+                    pos += _write_varint(w + pos, hv.view.len)
+                    memcpy(w + pos, hv.view.buf, hv.view.len)
+                    pos += hv.view.len
+                else:
+                    pos += _write_varint(w + pos, -1)
+        return out
+    finally:
+        free(bodies)
+
+
+def build_batch(const unsigned char[::1] records not None, int32_t records_count,
+                int32_t last_offset_delta, int16_t attributes, int64_t base_offset,
+                int32_t leader_epoch, int64_t base_timestamp, int64_t max_timestamp,
+                int64_t producer_id, int16_t producer_epoch, int32_t base_sequence):
+    """Frame a (possibly compressed) records section as a RecordBatch v2 with a valid CRC."""
+    cdef Py_ssize_t n = records.shape[0]
+    cdef Py_ssize_t size = HEADER + n
+    if size - 12 > 0x7fffffff:
+        raise ValueError("record batch larger than 2 GiB")
+    out = bytearray(size)
+    cdef unsigned char *w = out
+    shmq_store_u64(w, <uint64_t>base_offset)
+    shmq_store_u32(w + 8, <uint32_t>(size - 12))
+    shmq_store_u32(w + 12, <uint32_t>leader_epoch)
+    w[16] = 2
+    shmq_store_u16(w + 21, <uint16_t>attributes)
+    shmq_store_u32(w + 23, <uint32_t>last_offset_delta)
+    shmq_store_u64(w + 27, <uint64_t>base_timestamp)
+    shmq_store_u64(w + 35, <uint64_t>max_timestamp)
+    shmq_store_u64(w + 43, <uint64_t>producer_id)
+    shmq_store_u16(w + 51, <uint16_t>producer_epoch)
+    shmq_store_u32(w + 53, <uint32_t>base_sequence)
+    shmq_store_u32(w + 57, <uint32_t>records_count)
+    if n:
+        memcpy(w + HEADER, &records[0], n)
+    shmq_store_u32(w + 17, crc32c_c(w + 21, size - 21))
+    return out
+
+
+# --- columnar decoding (Arrow layout) --------------------------------------------------------
+
+cdef class OwnedBuffer:
+    """A malloc'd block exposed through the buffer protocol and freed with the object."""
+    cdef char *ptr
+    cdef Py_ssize_t size
+    cdef Py_ssize_t shape[1]
+    cdef Py_ssize_t strides[1]
+
+    def __dealloc__(self):
+        free(self.ptr)
+
+    def __len__(self):
+        return self.size
+
+    def __getbuffer__(self, Py_buffer *view, int flags):
+        self.shape[0] = self.size
+        self.strides[0] = 1
+        view.buf = self.ptr
+        view.obj = self
+        view.len = self.size
+        view.readonly = 1
+        view.itemsize = 1
+        view.format = "B"
+        view.ndim = 1
+        view.shape = self.shape
+        view.strides = self.strides
+        view.suboffsets = NULL
+        view.internal = NULL
+
+    def __releasebuffer__(self, Py_buffer *view):
+        pass
+
+
+cdef OwnedBuffer _own(void *ptr, Py_ssize_t size):
+    cdef OwnedBuffer b = OwnedBuffer.__new__(OwnedBuffer)
+    b.ptr = <char *>ptr
+    b.size = size
+    return b
+
+
+cdef void *_grow(void *ptr, Py_ssize_t *cap, Py_ssize_t need, Py_ssize_t item) except NULL:
+    cdef Py_ssize_t old = cap[0], new = old if old else 1024
+    cdef void *q
+    if need <= old and ptr != NULL:
+        return ptr
+    while new < need:
+        new *= 2
+    q = realloc(ptr, new * item)
+    if q == NULL:
+        raise MemoryError()
+    memset(<char *>q + old * item, 0, (new - old) * item)
+    cap[0] = new
+    return q
+
+
+cdef class ColumnBuilder:
+    """Accumulates records as Arrow columns: offset, timestamp, key and value (binary).
+
+    ``add`` decodes one uncompressed records section straight into growing C buffers (no Python
+    object per record); ``finish`` hands the buffers over as ``OwnedBuffer`` objects that
+    ``pyarrow.Array.from_buffers`` wraps without copying.  Binary offsets are int32 (Arrow
+    ``binary``), so one builder holds at most 2 GiB of keys and 2 GiB of values.
+    """
+    cdef int64_t *offsets
+    cdef int64_t *timestamps
+    cdef int32_t *key_offsets
+    cdef int32_t *value_offsets
+    cdef uint8_t *key_valid
+    cdef uint8_t *value_valid
+    cdef unsigned char *key_data
+    cdef unsigned char *value_data
+    cdef Py_ssize_t n, cap_rows, cap_off, cap_ts, cap_koff, cap_voff, cap_kval, cap_vval
+    cdef Py_ssize_t key_len, key_cap, value_len, value_cap, key_nulls, value_nulls
+    cdef int64_t timestamp_scale
+
+    def __cinit__(self, int64_t timestamp_scale=1):
+        self.timestamp_scale = timestamp_scale
+        self._reset()
+
+    cdef _reset(self):
+        self.offsets = NULL; self.timestamps = NULL; self.key_offsets = NULL
+        self.value_offsets = NULL; self.key_valid = NULL; self.value_valid = NULL
+        self.key_data = NULL; self.value_data = NULL
+        self.n = 0; self.cap_off = 0; self.cap_ts = 0; self.cap_koff = 0; self.cap_voff = 0
+        self.cap_kval = 0; self.cap_vval = 0
+        self.key_len = 0; self.key_cap = 0; self.value_len = 0; self.value_cap = 0
+        self.key_nulls = 0; self.value_nulls = 0
+
+    def __dealloc__(self):
+        free(self.offsets); free(self.timestamps); free(self.key_offsets)
+        free(self.value_offsets); free(self.key_valid); free(self.value_valid)
+        free(self.key_data); free(self.value_data)
+
+    def __len__(self):
+        return self.n
+
+    cdef _reserve(self, Py_ssize_t rows, Py_ssize_t data):
+        cdef Py_ssize_t need = self.n + rows
+        self.offsets = <int64_t *>_grow(self.offsets, &self.cap_off, need, 8)
+        self.timestamps = <int64_t *>_grow(self.timestamps, &self.cap_ts, need, 8)
+        self.key_offsets = <int32_t *>_grow(self.key_offsets, &self.cap_koff, need + 1, 4)
+        self.value_offsets = <int32_t *>_grow(self.value_offsets, &self.cap_voff, need + 1, 4)
+        self.key_valid = <uint8_t *>_grow(self.key_valid, &self.cap_kval, need // 8 + 1, 1)
+        self.value_valid = <uint8_t *>_grow(self.value_valid, &self.cap_vval, need // 8 + 1, 1)
+        self.key_data = <unsigned char *>_grow(self.key_data, &self.key_cap, self.key_len + data + 1, 1)
+        self.value_data = <unsigned char *>_grow(self.value_data, &self.value_cap, self.value_len + data + 1, 1)
+        if self.key_len + data > 0x7fffffff or self.value_len + data > 0x7fffffff:
+            raise OverflowError("a ColumnBuilder holds at most 2 GiB of keys or values; finish() first")
+
+    def add(self, const unsigned char[::1] body not None, int64_t count, int64_t base_offset,
+            int64_t base_timestamp, int64_t log_append_time=-1,
+            int64_t min_offset=-0x7fffffffffffffff, int64_t max_offset=0x7fffffffffffffff):
+        """Decode ``count`` records from ``body``, keeping offsets in [min_offset, max_offset).
+
+        Returns the number of records kept.  Raises CorruptRecordError (keeping nothing from this
+        section) when the section does not hold exactly ``count`` well-formed records.
+        """
+        cdef Py_ssize_t end = body.shape[0], pos = 0, i, kept = 0, start_n = self.n
+        cdef Py_ssize_t start_key = self.key_len, start_value = self.value_len
+        cdef Py_ssize_t start_knulls = self.key_nulls, start_vnulls = self.value_nulls
+        cdef const unsigned char *p
+        cdef RecordView rv
+        cdef int64_t off
+        cdef int bad = 0
+        if count < 0 or count > end:
+            raise CorruptRecordError(f"record count {count} cannot fit in {end} bytes")
+        if count == 0:
+            if end:
+                raise CorruptRecordError(f"{end} bytes left after 0 records")
+            return 0
+        self._reserve(count, end)
+        p = &body[0]
+        if self.n == 0:
+            self.key_offsets[0] = 0
+            self.value_offsets[0] = 0
+        with nogil:
+            for i in range(count):
+                if _parse_record(p, pos, end, &rv) != 0:
+                    bad = 1
+                    break
+                pos = rv.end
+                off = base_offset + rv.offset_delta
+                if off < min_offset or off >= max_offset:
+                    continue
+                self.offsets[self.n] = off
+                if log_append_time >= 0:
+                    self.timestamps[self.n] = log_append_time * self.timestamp_scale
+                else:
+                    self.timestamps[self.n] = (base_timestamp + rv.timestamp_delta) * self.timestamp_scale
+                if rv.key_pos >= 0:
+                    memcpy(self.key_data + self.key_len, p + rv.key_pos, rv.key_len)
+                    self.key_len += rv.key_len
+                    self.key_valid[self.n >> 3] |= <uint8_t>(1 << (self.n & 7))
+                else:
+                    self.key_nulls += 1
+                if rv.value_pos >= 0:
+                    memcpy(self.value_data + self.value_len, p + rv.value_pos, rv.value_len)
+                    self.value_len += rv.value_len
+                    self.value_valid[self.n >> 3] |= <uint8_t>(1 << (self.n & 7))
+                else:
+                    self.value_nulls += 1
+                self.n += 1
+                self.key_offsets[self.n] = <int32_t>self.key_len
+                self.value_offsets[self.n] = <int32_t>self.value_len
+                kept += 1
+            if not bad and pos != end:
+                bad = 2
+        if bad:
+            # roll back this section; clear validity bits it set
+            for i in range(start_n, self.n):
+                self.key_valid[i >> 3] &= <uint8_t>~(1 << (i & 7))
+                self.value_valid[i >> 3] &= <uint8_t>~(1 << (i & 7))
+            self.n = start_n
+            self.key_len = start_key
+            self.value_len = start_value
+            self.key_nulls = start_knulls
+            self.value_nulls = start_vnulls
+            if bad == 1:
+                raise CorruptRecordError(f"record {i} of {count} is malformed")
+            raise CorruptRecordError(f"{end - pos} bytes left after {count} records")
+        return kept
+
+    def finish(self):
+        """Hand over the columns and reset: a dict of lengths, null counts and OwnedBuffers."""
+        cdef Py_ssize_t n = self.n
+        if n == 0:
+            self.key_offsets = <int32_t *>_grow(self.key_offsets, &self.cap_koff, 1, 4)
+            self.value_offsets = <int32_t *>_grow(self.value_offsets, &self.cap_voff, 1, 4)
+            self.key_offsets[0] = 0
+            self.value_offsets[0] = 0
+        out = {
+            "length": n,
+            "offsets": _own(self.offsets, n * 8),
+            "timestamps": _own(self.timestamps, n * 8),
+            "key_offsets": _own(self.key_offsets, (n + 1) * 4),
+            "key_data": _own(self.key_data, self.key_len),
+            "key_validity": _own(self.key_valid, (n + 7) // 8),
+            "key_null_count": self.key_nulls,
+            "value_offsets": _own(self.value_offsets, (n + 1) * 4),
+            "value_data": _own(self.value_data, self.value_len),
+            "value_validity": _own(self.value_valid, (n + 7) // 8),
+            "value_null_count": self.value_nulls,
+        }
+        self._reset()
+        return out

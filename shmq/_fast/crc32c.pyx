@@ -1,0 +1,36 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""CRC-32C (Castagnoli) as Kafka's ``Crc32C``: SSE4.2 with interleaved streams, or tables.
+
+The algorithm lives in ``_crc32c_impl.h``; this module is its Python face.
+"""
+
+from libc.stdint cimport uint32_t
+
+shmq_crc32c_init()
+
+
+def crc32c(const unsigned char[::1] data not None, unsigned int value=0):
+    """CRC-32C of ``data`` continuing from ``value`` (a finished CRC, 0 to start)."""
+    cdef uint32_t crc = value
+    cdef size_t n = data.shape[0]
+    if n == 0:
+        return crc
+    with nogil:
+        crc = shmq_crc32c_update(crc, &data[0], n, 1)
+    return crc
+
+
+def crc32c_software(const unsigned char[::1] data not None, unsigned int value=0):
+    """CRC-32C through the table path only (to test it on CPUs that have SSE4.2)."""
+    cdef uint32_t crc = value
+    cdef size_t n = data.shape[0]
+    if n == 0:
+        return crc
+    with nogil:
+        crc = shmq_crc32c_update(crc, &data[0], n, 0)
+    return crc
+
+
+def have_hardware():
+    """True when the SSE4.2 ``crc32`` instruction is in use."""
+    return bool(shmq_crc32c_have_hw)
