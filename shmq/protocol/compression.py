@@ -111,7 +111,7 @@ def _lz4_compress(data: BytesLike, level: int | None) -> bytes:
 
 def _xerial_compress(data: BytesLike) -> bytes:
     view = memoryview(data)
-    parts: list[BytesLike] = [_XERIAL_HEADER]
+    parts: list[bytes | cramjam.Buffer] = [_XERIAL_HEADER]
     for start in range(0, len(view), _XERIAL_BLOCK_SIZE):
         block = cramjam.snappy.compress_raw(view[start : start + _XERIAL_BLOCK_SIZE])
         parts.append(_INT32.pack(len(block)))
