@@ -1,0 +1,17 @@
+"""Partition logs on disk in Apache Kafka's format: segments, indexes, recovery, retention."""
+
+from shmq.storage.log import AppendInfo, LogReadResult, PartitionLog, RecordTooLargeError
+from shmq.storage.log_config import LogConfig
+from shmq.storage.log_manager import LogManager
+from shmq.storage.slices import FileHandle, FileSlice
+
+__all__ = [
+    "AppendInfo",
+    "FileHandle",
+    "FileSlice",
+    "LogConfig",
+    "LogManager",
+    "LogReadResult",
+    "PartitionLog",
+    "RecordTooLargeError",
+]

@@ -1,0 +1,90 @@
+"""Checkpoint files in Kafka's text formats (``CheckpointFile``), replaced atomically.
+
+    0                 version
+    3                 number of entries
+    orders 0 42       one entry per line: "<topic> <partition> <offset>"
+    orders 1 17
+    events 0 9
+
+``leader-epoch-checkpoint`` uses the same frame with "<epoch> <start offset>" entries.  A write
+goes to ``<file>.tmp``, is fsynced, renamed over the old file, and the directory is fsynced: a
+crash leaves the old or the new file, never a torn one.  A file that does not parse reads as
+missing, which makes the loader recover more, never less.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+VERSION = 0
+
+
+def write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _write(path: Path, lines: list[str]) -> None:
+    write_atomically(path, "\n".join([str(VERSION), str(len(lines)), *lines]) + "\n")
+
+
+def _read(path: Path, fields: int) -> list[list[str]] | None:
+    try:
+        text = path.read_text()
+    except (FileNotFoundError, UnicodeDecodeError):
+        return None
+    lines = text.split("\n")
+    try:
+        if lines[0] != str(VERSION):
+            return None
+        count = int(lines[1])
+        entries = [line.split(" ") for line in lines[2 : 2 + count]]
+    except (IndexError, ValueError):
+        return None
+    if len(entries) != count or any(len(e) != fields for e in entries):
+        return None
+    return entries
+
+
+def write_offsets(path: Path, offsets: dict[tuple[str, int], int]) -> None:
+    """Write a "<topic> <partition> <offset>" checkpoint."""
+    lines = [f"{t} {p} {o}" for (t, p), o in sorted(offsets.items())]
+    _write(path, lines)
+
+
+def read_offsets(path: Path) -> dict[tuple[str, int], int]:
+    """Read a "<topic> <partition> <offset>" checkpoint; missing or malformed reads as empty."""
+    entries = _read(path, 3)
+    if entries is None:
+        return {}
+    try:
+        return {(t, int(p)): int(o) for t, p, o in entries}
+    except ValueError:
+        return {}
+
+
+def write_leader_epochs(path: Path, epochs: Iterable[tuple[int, int]]) -> None:
+    _write(path, [f"{e} {o}" for e, o in epochs])
+
+
+def read_leader_epochs(path: Path) -> list[tuple[int, int]] | None:
+    entries = _read(path, 2)
+    if entries is None:
+        return None
+    try:
+        return [(int(e), int(o)) for e, o in entries]
+    except ValueError:
+        return None

@@ -1,0 +1,163 @@
+"""The machinery shared by the offset and time indexes (Kafka ``AbstractIndex``).
+
+Theory of operation
+-------------------
+An index file is an array of fixed-size big-endian entries, sorted, mmapped read-write while
+its segment is active.  A new index is *preallocated* to ``segment.index.bytes`` (rounded down to
+whole entries) so appends never grow the file; the number of valid entries is kept in memory.
+Kafka derives the entry count of an existing index from the file length, so an index must be
+*trimmed* to its valid size before it is closed or its segment rolls — otherwise a reopen would
+read the zero tail as entries.  After a crash the active segment's index is untrimmed: the loader
+rebuilds it from the log (``LogSegment.recover``).
+
+An index with no entries keeps no mapping (mmap cannot map 0 bytes).  Lookups run in Cython
+(``shmq._fast.largest_lower_bound``) with Kafka's warm-section binary search.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+
+from shmq import _fast
+from shmq.errors import CorruptIndexError
+
+
+class IndexFile:
+    """An mmapped, preallocated array of ``ENTRY_SIZE``-byte entries."""
+
+    ENTRY_SIZE = 8
+
+    def __init__(self, path: Path, base_offset: int, max_index_size: int, *, writable: bool) -> None:
+        self.path = path
+        self.base_offset = base_offset
+        self.max_entries = max_index_size // self.ENTRY_SIZE
+        self._mmap: mmap.mmap | None = None
+        self._fd = -1
+        existed = path.exists()
+        self.missing = not existed  # a missing index is rebuilt by the loader
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        length = os.fstat(self._fd).st_size
+        # AbstractIndex: an existing index holds floor(length / entry) entries
+        self.entries = length // self.ENTRY_SIZE if existed else 0
+        self.writable = writable
+        if writable:
+            self._resize(max(self.max_entries, self.entries) * self.ENTRY_SIZE)
+        else:
+            self._map(self.entries * self.ENTRY_SIZE)
+
+    # -- mapping --------------------------------------------------------------------------------
+
+    def _map(self, length: int) -> None:
+        self._unmap()
+        if length > 0:
+            access = mmap.ACCESS_WRITE if self.writable else mmap.ACCESS_READ
+            self._mmap = mmap.mmap(self._fd, length, access=access)
+        self._length = length
+
+    def _unmap(self) -> None:
+        if self._mmap is not None:
+            if self.writable:
+                self._mmap.flush()
+            self._mmap.close()
+            self._mmap = None
+
+    def _resize(self, length: int) -> None:
+        self._unmap()
+        os.ftruncate(self._fd, length)
+        self._map(length)
+
+    @property
+    def buffer(self) -> memoryview | bytes:
+        return memoryview(self._mmap) if self._mmap is not None else b""
+
+    # -- state ------------------------------------------------------------------------------------
+
+    @property
+    def is_full(self) -> bool:
+        return self.entries >= self.max_entries
+
+    @property
+    def size_in_bytes(self) -> int:
+        return self.entries * self.ENTRY_SIZE
+
+    def _append_raw(self, entry: bytes) -> None:
+        if not self.writable:
+            raise CorruptIndexError(f"index {self.path} is read-only")
+        if self.entries * self.ENTRY_SIZE + self.ENTRY_SIZE > self._length:
+            raise CorruptIndexError(f"index {self.path} is full ({self.entries} entries)")
+        assert self._mmap is not None
+        pos = self.entries * self.ENTRY_SIZE
+        self._mmap[pos : pos + self.ENTRY_SIZE] = entry
+        self.entries += 1
+
+    def entry_bytes(self, slot: int) -> bytes:
+        assert self._mmap is not None
+        pos = slot * self.ENTRY_SIZE
+        return self._mmap[pos : pos + self.ENTRY_SIZE]
+
+    def _search(self, key_offset: int, key_width: int, target: int, upper: bool = False) -> int:
+        if self.entries == 0 or self._mmap is None:
+            return -1
+        fn = _fast.smallest_upper_bound if upper else _fast.largest_lower_bound
+        view = memoryview(self._mmap)
+        try:
+            return fn(view, self.entries, self.ENTRY_SIZE, key_offset, key_width, target)
+        finally:
+            view.release()
+
+    def truncate_entries(self, entries: int) -> None:
+        """Forget every entry from slot ``entries`` on (zeroing them keeps the tail clean)."""
+        entries = max(0, min(entries, self.entries))
+        if self._mmap is not None and entries < self.entries:
+            start, end = entries * self.ENTRY_SIZE, self.entries * self.ENTRY_SIZE
+            self._mmap[start:end] = bytes(end - start)
+        self.entries = entries
+
+    def reset(self) -> None:
+        self.truncate_entries(0)
+
+    def flush(self) -> None:
+        if self._mmap is not None:
+            self._mmap.flush()
+
+    def trim_to_valid_size(self) -> None:
+        """Shrink the file to exactly its entries (on roll and close, as Kafka does)."""
+        self._resize(self.entries * self.ENTRY_SIZE)
+
+    def make_writable(self, max_index_size: int) -> None:
+        """Reopen read-write and regrow to the preallocated size (the active segment after load)."""
+        self.max_entries = max_index_size // self.ENTRY_SIZE
+        self.writable = True
+        self._resize(max(self.max_entries, self.entries) * self.ENTRY_SIZE)
+
+    def close(self) -> None:
+        """Trim (if writable) and release the mapping and the descriptor."""
+        if self._fd < 0:
+            return
+        if self.writable:
+            self.trim_to_valid_size()
+        self._unmap()
+        os.close(self._fd)
+        self._fd = -1
+
+    def close_untrimmed(self) -> None:
+        """Release without trimming: what a crash leaves behind (tests and fault injection)."""
+        if self._mmap is not None:
+            self._mmap.close()
+            self._mmap = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def delete(self) -> None:
+        self.close_untrimmed()
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+    def rename_to(self, path: Path) -> None:
+        os.rename(self.path, path)
+        self.path = path

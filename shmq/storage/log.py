@@ -1,0 +1,433 @@
+"""The partition log: ordered segments, offsets, reads, roll, retention and flush.
+
+Theory of operation (Kafka ``UnifiedLog`` + ``LocalLog``)
+---------------------------------------------------------
+Offsets::
+
+    log start offset  <=  high watermark  <=  log end offset (LEO)
+    first readable        readers stop here    next offset to assign
+
+* ``append`` validates each batch (size, magic, CRC, and with ``validate`` the produce rules),
+  assigns offsets from the LEO, rolls first if the active segment would overflow, and writes the
+  batches with one ``pwritev``.  The high watermark is the caller's business (the broker moves it
+  when the ISR has the data; with one replica, right after the append).
+* ``read`` returns whole batches from the one containing the requested offset, never past the
+  given upper bound (HW, or LSO for read_committed), as ``FileSlice``s for ``sendfile``.
+* Retention deletes whole segments from the oldest, never one holding offsets at or above the HW;
+  ``delete_records_before`` moves the log start offset (DeleteRecords).
+* Durability: the recovery point is the offset below which everything is fsynced.  ``flush`` is a
+  group commit: callers pass the offset they need durable; whoever gets the flush lock fsyncs up to
+  the LEO it sees, and everyone whose offset that covered returns without a second fsync.
+  ``flush.messages`` / ``flush.ms`` trigger flushes from ``append`` and ``maybe_flush``.
+
+Thread safety: one writer (the partition's worker).  ``flush`` may run on other threads while the
+writer appends: it only reads the segment list under ``_lock`` and fsyncs outside it.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from shmq import _fast
+from shmq.errors import CorruptRecordError, KafkaApiError, OffsetOutOfRangeError
+from shmq.storage import checkpoint, layout
+from shmq.storage.log_config import LogConfig
+from shmq.storage.segment import LogSegment
+from shmq.storage.slices import FileSlice
+
+MESSAGE_TOO_LARGE = 10
+LATEST_TIMESTAMP = -1
+EARLIEST_TIMESTAMP = -2
+MAX_TIMESTAMP = -3
+
+_HEAD = struct.Struct(">qi")      # baseOffset, batchLength
+_I32 = struct.Struct(">i")
+
+
+class RecordTooLargeError(KafkaApiError):
+    """A batch is larger than ``max.message.bytes`` (Kafka MESSAGE_TOO_LARGE)."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(MESSAGE_TOO_LARGE, f"batch of {size} bytes exceeds max.message.bytes {limit}")
+
+
+class AppendInfo(NamedTuple):
+    first_offset: int
+    last_offset: int
+    max_timestamp: int
+    offset_of_max_timestamp: int
+    log_append_time: int            # -1 unless the topic uses LogAppendTime
+    batch_count: int
+    size: int
+
+
+class LogReadResult(NamedTuple):
+    slices: list[FileSlice]         # zero or one slice, whole batches
+    log_start_offset: int
+    high_watermark: int
+    log_end_offset: int
+
+    @property
+    def size(self) -> int:
+        return sum(s.length for s in self.slices)
+
+
+class PartitionLog:
+    """One partition's log in ``<log dir>/<topic>-<partition>/``."""
+
+    def __init__(self, directory: Path, config: LogConfig, segments: list[LogSegment],
+                 log_start_offset: int, recovery_point: int, leader_epoch: int = -1) -> None:
+        self.directory = directory
+        self.config = config
+        self.segments = segments
+        self._bases = [s.base_offset for s in segments]
+        self.log_start_offset = log_start_offset
+        self.recovery_point = recovery_point
+        self.high_watermark = self.log_end_offset
+        self.leader_epoch = leader_epoch
+        self.unflushed_messages = 0
+        self.last_flush_ms = int(time.time() * 1000)
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self.closed = False
+
+    @classmethod
+    def open(cls, directory: Path, config: LogConfig | None = None, *, recovery_point: int = 0,
+             log_start_offset: int = 0, clean_shutdown: bool = False,
+             max_leader_epoch: int | None = None) -> PartitionLog:
+        """Open (or create) the log in ``directory``, recovering it if the shutdown was unclean."""
+        from shmq.storage.loader import load_log
+
+        config = config or LogConfig()
+        loaded = load_log(directory, config, recovery_point=recovery_point,
+                          log_start_offset=log_start_offset, clean_shutdown=clean_shutdown,
+                          max_leader_epoch=max_leader_epoch)
+        return cls(directory, config, loaded.segments, loaded.log_start_offset,
+                   loaded.recovery_point, loaded.leader_epoch)
+
+    # -- offsets ------------------------------------------------------------------------------
+
+    @property
+    def active_segment(self) -> LogSegment:
+        return self.segments[-1]
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.segments[-1].next_offset
+
+    @property
+    def size_in_bytes(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    def update_high_watermark(self, offset: int) -> int:
+        """Set the HW, clamped to [log start, LEO]; returns the new value."""
+        self.high_watermark = max(self.log_start_offset, min(offset, self.log_end_offset))
+        return self.high_watermark
+
+    def _segment_for(self, offset: int) -> int:
+        """Index of the segment whose range holds ``offset`` (the last one at or below it)."""
+        from bisect import bisect_right
+
+        return max(0, bisect_right(self._bases, offset) - 1)
+
+    # -- append -------------------------------------------------------------------------------
+
+    def append(self, records: Any, *, leader_epoch: int | None = None, validate: bool = True,
+               now_ms: int | None = None) -> AppendInfo:
+        """Append every batch in ``records`` (bytes-like), assigning offsets from the LEO.
+
+        ``validate`` applies Kafka's produce checks (exact record counts, no control batches);
+        a replica or a coordinator appending its own batches passes False.  Nothing is written
+        unless every batch is valid.  Raises CorruptRecordError or RecordTooLargeError.
+        """
+        mv = records if isinstance(records, memoryview) else memoryview(records)
+        if mv.ndim != 1 or mv.itemsize != 1:
+            mv = mv.cast("B")
+        if len(mv) == 0:
+            raise CorruptRecordError("no record batches to append")
+        epoch = self.leader_epoch if leader_epoch is None else leader_epoch
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        log_append = self.config.log_append_time
+        limit = self.config.max_message_bytes
+        # pass 1: validate everything before touching the file
+        spans = []
+        pos, n_records = 0, 0
+        while pos < len(mv):
+            size = _fast.validate_batch(mv, pos, -1, True, validate)
+            if size > limit:
+                raise RecordTooLargeError(size, limit)
+            delta = _I32.unpack_from(mv, pos + 23)[0]
+            spans.append((pos, size, delta))
+            n_records += delta + 1
+            pos += size
+        with self._lock:
+            if self.closed:
+                raise ValueError("log is closed")
+            first = self.log_end_offset
+            segment = self.active_segment
+            if segment.should_roll(len(mv), now, first + n_records - 1):
+                segment = self._roll_locked(now)
+            # pass 2: stamp headers and build the iovec
+            iov: list[Any] = []
+            meta = []
+            offset, position = first, segment.size
+            max_ts, offset_of_max = -1, first
+            for pos, size, delta in spans:
+                header = bytearray(mv[pos : pos + 61])
+                _fast.stamp_batch(header, 0, offset, epoch)
+                body = mv[pos + 61 : pos + size]
+                if log_append:
+                    self._set_log_append_time(header, body, now)
+                batch_max = now if log_append else struct.unpack_from(">q", header, 35)[0]
+                last = offset + delta
+                if batch_max > max_ts:
+                    max_ts, offset_of_max = batch_max, last
+                iov.append(header)
+                iov.append(body)
+                meta.append((position, last, batch_max, size))
+                offset = last + 1
+                position += size
+            segment.append(iov, meta)
+            self.unflushed_messages += n_records
+        info = AppendInfo(first, offset - 1, max_ts, offset_of_max, now if log_append else -1,
+                          len(spans), len(mv))
+        self._flush_if_due(now)
+        return info
+
+    @staticmethod
+    def _set_log_append_time(header: bytearray, body: memoryview, now: int) -> None:
+        """LogAppendTime topics: set the attribute bit and maxTimestamp, then redo the CRC."""
+        attrs = struct.unpack_from(">h", header, 21)[0] | 0x08
+        struct.pack_into(">h", header, 21, attrs)
+        struct.pack_into(">q", header, 35, now)
+        crc = _fast.crc32c(bytes(header[21:61]))
+        crc = _fast.crc32c(body, crc) if len(body) else crc
+        struct.pack_into(">I", header, 17, crc)
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def read(self, offset: int, max_bytes: int, *, upper_bound: int | None = None,
+             min_one_batch: bool = True) -> LogReadResult:
+        """Whole batches from the one containing ``offset``, below ``upper_bound`` (default HW).
+
+        Raises OffsetOutOfRangeError below the log start or above the LEO; returns no slices at
+        the bound.  Reads stay inside one segment, as Kafka's do.
+        """
+        with self._lock:
+            bound = self.high_watermark if upper_bound is None else min(upper_bound, self.log_end_offset)
+            start, leo, hw = self.log_start_offset, self.log_end_offset, self.high_watermark
+            if offset < start or offset > leo:
+                raise OffsetOutOfRangeError(offset, start, leo)
+            segments = list(self.segments)
+        slices: list[FileSlice] = []
+        if offset < bound:
+            i = self._segment_for(offset)
+            while i < len(segments):
+                seg = segments[i]
+                max_pos = self._position_of(segments, i, bound)
+                piece = seg.read(offset, max_bytes, max_pos, min_one_batch)
+                if piece is not None and piece.length > 0:
+                    slices.append(piece)
+                    break
+                i += 1
+        return LogReadResult(slices, start, hw, leo)
+
+    def _position_of(self, segments: list[LogSegment], i: int, bound: int) -> int:
+        """Byte position in segment ``i`` where offset ``bound`` starts (its size if beyond)."""
+        seg = segments[i]
+        if bound >= seg.next_offset:
+            return seg.size
+        header = seg.translate_offset(bound)
+        return header.position if header is not None else seg.size
+
+    def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
+        """ListOffsets: (offset, timestamp) for a timestamp or for -1 / -2 / -3.
+
+        -1 latest (LEO), -2 earliest (log start), -3 the record with the largest timestamp;
+        otherwise the first record with timestamp >= ``timestamp``, or None if there is none.
+        """
+        if timestamp == LATEST_TIMESTAMP:
+            return self.log_end_offset, -1
+        if timestamp == EARLIEST_TIMESTAMP:
+            return self.log_start_offset, -1
+        segments = list(self.segments)
+        if timestamp == MAX_TIMESTAMP:
+            best = max(segments, key=lambda s: s.max_timestamp_so_far)
+            if best.max_timestamp_so_far < 0:
+                return None
+            header = best.translate_offset(best.offset_of_max_timestamp)
+            if header is None:
+                return None
+            from shmq.protocol.records import RecordBatchView
+
+            batch = RecordBatchView(best.read_bytes(header.position, header.size))
+            for rec in batch.records():
+                if rec.timestamp == best.max_timestamp_so_far:
+                    return rec.offset, rec.timestamp
+            return header.last_offset, best.max_timestamp_so_far
+        for seg in segments:
+            if seg.max_timestamp_so_far >= timestamp and seg.next_offset > self.log_start_offset:
+                found = seg.find_offset_by_timestamp(timestamp, self.log_start_offset)
+                if found is not None:
+                    return found
+        return None
+
+    # -- roll, retention, truncation ----------------------------------------------------------
+
+    def roll(self, now_ms: int | None = None) -> LogSegment:
+        with self._lock:
+            return self._roll_locked(int(time.time() * 1000) if now_ms is None else now_ms)
+
+    def _roll_locked(self, now_ms: int) -> LogSegment:
+        old = self.active_segment
+        base = old.next_offset
+        if old.size == 0:
+            return old  # never roll an empty segment
+        old.on_become_inactive()
+        new = LogSegment(self.directory, base, self.config, active=True, create=True)
+        new.next_offset = base
+        self.segments.append(new)
+        self._bases.append(base)
+        return new
+
+    def delete_old_segments(self, now_ms: int | None = None) -> int:
+        """Kafka's retention pass: log-start breach, then retention.bytes, then retention.ms."""
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        deleted = self._delete_segments(
+            lambda seg, nxt: nxt is not None and nxt.base_offset <= self.log_start_offset)
+        if not self.config.delete_enabled:
+            return deleted
+        if self.config.retention_bytes >= 0:
+            excess = [self.size_in_bytes - self.config.retention_bytes]
+
+            def over_size(seg: LogSegment, nxt: LogSegment | None) -> bool:
+                if excess[0] - seg.size >= 0:
+                    excess[0] -= seg.size
+                    return True
+                return False
+
+            deleted += self._delete_segments(over_size)
+        if self.config.retention_ms >= 0:
+            deleted += self._delete_segments(
+                lambda seg, nxt: now - seg.largest_timestamp > self.config.retention_ms)
+        return deleted
+
+    def _delete_segments(self, predicate: Any) -> int:
+        with self._lock:
+            doomed: list[LogSegment] = []
+            for i, seg in enumerate(self.segments):
+                nxt = self.segments[i + 1] if i + 1 < len(self.segments) else None
+                upper = nxt.base_offset if nxt is not None else self.log_end_offset
+                if nxt is None and seg.size == 0:
+                    break
+                if self.high_watermark >= upper and predicate(seg, nxt):
+                    doomed.append(seg)
+                else:
+                    break
+            if not doomed:
+                return 0
+            if doomed[-1] is self.active_segment:
+                self._roll_locked(int(time.time() * 1000))
+            for seg in doomed:
+                self.segments.remove(seg)
+                seg.delete()
+            self._bases = [s.base_offset for s in self.segments]
+            self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
+            return len(doomed)
+
+    def delete_records_before(self, offset: int) -> int:
+        """DeleteRecords: move the log start offset to ``offset`` (<= HW); returns it."""
+        if offset > self.high_watermark or offset < 0:
+            raise OffsetOutOfRangeError(offset, self.log_start_offset, self.high_watermark)
+        with self._lock:
+            self.log_start_offset = max(self.log_start_offset, offset)
+        self._delete_segments(
+            lambda seg, nxt: nxt is not None and nxt.base_offset <= self.log_start_offset)
+        return self.log_start_offset
+
+    def truncate_to(self, offset: int) -> None:
+        """Drop every record at or above ``offset`` (a follower's truncation after a leader change)."""
+        with self._lock:
+            if offset >= self.log_end_offset:
+                return
+            offset = max(offset, self.log_start_offset)
+            while len(self.segments) > 1 and self.segments[-1].base_offset >= offset:
+                self.segments.pop().delete()
+            seg = self.segments[-1]
+            if seg.base_offset >= offset:
+                seg.delete()
+                seg = LogSegment(self.directory, offset, self.config, active=True, create=True)
+                seg.next_offset = offset
+                self.segments[-1] = seg
+            else:
+                if not seg.active:
+                    seg.make_active()
+                seg.truncate_to(offset)
+            self._bases = [s.base_offset for s in self.segments]
+            self.high_watermark = min(self.high_watermark, offset)
+            self.recovery_point = min(self.recovery_point, offset)
+
+    # -- durability ---------------------------------------------------------------------------
+
+    def flush(self, up_to: int | None = None) -> bool:
+        """Make every offset below ``up_to`` (default: the LEO) durable; a group commit.
+
+        Returns True when this call ran the fsync, False when an earlier flush already covered
+        ``up_to``.
+        """
+        with self._flush_lock:
+            with self._lock:
+                target = self.log_end_offset if up_to is None else min(up_to, self.log_end_offset)
+                if target <= self.recovery_point:
+                    return False
+                first = self._segment_for(self.recovery_point)
+                todo = self.segments[first:]
+                flushed_messages = self.unflushed_messages
+            for seg in todo:
+                seg.flush()
+            with self._lock:
+                self.recovery_point = max(self.recovery_point, target)
+                self.unflushed_messages = max(0, self.unflushed_messages - flushed_messages)
+                self.last_flush_ms = int(time.time() * 1000)
+            return True
+
+    def _flush_if_due(self, now_ms: int) -> None:
+        if (self.unflushed_messages >= self.config.flush_messages
+                or now_ms - self.last_flush_ms >= self.config.flush_ms):
+            self.flush()
+
+    def maybe_flush(self, now_ms: int | None = None) -> None:
+        """Honour ``flush.ms`` without appends (called from the owner's timer)."""
+        if self.unflushed_messages:
+            self._flush_if_due(int(time.time() * 1000) if now_ms is None else now_ms)
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Flush, trim the active segment's indexes, and release every file."""
+        if self.closed:
+            return
+        self.flush()
+        with self._lock:
+            self.active_segment.append_final_time_entry()
+            for seg in self.segments:
+                seg.close()
+            self.closed = True
+
+    def crash_close(self) -> None:
+        """Drop every file without flushing or trimming: what SIGKILL leaves (fault tests)."""
+        with self._lock:
+            for seg in self.segments:
+                seg.crash_close()
+            self.closed = True
+
+    def write_leader_epoch_checkpoint(self, entries: list[tuple[int, int]]) -> None:
+        checkpoint.write_leader_epochs(self.directory / layout.LEADER_EPOCH_CHECKPOINT, entries)
+
+    def __repr__(self) -> str:
+        return (f"PartitionLog({self.directory.name}, start={self.log_start_offset}, "
+                f"hw={self.high_watermark}, leo={self.log_end_offset}, segments={len(self.segments)})")
