@@ -32,7 +32,7 @@ if HAVE_FAST:
     decode_records = _batch.decode_records
     encode_records = _batch.encode_records
     build_batch = _batch.build_batch
-    ColumnBuilder = _batch.ColumnBuilder
+    fill_columns = _batch.fill_columns
     largest_lower_bound = _index.largest_lower_bound
     smallest_upper_bound = _index.smallest_upper_bound
 else:
@@ -46,7 +46,7 @@ else:
     decode_records = _reference.decode_records
     encode_records = _reference.encode_records
     build_batch = _reference.build_batch
-    ColumnBuilder = _reference.ColumnBuilder  # type: ignore[misc]
+    fill_columns = _reference.fill_columns
     largest_lower_bound = _reference.largest_lower_bound
     smallest_upper_bound = _reference.smallest_upper_bound
 
@@ -76,7 +76,7 @@ __all__ = [
     "COL_LAST_OFFSET", "COL_LEADER_EPOCH", "COL_MAX_TIMESTAMP", "COL_POSITION",
     "COL_PRODUCER_EPOCH", "COL_PRODUCER_ID", "COL_RECORDS_COUNT", "COL_SIZE", "HAVE_FAST",
     "HEADER_SIZE", "SCAN_COLUMNS", "SCAN_CORRUPT", "SCAN_END", "SCAN_FULL", "SCAN_PARTIAL",
-    "ColumnBuilder", "batch_header", "build_batch", "crc32c", "crc32c_software",
-    "decode_records", "encode_records", "have_hardware", "largest_lower_bound",
+    "batch_header", "build_batch", "crc32c", "crc32c_software",
+    "decode_records", "encode_records", "fill_columns", "have_hardware", "largest_lower_bound",
     "scan_batches", "smallest_upper_bound", "stamp_batch", "validate_batch",
 ]

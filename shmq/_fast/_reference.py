@@ -222,12 +222,21 @@ def _parse_record(data: bytes, pos: int, end: int) -> tuple[int, int, Any, Any, 
 
 
 def decode_records(
-    body: Any, count: int, base_offset: int, base_timestamp: int, log_append_time: int = -1
-) -> list[tuple[int, int, bytes | None, bytes | None, tuple]]:
+    body: Any,
+    count: int,
+    base_offset: int,
+    base_timestamp: int,
+    log_append_time: int = -1,
+    record_type: type | None = None,
+) -> list[Any]:
+    if record_type is not None and not (
+        issubclass(record_type, tuple) and len(getattr(record_type, "_fields", ())) == 5
+    ):
+        raise TypeError("record_type must be a tuple subclass with 5 fields")
     data = bytes(body)
     if count < 0 or count > len(data):
         raise CorruptRecordError(f"record count {count} cannot fit in {len(data)} bytes")
-    out = []
+    out: list[Any] = []
     pos = 0
     for i in range(count):
         try:
@@ -235,7 +244,8 @@ def decode_records(
         except CorruptRecordError:
             raise CorruptRecordError(f"record {i} of {count} is malformed") from None
         ts = log_append_time if log_append_time >= 0 else base_timestamp + ts_delta
-        out.append((base_offset + off_delta, ts, key, value, headers))
+        item = (base_offset + off_delta, ts, key, value, headers)
+        out.append(item if record_type is None else record_type(*item))
     if pos != len(data):
         raise CorruptRecordError(f"{len(data) - pos} bytes left after {count} records")
     return out
@@ -301,76 +311,61 @@ def build_batch(
     return out
 
 
-class ColumnBuilder:
-    """Twin of the compiled ColumnBuilder (bytearrays instead of malloc'd blocks)."""
-
-    def __init__(self, timestamp_scale: int = 1) -> None:
-        self.timestamp_scale = timestamp_scale
-        self._reset()
-
-    def _reset(self) -> None:
-        self.offsets: list[int] = []
-        self.timestamps: list[int] = []
-        self.keys: list[bytes | None] = []
-        self.values: list[bytes | None] = []
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    def add(
-        self,
-        body: Any,
-        count: int,
-        base_offset: int,
-        base_timestamp: int,
-        log_append_time: int = -1,
-        min_offset: int = -0x7FFFFFFFFFFFFFFF,
-        max_offset: int = 0x7FFFFFFFFFFFFFFF,
-    ) -> int:
-        records = decode_records(body, count, base_offset, base_timestamp, log_append_time)
-        if sum(len(r[2] or b"") for r in records) + sum(map(len, filter(None, self.keys))) > 0x7FFFFFFF:
-            raise OverflowError("a ColumnBuilder holds at most 2 GiB of keys or values")
-        kept = 0
+def fill_columns(
+    bodies: list[Any],
+    meta: Any,
+    offsets: Any,
+    timestamps: Any,
+    key_offsets: Any,
+    key_data: Any,
+    key_valid: Any,
+    value_offsets: Any,
+    value_data: Any,
+    value_valid: Any,
+    min_offset: int = -0x7FFFFFFFFFFFFFFF,
+    max_offset: int = 0x7FFFFFFFFFFFFFFF,
+    timestamp_scale: int = 1,
+) -> tuple[int, int, int, int, int]:
+    if len(meta) < 4 * len(bodies):
+        raise ValueError("meta holds fewer than 4 values per section")
+    cap_rows = min(len(offsets), len(timestamps), len(key_offsets) - 1, len(value_offsets) - 1,
+                   8 * len(key_valid), 8 * len(value_valid))
+    kv, vv = memoryview(key_valid).cast("B"), memoryview(value_valid).cast("B")
+    kd, vd = memoryview(key_data).cast("B"), memoryview(value_data).cast("B")
+    kv[:] = bytes(len(kv))
+    vv[:] = bytes(len(vv))
+    key_offsets[0] = value_offsets[0] = 0
+    rows = klen = vlen = knulls = vnulls = 0
+    for b, body in enumerate(bodies):
+        count, base_offset, base_ts, lat = (int(x) for x in meta[4 * b : 4 * b + 4])
+        records = decode_records(body, count, base_offset, base_ts, lat)
         for offset, ts, key, value, _headers in records:
             if offset < min_offset or offset >= max_offset:
                 continue
-            self.offsets.append(offset)
-            self.timestamps.append(ts * self.timestamp_scale)
-            self.keys.append(key)
-            self.values.append(value)
-            kept += 1
-        return kept
-
-    @staticmethod
-    def _binary(items: list[bytes | None]) -> tuple[bytes, bytes, bytes, int]:
-        offsets, data, bits = [0], bytearray(), bytearray((len(items) + 7) // 8)
-        for i, item in enumerate(items):
-            if item is not None:
-                data += item
-                bits[i >> 3] |= 1 << (i & 7)
-            offsets.append(len(data))
-        nulls = sum(1 for item in items if item is None)
-        return struct.pack(f"<{len(offsets)}i", *offsets), bytes(data), bytes(bits), nulls
-
-    def finish(self) -> dict[str, Any]:
-        n = len(self.offsets)
-        koff, kdata, kvalid, knulls = self._binary(self.keys)
-        voff, vdata, vvalid, vnulls = self._binary(self.values)
-        out = {
-            "length": n,
-            "offsets": struct.pack(f"<{n}q", *self.offsets),
-            "timestamps": struct.pack(f"<{n}q", *self.timestamps),
-            "key_offsets": koff,
-            "key_data": kdata,
-            "key_validity": kvalid,
-            "key_null_count": knulls,
-            "value_offsets": voff,
-            "value_data": vdata,
-            "value_validity": vvalid,
-            "value_null_count": vnulls,
-        }
-        self._reset()
-        return out
+            if rows >= cap_rows or klen + len(key or b"") > len(kd) or vlen + len(value or b"") > len(vd):
+                raise ValueError("column buffers are too small for these sections")
+            offsets[rows] = offset
+            timestamps[rows] = ts * timestamp_scale
+            for field, data, valid in ((key, kd, kv), (value, vd, vv)):
+                if field is None:
+                    if data is kd:
+                        knulls += 1
+                    else:
+                        vnulls += 1
+                    continue
+                used = klen if data is kd else vlen
+                data[used : used + len(field)] = field
+                valid[rows >> 3] |= 1 << (rows & 7)
+                if data is kd:
+                    klen += len(field)
+                else:
+                    vlen += len(field)
+            rows += 1
+            if klen > 0x7FFFFFFF or vlen > 0x7FFFFFFF:
+                raise OverflowError("more than 2 GiB of keys or values in one column")
+            key_offsets[rows] = klen
+            value_offsets[rows] = vlen
+    return rows, klen, vlen, knulls, vnulls
 
 
 # --- index search ----------------------------------------------------------------------------

@@ -204,9 +204,8 @@ class RecordBatchView:
         """Decode every record of the batch."""
         body = self.records_section(max_decompressed)
         lat = self.max_timestamp if self.timestamp_type == LOG_APPEND_TIME else -1
-        raw = _fast.decode_records(body, self.records_count, self.base_offset,
-                                   self.base_timestamp, lat)
-        return [Record(*r) for r in raw]
+        return _fast.decode_records(body, self.records_count, self.base_offset,
+                                    self.base_timestamp, lat, Record)
 
     def __repr__(self) -> str:
         return (
@@ -286,6 +285,30 @@ def decode_batches(buf: Any, *, max_decompressed: int = codecs.DEFAULT_MAX_DECOM
     return out
 
 
+def scan_headers(buf: Any, start: int = 0, end: int = -1, *, verify_crc: bool = True) -> Any:
+    """Headers of every batch in ``buf[start:end]`` as an int64 table (``_fast.COL_*`` columns).
+
+    One Cython pass; a corrupt or partial batch raises CorruptRecordError.
+    """
+    import numpy as np
+
+    mv = buf if isinstance(buf, memoryview) else memoryview(buf)
+    if end < 0:
+        end = len(mv)
+    cols = _fast.SCAN_COLUMNS
+    chunks = []
+    pos = start
+    while True:
+        out = np.empty(cols * 4096, dtype=np.int64)
+        n, pos, status, reason = _fast.scan_batches(mv, pos, end, out, verify_crc, False)
+        chunks.append(out[: n * cols].reshape(n, cols))
+        if status == _fast.SCAN_FULL:
+            continue
+        if status != _fast.SCAN_END:
+            raise CorruptRecordError(f"invalid record batch at byte {pos}: {reason}")
+        return np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
+
+
 ARROW_FIELDS = ("offset", "timestamp", "key", "value")
 
 
@@ -297,43 +320,61 @@ def batches_to_arrow(
     skip_control: bool = True,
     max_decompressed: int = codecs.DEFAULT_MAX_DECOMPRESSED_BYTES,
     verify_crc: bool = True,
+    timestamp_unit: str = "ms",
 ) -> Any:
     """Decode the batches in ``buf`` into a ``pyarrow.RecordBatch`` (offset, timestamp, key, value).
 
-    Records go straight from the batch bytes into Arrow buffers in Cython (no Python object per
-    record).  ``timestamp`` is ``timestamp[ms]``; offsets outside ``[min_offset, max_offset)`` are
-    dropped (a fetch may start mid-batch).
+    Records go from the batch bytes into Arrow buffers in one Cython pass (no Python object per
+    record).  The buffers come from pyarrow's memory pool: it reuses freed memory, so a reader
+    decoding chunk after chunk does not page-fault on fresh allocations (which measured as 30 % of
+    the decode time with plain ``malloc``).  Offsets outside ``[min_offset, max_offset)`` are
+    dropped (a fetch may start mid-batch).  ``timestamp_unit`` is "ms" or "us" (Spark's unit).
     """
+    import numpy as np
     import pyarrow as pa
 
     lo = -0x7FFFFFFFFFFFFFFF if min_offset is None else min_offset
     hi = 0x7FFFFFFFFFFFFFFF if max_offset is None else max_offset
-    builder = _fast.ColumnBuilder()
-    for batch in iter_batches(buf, verify_crc=verify_crc):
-        if batch.last_offset < lo or batch.base_offset >= hi:
-            continue
-        if skip_control and batch.is_control:
-            continue
-        lat = batch.max_timestamp if batch.timestamp_type == LOG_APPEND_TIME else -1
-        builder.add(batch.records_section(max_decompressed), batch.records_count,
-                    batch.base_offset, batch.base_timestamp, lat, lo, hi)
-    return columns_to_arrow(builder.finish(), pa)
+    mv_in = buf if isinstance(buf, memoryview) else memoryview(buf)
+    table = scan_headers(mv_in, verify_crc=verify_crc)
+    keep = (table[:, _fast.COL_LAST_OFFSET] >= lo) & (table[:, _fast.COL_BASE_OFFSET] < hi)
+    if skip_control:
+        keep &= (table[:, _fast.COL_ATTRIBUTES] & CONTROL_FLAG) == 0
+    table = table[keep]
+    attrs = table[:, _fast.COL_ATTRIBUTES]
+    lat = np.where(attrs & TIMESTAMP_TYPE_MASK, table[:, _fast.COL_MAX_TIMESTAMP], -1)
+    meta = np.column_stack([table[:, _fast.COL_RECORDS_COUNT], table[:, _fast.COL_BASE_OFFSET],
+                            table[:, _fast.COL_BASE_TIMESTAMP], lat]).ravel()
+    bodies: list[Any] = []
+    for pos, size, attr in zip(table[:, _fast.COL_POSITION].tolist(),
+                               table[:, _fast.COL_SIZE].tolist(), attrs.tolist()):
+        raw = mv_in[pos + HEADER_SIZE : pos + size]
+        codec = attr & COMPRESSION_MASK
+        bodies.append(raw if codec == codecs.NONE else codecs.decompress(codec, raw, max_decompressed))
+    meta = np.ascontiguousarray(meta, dtype=np.int64)
+    rows = int(meta[0::4].sum())
+    data = sum(len(b) for b in bodies)
+    scale = {"ms": 1, "us": 1000}[timestamp_unit]
+    alloc = pa.allocate_buffer
+    offsets, stamps = alloc(8 * rows), alloc(8 * rows)
+    koff, voff = alloc(4 * (rows + 1)), alloc(4 * (rows + 1))
+    kdata, vdata = alloc(max(data, 1)), alloc(max(data, 1))
+    kvalid, vvalid = alloc(rows // 8 + 1), alloc(rows // 8 + 1)
+    mv = memoryview
+    n, klen, vlen, knulls, vnulls = _fast.fill_columns(
+        bodies, meta, mv(offsets).cast("q"), mv(stamps).cast("q"),
+        mv(koff).cast("i"), mv(kdata).cast("B"), mv(kvalid).cast("B"), mv(voff).cast("i"),
+        mv(vdata).cast("B"), mv(vvalid).cast("B"),
+        lo, hi, scale)
 
-
-def columns_to_arrow(cols: dict[str, Any], pa: Any) -> Any:
-    """Wrap a ``ColumnBuilder.finish()`` dict as a ``pyarrow.RecordBatch`` without copying."""
-    n = cols["length"]
-
-    def binary(prefix: str) -> Any:
-        nulls = cols[f"{prefix}_null_count"]
-        validity = pa.py_buffer(cols[f"{prefix}_validity"]) if nulls else None
+    def binary(off: Any, data: Any, valid: Any, nulls: int, used: int) -> Any:
         return pa.Array.from_buffers(
-            pa.binary(), n,
-            [validity, pa.py_buffer(cols[f"{prefix}_offsets"]), pa.py_buffer(cols[f"{prefix}_data"])],
-            null_count=nulls,
-        )
+            pa.binary(), n, [valid if nulls else None, off, data.slice(0, used)], null_count=nulls)
 
-    offsets = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(cols["offsets"])])
-    stamps = pa.Array.from_buffers(pa.timestamp("ms"), n, [None, pa.py_buffer(cols["timestamps"])])
-    return pa.RecordBatch.from_arrays([offsets, stamps, binary("key"), binary("value")],
-                                      names=list(ARROW_FIELDS))
+    arrays = [
+        pa.Array.from_buffers(pa.int64(), n, [None, offsets]),
+        pa.Array.from_buffers(pa.timestamp(timestamp_unit), n, [None, stamps]),
+        binary(koff, kdata, kvalid, knulls, klen),
+        binary(voff, vdata, vvalid, vnulls, vlen),
+    ]
+    return pa.RecordBatch.from_arrays(arrays, names=list(ARROW_FIELDS))

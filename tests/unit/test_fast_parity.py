@@ -39,7 +39,7 @@ INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 INT16_MIN, INT16_MAX = -(2**15), 2**15 - 1
 SCAN_COLUMNS = fast.SCAN_COLUMNS
 
-PROPS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 FEW = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -481,7 +481,33 @@ def test_stamp_batch_keeps_crc_valid() -> None:
         assert impl.batch_header(buf)[:3] == (123456789, len(buf) - 12, 42)
 
 
-# --- ColumnBuilder -----------------------------------------------------------------------------
+# --- fill_columns (records sections straight into Arrow column buffers) ------------------------
+
+
+def run_fill(impl: Any, sections: list[tuple[bytes, int, int, int, int]], lo: int = -(2**63) + 1,
+             hi: int = 2**63 - 1, scale: int = 1, spare_rows: int = 0,
+             spare_bytes: int = 0) -> tuple[str, Any, dict[str, np.ndarray]]:
+    """Size the buffers as ``batches_to_arrow`` does (plus spare room), fill them, return
+    (kind, result, buffers).  Buffers start as junk to show what is and is not written."""
+    rows = sum(max(s[1], 0) for s in sections) + spare_rows
+    data = sum(len(s[0]) for s in sections) + spare_bytes
+    bufs = {
+        "offsets": np.full(rows, -7, np.int64),
+        "timestamps": np.full(rows, -7, np.int64),
+        "key_offsets": np.full(rows + 1, -7, np.int32),
+        "key_data": np.full(max(data, 1), 0xEE, np.uint8),
+        "key_valid": np.full(rows // 8 + 1, 0xAA, np.uint8),
+        "value_offsets": np.full(rows + 1, -7, np.int32),
+        "value_data": np.full(max(data, 1), 0xEE, np.uint8),
+        "value_valid": np.full(rows // 8 + 1, 0x55, np.uint8),
+    }
+    meta = np.array([v for s in sections for v in s[1:]], dtype=np.int64)
+    kind, result = outcome_kind(
+        impl.fill_columns, [s[0] for s in sections], meta, bufs["offsets"], bufs["timestamps"],
+        bufs["key_offsets"], bufs["key_data"], bufs["key_valid"], bufs["value_offsets"],
+        bufs["value_data"], bufs["value_valid"], lo, hi, scale,
+    )
+    return kind, result, bufs
 
 
 def _bits(buf: Any, n: int) -> list[int]:
@@ -490,89 +516,92 @@ def _bits(buf: Any, n: int) -> list[int]:
     return [(raw[i >> 3] >> (i & 7)) & 1 for i in range(n)]
 
 
-def assert_columns_equal(got: dict[str, Any], want: dict[str, Any]) -> None:
-    n = want["length"]
-    assert got["length"] == n
-    for name in ("offsets", "timestamps", "key_offsets", "key_data", "value_offsets",
-                 "value_data"):
-        assert bytes(memoryview(got[name])) == bytes(memoryview(want[name])), name
-    for name in ("key_null_count", "value_null_count"):
-        assert got[name] == want[name], name
-    for name in ("key_validity", "value_validity"):
-        assert _bits(got[name], n) == _bits(want[name], n), name
+def filled_columns(result: tuple[int, int, int, int, int],
+                   bufs: dict[str, np.ndarray]) -> dict[str, Any]:
+    """The meaningful part of filled buffers (what Arrow will see)."""
+    n, klen, vlen, knulls, vnulls = result
+    return {
+        "result": tuple(result),
+        "offsets": bufs["offsets"][:n].tolist(),
+        "timestamps": bufs["timestamps"][:n].tolist(),
+        "key_offsets": bufs["key_offsets"][: n + 1].tolist(),
+        "key_data": bytes(bufs["key_data"][:klen]),
+        "key_valid": _bits(bufs["key_valid"], n),
+        "value_offsets": bufs["value_offsets"][: n + 1].tolist(),
+        "value_data": bytes(bufs["value_data"][:vlen]),
+        "value_valid": _bits(bufs["value_valid"], n),
+    }
 
 
-def _columns_from_records(records: list[tuple], scale: int = 1) -> dict[str, Any]:
-    """Independent expectation of ``finish()`` from decoded record tuples."""
-    n = len(records)
-    out: dict[str, Any] = {"length": n}
-    out["offsets"] = struct.pack(f"<{n}q", *(r[0] for r in records))
-    out["timestamps"] = struct.pack(f"<{n}q", *(r[1] * scale for r in records))
+def columns_from_records(records: list[tuple], scale: int = 1) -> dict[str, Any]:
+    """Independent expectation of ``filled_columns`` from decoded record tuples."""
+    out: dict[str, Any] = {
+        "offsets": [r[0] for r in records],
+        "timestamps": [r[1] * scale for r in records],
+    }
+    totals = []
     for name, col in (("key", 2), ("value", 3)):
-        offs, data, bits = [0], b"", bytearray((n + 7) // 8)
-        for i, r in enumerate(records):
-            if r[col] is not None:
-                data += r[col]
-                bits[i >> 3] |= 1 << (i & 7)
+        offs, data = [0], b""
+        for r in records:
+            data += r[col] or b""
             offs.append(len(data))
-        out[f"{name}_offsets"] = struct.pack(f"<{n + 1}i", *offs)
+        out[f"{name}_offsets"] = offs
         out[f"{name}_data"] = data
-        out[f"{name}_validity"] = bytes(bits)
-        out[f"{name}_null_count"] = sum(r[col] is None for r in records)
+        out[f"{name}_valid"] = [int(r[col] is not None) for r in records]
+        totals.append((len(data), sum(r[col] is None for r in records)))
+    out["result"] = (len(records), totals[0][0], totals[1][0], totals[0][1], totals[1][1])
     return out
 
 
 @st.composite
-def builder_sections(draw: st.DrawFn) -> tuple[bytes, int, int, int, int, int, int]:
-    body, count, base_ts, real = draw(record_sections())
+def fill_sections(draw: st.DrawFn) -> tuple[bytes, int, int, int, int]:
+    body, count, base_ts, _ = draw(record_sections())
     base_offset = draw(st.integers(0, 2**40))
     lat = draw(st.one_of(st.just(-1), st.just(-1), st.integers(0, 2**40)))
-    lo = draw(st.one_of(st.just(-0x7FFFFFFFFFFFFFFF), st.integers(base_offset - 1, base_offset + 9)))
-    hi = draw(st.one_of(st.just(0x7FFFFFFFFFFFFFFF), st.integers(base_offset - 1, base_offset + 9)))
-    return body, count, base_offset, base_ts, lat, lo, hi
+    return body, count, base_offset, base_ts, lat
 
 
 @PROPS
 @given(
-    rounds=st.lists(st.lists(builder_sections(), max_size=5), min_size=1, max_size=3),
+    sections=st.lists(fill_sections(), max_size=5),
+    window=st.one_of(st.just(None), st.tuples(st.integers(-1, 2**40 + 10),
+                                              st.integers(-1, 2**40 + 10))),
     scale=st.sampled_from([1, 1000]),
+    spare=st.sampled_from([0, 0, 9]),
 )
-def test_column_builder_parity(rounds: list[list[tuple]], scale: int) -> None:
-    cb_c, cb_t = batch.ColumnBuilder(scale), ref.ColumnBuilder(scale)
-    for sections in rounds:  # the builder is reusable after finish()
-        expected: list[tuple] = []
-        for body, count, base_offset, base_ts, lat, lo, hi in sections:
-            args = (body, count, base_offset, base_ts, lat, lo, hi)
-            got_c = outcome_kind(cb_c.add, *args)
-            got_t = outcome_kind(cb_t.add, *args)
-            assert got_c == got_t
-            want = outcome_kind(ref.decode_records, body, count, base_offset, base_ts, lat)
-            if want[0] == "ok":
-                kept = [r for r in want[1] if lo <= r[0] < hi]
-                expected.extend(kept)
-                assert got_c == ("ok", len(kept))
-            else:
-                assert got_c[0] == "corrupt"
-            assert len(cb_c) == len(cb_t) == len(expected)
-        fin_c, fin_t = cb_c.finish(), cb_t.finish()
-        assert_columns_equal(fin_c, fin_t)
-        assert_columns_equal(fin_c, _columns_from_records(expected, scale))
-        assert len(cb_c) == len(cb_t) == 0
+def test_fill_columns_parity(sections: list[tuple], window: tuple[int, int] | None, scale: int,
+                             spare: int) -> None:
+    lo, hi = window if window else (-(2**63) + 1, 2**63 - 1)
+    kind_c, res_c, bufs_c = run_fill(batch, sections, lo, hi, scale, spare, spare)
+    kind_t, res_t, bufs_t = run_fill(ref, sections, lo, hi, scale, spare, spare)
+    assert (kind_c, res_c) == (kind_t, res_t)
+    # the oracle: decode every section on its own, keep the window
+    want_records: list[tuple] | None = []
+    for body, count, base_offset, base_ts, lat in sections:
+        got = outcome_kind(ref.decode_records, body, count, base_offset, base_ts, lat)
+        if got[0] != "ok":
+            want_records = None
+            break
+        want_records += [r for r in got[1] if lo <= r[0] < hi]
+    if want_records is None:
+        assert kind_c == "corrupt"
+        return
+    assert kind_c == "ok"
+    got_c = filled_columns(res_c, bufs_c)
+    assert got_c == filled_columns(res_t, bufs_t)
+    assert got_c == columns_from_records(want_records, scale)
 
 
-def test_column_builder_parity_growth() -> None:
-    # Enough rows and bytes to make every compiled buffer grow several times (first capacity
-    # is 1024 rows), with nulls spread over byte boundaries of the validity bitmaps.
+def test_fill_columns_parity_many_rows() -> None:
+    # Thousands of rows over many sections, nulls across bitmap byte boundaries, big keys.
     rng = random.Random(99)
-    cb_c, cb_t = batch.ColumnBuilder(), ref.ColumnBuilder()
-    expected = []
-    base_offset = 0
-    for _ in range(6):
+    sections, expected, base_offset = [], [], 0
+    for _ in range(8):
         n = rng.randint(1, 1500)
         recs = [
             (
-                None if rng.random() < 0.3 else rng.randbytes(rng.randint(0, 3000 if i % 97 == 0
-                                                                          else 6)),
+                None if rng.random() < 0.3 else rng.randbytes(
+                    rng.randint(0, 3000) if i % 97 == 0 else rng.randint(0, 6)),
                 None if rng.random() < 0.2 else rng.randbytes(rng.randint(0, 10)),
                 1000 + i,
                 [],
@@ -580,39 +609,57 @@ def test_column_builder_parity_growth() -> None:
             for i in range(n)
         ]
         body = ref.encode_records(recs, 1000)
-        assert cb_c.add(body, n, base_offset, 1000) == cb_t.add(body, n, base_offset, 1000) == n
+        sections.append((body, n, base_offset, 1000, -1))
         expected += ref.decode_records(body, n, base_offset, 1000)
-        # a corrupt section in between changes nothing
-        with pytest.raises(CorruptRecordError):
-            cb_c.add(body[:-1], n, base_offset, 1000)
-        with pytest.raises(CorruptRecordError):
-            cb_t.add(body[:-1], n, base_offset, 1000)
         base_offset += n
-    fin_c = cb_c.finish()
-    assert_columns_equal(fin_c, cb_t.finish())
-    assert_columns_equal(fin_c, _columns_from_records(expected))
+    kind_c, res_c, bufs_c = run_fill(batch, sections)
+    kind_t, res_t, bufs_t = run_fill(ref, sections)
+    assert kind_c == kind_t == "ok"
+    got = filled_columns(res_c, bufs_c)
+    assert got == filled_columns(res_t, bufs_t) == columns_from_records(expected)
 
 
-def test_column_builder_parity_timestamp_overflow() -> None:
-    # (base_timestamp + delta) * scale beyond int64 on hostile input: both builders must agree,
-    # and the only exception either may raise is CorruptRecordError.
+@pytest.mark.parametrize("impl", [batch, ref], ids=["compiled", "twin"])
+def test_fill_columns_buffers_too_small(impl: Any) -> None:
+    body = ref.encode_records([(b"key", b"value", 0, []), (None, b"v", 0, [])], 0)
+    meta = np.array([2, 0, 0, -1], np.int64)
+
+    def fill(rows: int, kbytes: int, vbytes: int, valid: int | None = None) -> Any:
+        v = rows // 8 + 1 if valid is None else valid
+        return impl.fill_columns(
+            [body], meta, np.zeros(rows, np.int64), np.zeros(rows, np.int64),
+            np.zeros(rows + 1, np.int32), np.zeros(kbytes, np.uint8), np.zeros(v, np.uint8),
+            np.zeros(rows + 1, np.int32), np.zeros(vbytes, np.uint8), np.zeros(v, np.uint8))
+
+    assert fill(2, 3, 6) == (2, 3, 6, 1, 0)  # exactly enough
+    for args in [(1, 3, 6), (2, 2, 6), (2, 3, 5), (2, 3, 6, 0)]:
+        with pytest.raises(ValueError) as info:
+            fill(*args)
+        assert not isinstance(info.value, CorruptRecordError)
+    with pytest.raises(ValueError):  # meta shorter than 4 values per body
+        impl.fill_columns([body], np.zeros(3, np.int64), *(
+            [np.zeros(2, np.int64)] * 2 + [np.zeros(3, np.int32), np.zeros(9, np.uint8),
+                                           np.zeros(1, np.uint8), np.zeros(3, np.int32),
+                                           np.zeros(9, np.uint8), np.zeros(1, np.uint8)]))
+
+
+def test_fill_columns_parity_timestamp_overflow() -> None:
+    # (base_timestamp + delta) * scale beyond int64 on hostile input: both implementations must
+    # agree, and the only exception either may raise is CorruptRecordError.
     body = _record(_zigzag(2**62))
-    results = []
+    for scale in (1, 1000):
+        got_c = run_fill(batch, [(body, 1, 0, 2**62, -1)], scale=scale)
+        got_t = run_fill(ref, [(body, 1, 0, 2**62, -1)], scale=scale)
+        assert got_c[:2] == got_t[:2]
+        if got_c[0] == "ok":
+            assert filled_columns(*got_c[1:]) == filled_columns(*got_t[1:])
+
+
+def test_fill_columns_no_sections() -> None:
     for impl in (batch, ref):
-        cb = impl.ColumnBuilder()
-        try:
-            cb.add(body, 1, 0, 2**62)
-            fin = cb.finish()
-            results.append(("ok", bytes(memoryview(fin["timestamps"]))))
-        except CorruptRecordError:
-            results.append(("corrupt", None))
-    assert results[0] == results[1]
-
-
-def test_column_builder_empty_finish() -> None:
-    fin_c, fin_t = batch.ColumnBuilder().finish(), ref.ColumnBuilder().finish()
-    assert_columns_equal(fin_c, fin_t)
-    assert bytes(memoryview(fin_c["key_offsets"])) == b"\x00" * 4
+        kind, result, bufs = run_fill(impl, [])
+        assert (kind, tuple(result)) == ("ok", (0, 0, 0, 0, 0))
+        assert bufs["key_offsets"][0] == bufs["value_offsets"][0] == 0
 
 
 # --- index search ------------------------------------------------------------------------------
