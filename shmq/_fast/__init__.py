@@ -16,6 +16,7 @@ if not os.environ.get("SHMQ_PURE"):
         from shmq._fast import batch as _batch
         from shmq._fast import crc32c as _crc
         from shmq._fast import index as _index
+        from shmq._fast import mapping as _mapping
 
         HAVE_FAST = True
     except ImportError:  # not built: fall back to the twin
@@ -35,6 +36,7 @@ if HAVE_FAST:
     fill_columns = _batch.fill_columns
     largest_lower_bound = _index.largest_lower_bound
     smallest_upper_bound = _index.smallest_upper_bound
+    MappedFile = _mapping.MappedFile
 else:
     crc32c = _reference.crc32c
     crc32c_software = _reference.crc32c_software
@@ -49,6 +51,7 @@ else:
     fill_columns = _reference.fill_columns
     largest_lower_bound = _reference.largest_lower_bound
     smallest_upper_bound = _reference.smallest_upper_bound
+    MappedFile = _reference.MappedFile  # type: ignore[misc,assignment]
 
 from shmq._fast._reference import (  # noqa: E402  (constants are shared)
     COL_ATTRIBUTES,
@@ -75,7 +78,7 @@ __all__ = [
     "COL_ATTRIBUTES", "COL_BASE_OFFSET", "COL_BASE_SEQUENCE", "COL_BASE_TIMESTAMP",
     "COL_LAST_OFFSET", "COL_LEADER_EPOCH", "COL_MAX_TIMESTAMP", "COL_POSITION",
     "COL_PRODUCER_EPOCH", "COL_PRODUCER_ID", "COL_RECORDS_COUNT", "COL_SIZE", "HAVE_FAST",
-    "HEADER_SIZE", "SCAN_COLUMNS", "SCAN_CORRUPT", "SCAN_END", "SCAN_FULL", "SCAN_PARTIAL",
+    "HEADER_SIZE", "MappedFile", "SCAN_COLUMNS", "SCAN_CORRUPT", "SCAN_END", "SCAN_FULL", "SCAN_PARTIAL",
     "batch_header", "build_batch", "crc32c", "crc32c_software",
     "decode_records", "encode_records", "fill_columns", "have_hardware", "largest_lower_bound",
     "scan_batches", "smallest_upper_bound", "stamp_batch", "validate_batch",

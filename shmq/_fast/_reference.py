@@ -6,6 +6,7 @@ compiled code against, so it is written for obviousness, not speed.
 
 from __future__ import annotations
 
+import mmap
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -406,3 +407,22 @@ def smallest_upper_bound(
         if _key(buf, slot, entry_size, key_offset, key_width) >= target:
             return slot
     return -1
+
+
+# --- mapping ---------------------------------------------------------------------------------
+
+
+class MappedFile(mmap.mmap):
+    """Twin of the compiled MappedFile: an ``mmap.mmap`` (which keeps a duplicate descriptor)."""
+
+    def __new__(cls, fd: int, length: int, writable: bool = False) -> MappedFile:
+        if length <= 0:
+            raise ValueError("cannot map 0 bytes")
+        access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+        self = super().__new__(cls, fd, length, access=access)
+        self.writable = writable
+        return self
+
+    @property
+    def length(self) -> int:
+        return len(self)

@@ -16,7 +16,6 @@ An index with no entries keeps no mapping (mmap cannot map 0 bytes).  Lookups ru
 
 from __future__ import annotations
 
-import mmap
 import os
 from pathlib import Path
 
@@ -33,7 +32,7 @@ class IndexFile:
         self.path = path
         self.base_offset = base_offset
         self.max_entries = max_index_size // self.ENTRY_SIZE
-        self._mmap: mmap.mmap | None = None
+        self._mmap: _fast.MappedFile | None = None
         self._fd = -1
         existed = path.exists()
         self.missing = not existed  # a missing index is rebuilt by the loader
@@ -45,15 +44,18 @@ class IndexFile:
         if writable:
             self._resize(max(self.max_entries, self.entries) * self.ENTRY_SIZE)
         else:
+            # a sealed index needs no descriptor once mapped: a 10,000-segment log then costs
+            # one descriptor per segment (its .log), not three
             self._map(self.entries * self.ENTRY_SIZE)
+            os.close(self._fd)
+            self._fd = -1
 
     # -- mapping --------------------------------------------------------------------------------
 
     def _map(self, length: int) -> None:
         self._unmap()
         if length > 0:
-            access = mmap.ACCESS_WRITE if self.writable else mmap.ACCESS_READ
-            self._mmap = mmap.mmap(self._fd, length, access=access)
+            self._mmap = _fast.MappedFile(self._fd, length, self.writable)
         self._length = length
 
     def _unmap(self) -> None:
@@ -89,13 +91,15 @@ class IndexFile:
             raise CorruptIndexError(f"index {self.path} is full ({self.entries} entries)")
         assert self._mmap is not None
         pos = self.entries * self.ENTRY_SIZE
-        self._mmap[pos : pos + self.ENTRY_SIZE] = entry
+        with memoryview(self._mmap) as view:
+            view[pos : pos + self.ENTRY_SIZE] = entry
         self.entries += 1
 
     def entry_bytes(self, slot: int) -> bytes:
         assert self._mmap is not None
         pos = slot * self.ENTRY_SIZE
-        return self._mmap[pos : pos + self.ENTRY_SIZE]
+        with memoryview(self._mmap) as view:
+            return bytes(view[pos : pos + self.ENTRY_SIZE])
 
     def _search(self, key_offset: int, key_width: int, target: int, upper: bool = False) -> int:
         if self.entries == 0 or self._mmap is None:
@@ -112,7 +116,8 @@ class IndexFile:
         entries = max(0, min(entries, self.entries))
         if self._mmap is not None and entries < self.entries:
             start, end = entries * self.ENTRY_SIZE, self.entries * self.ENTRY_SIZE
-            self._mmap[start:end] = bytes(end - start)
+            with memoryview(self._mmap) as view:
+                view[start:end] = bytes(end - start)
         self.entries = entries
 
     def reset(self) -> None:
@@ -126,21 +131,33 @@ class IndexFile:
         """Shrink the file to exactly its entries (on roll and close, as Kafka does)."""
         self._resize(self.entries * self.ENTRY_SIZE)
 
+    def seal(self) -> None:
+        """Trim, remap read-only and drop the descriptor (an inactive segment's index)."""
+        if self.writable:
+            self.trim_to_valid_size()
+            self.writable = False
+            self._map(self.entries * self.ENTRY_SIZE)
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
     def make_writable(self, max_index_size: int) -> None:
         """Reopen read-write and regrow to the preallocated size (the active segment after load)."""
         self.max_entries = max_index_size // self.ENTRY_SIZE
+        if self._fd < 0:
+            self._unmap()
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         self.writable = True
         self._resize(max(self.max_entries, self.entries) * self.ENTRY_SIZE)
 
     def close(self) -> None:
         """Trim (if writable) and release the mapping and the descriptor."""
-        if self._fd < 0:
-            return
-        if self.writable:
+        if self.writable and self._fd >= 0:
             self.trim_to_valid_size()
         self._unmap()
-        os.close(self._fd)
-        self._fd = -1
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def close_untrimmed(self) -> None:
         """Release without trimming: what a crash leaves behind (tests and fault injection)."""

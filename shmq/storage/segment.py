@@ -301,10 +301,8 @@ class LogSegment:
         self.size = valid
         self.next_offset = expected
         self.append_final_time_entry()
-        self.offset_index.trim_to_valid_size()
-        self.time_index.trim_to_valid_size()
-        self.offset_index.flush()
-        self.time_index.flush()
+        self.offset_index.seal()
+        self.time_index.seal()
         batches = np.concatenate(rows) if rows else np.empty((0, cols), dtype=np.int64)
         return RecoveryResult(truncated, expected, batches, reason)
 
@@ -362,8 +360,8 @@ class LogSegment:
     def on_become_inactive(self) -> None:
         """On roll: the final time index entry, trimmed indexes, read-only from now on."""
         self.append_final_time_entry()
-        self.offset_index.trim_to_valid_size()
-        self.time_index.trim_to_valid_size()
+        self.offset_index.seal()
+        self.time_index.seal()
         self.active = False
 
     def make_active(self) -> None:

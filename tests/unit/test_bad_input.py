@@ -67,6 +67,12 @@ else:
 impls = pytest.mark.parametrize("impl", IMPLS)
 
 
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
 def _zz(v: int) -> bytes:
     """A zigzag varint."""
     z = ((v << 1) ^ (v >> 63)) & 0xFFFFFFFFFFFFFFFF
@@ -218,12 +224,11 @@ def test_truncated_at_every_length(impl: Any) -> None:
 
 
 def test_truncated_at_every_length_records_api() -> None:
-    for cut in range(len(SMALL_BATCH)):
+    for cut in range(1, len(SMALL_BATCH)):  # (an empty buffer is an empty log)
         part = SMALL_BATCH[:cut]
         batch_everywhere_corrupt(part)
-        if cut:
-            with pytest.raises(CorruptRecordError):
-                list(iter_batches(part))
+        with pytest.raises(CorruptRecordError):
+            list(iter_batches(part))
 
 
 # --- header fields -----------------------------------------------------------------------------
@@ -358,9 +363,41 @@ def test_lying_records_count(impl: Any, count: int) -> None:
 
 @pytest.mark.parametrize("count", [4, 100, 2**31 - 1, 2, 1, 0, -1, -(2**31)])
 def test_lying_records_count_records_api(count: int) -> None:
-    buf = bytes(_batch(count=count))
+    buf = bytes(_batch(count=count, delta=max(count - 1, -(2**31))))
     corrupt(lambda: RecordBatchView(buf).records())
     corrupt(batches_to_arrow, buf)
+
+
+_HUGE_COUNT = """
+import resource, sys
+from shmq._fast import _reference as ref
+from shmq.errors import CorruptRecordError
+from shmq.protocol.records import batches_to_arrow, encode_batch
+batches_to_arrow(encode_batch([(b"k", b"v", 1)]))  # warm up imports and memory pools
+section = ref.encode_records([(b"k", b"v", 0, [])], 0)
+liar = bytes(ref.build_batch(section, 2**31 - 1, 2**31 - 2, 0, 0, 0, 0, 0, -1, -1, -1))
+with open("/proc/self/statm") as f:
+    vm = int(f.read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (vm + (1 << 30), resource.RLIM_INFINITY))
+for n in (1, 4):
+    try:
+        batches_to_arrow(liar * n)
+    except CorruptRecordError:
+        pass
+    else:
+        sys.exit("a lying record count was accepted")
+print("ok")
+"""
+
+
+def test_batches_to_arrow_lying_count_allocates_nothing_big() -> None:
+    # A 70-byte CRC-valid batch claiming 2**31 - 1 records must be refused as corrupt before
+    # any buffer is sized from the claim (a record takes at least 7 bytes).  The child process
+    # has 1 GiB of address space to spare, so sizing Arrow buffers for the claimed rows (tens
+    # of GiB) shows up as a MemoryError instead of CorruptRecordError.
+    proc = subprocess.run([sys.executable, "-c", _HUGE_COUNT], capture_output=True, text=True,
+                          timeout=60, env=_child_env())
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-1500:]
 
 
 @impls
@@ -505,7 +542,7 @@ def _bomb_stream(codec: int) -> bytes:
                          ids=codecs.CODEC_NAMES.get)
 def test_compression_bomb(codec: int) -> None:
     stream = _bomb_stream(codec)
-    assert len(stream) < BOMB // 100
+    assert len(stream) < BOMB // 16  # (snappy tops out near 21:1)
     buf = bytes(_batch(section=stream, count=1, attributes=codec))
     view = RecordBatchView(buf)
     assert view.validate(strict=True) == len(buf)
@@ -700,10 +737,8 @@ def test_index_entries_times_entry_size_overflow() -> None:
     # entries * entry_size must not wrap around: 2**61 entries of 8 bytes is 2**64 bytes, which
     # wraps to 0 in a 64-bit multiplication and would pass a "fits in the buffer" check, then
     # read far outside the buffer.  In a child process: the failure mode is a segfault.
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     proc = subprocess.run([sys.executable, "-c", _OVERFLOW], capture_output=True, text=True,
-                          timeout=60, env=env)
+                          timeout=60, env=_child_env())
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", (proc.returncode,
                                                                     proc.stderr[-2000:])
 

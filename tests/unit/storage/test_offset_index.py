@@ -151,11 +151,11 @@ def test_truncate_to_removes_entries_at_or_above(tmp_path) -> None:
         keep = [e for e in entries if e[0] < target]
         assert idx.entries == len(keep)
         assert [idx.entry(i) for i in range(idx.entries)] == keep
-        # appending after a truncation continues from the truncation point
-        idx.append(max(target, offs[-1] + 1) if not keep else keep[-1][0] + 1, 10**6)
+        # appending after a truncation continues after the kept entries
+        nxt = (keep[-1][0] + 1) if keep else BASE
+        idx.append(nxt, 10**6)
         idx.close()
-        assert file_entries(path) == [*keep, file_entries(path)[-1]]
-        assert len(file_entries(path)) == len(keep) + 1
+        assert file_entries(path) == [*keep, (nxt, 10**6)]
 
 
 def test_trim_to_valid_size(tmp_path) -> None:
