@@ -9,11 +9,16 @@ below uses shmq's own codecs, so a bug there cannot hide a bug in the storage la
 from __future__ import annotations
 
 import struct
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 import crc32c
-from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+
+with warnings.catch_warnings():
+    # kafka-python 3.0.12 calls the deprecated importlib.resources.read_text on import.
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
 HEADER = 61
 

@@ -1,0 +1,56 @@
+# One front door (STYLE.md §12).  `make run` and `make test` are the README's two commands:
+# each sets everything up on a fresh machine first.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PYTEST := $(PY) -m pytest
+
+.PHONY: setup build debug run demo test test-fast test-slow bench lint clean
+
+# A virtualenv with shmq installed editable, Cython extensions compiled with the system compiler.
+$(STAMP): pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "setuptools>=68" wheel "Cython>=3.0,<3.4"
+	$(PY) -m pip install -q --no-build-isolation -e ".[test,lint]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# Recompile the extensions in place (after editing a .pyx or .h).
+build: $(STAMP)
+	$(PY) setup.py -q build_ext --inplace
+
+# Checked build: -O0 -g, bounds checks and Cython line tracing.
+debug: $(STAMP)
+	SHMQ_DEBUG=1 $(PY) setup.py -q build_ext --inplace --force
+
+# The main job: drive real traffic through shmq (storage demo until the broker lands).
+run demo: build
+	$(VENV)/bin/shmq demo
+
+# The whole default suite (long soak/fault runs are marked slow and excluded).
+# pytest exits 5 when it collected no test: that is a failure here, said plainly.
+test: build
+	@$(PYTEST) -q; status=$$?; \
+	if [ $$status -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$status
+
+# Unit and property tests only (no subprocesses, no fuzzing).
+test-fast: build
+	$(PYTEST) -q tests/unit tests/property
+
+# The slow soak and fault runs, on demand.
+test-slow: build
+	$(PYTEST) -q -m slow
+
+bench: build
+	$(PY) perf/run_storage.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check shmq tests perf
+	$(VENV)/bin/mypy shmq
+
+clean:
+	rm -rf build *.egg-info shmq/_fast/*.c shmq/_fast/*.so shmq/_fast/*.html
