@@ -44,7 +44,7 @@ def _batches(partition: int, records: int, size: int, per_batch: int, first: int
     codecs = list(compression.CODEC_NAMES)
     base_ts = 1_700_000_000_000
     value = (b"shmq" * (size // 4 + 1))[:size]
-    for n, start in enumerate(range(first, records, per_batch)):
+    for start in range(first, records, per_batch):
         rows = [(b"key-%d" % i, value, base_ts + i, [("p", b"%d" % partition)])
                 for i in range(start, min(start + per_batch, records))]
         yield encode_batch(rows, compression_type=codecs[(start // per_batch) % len(codecs)])

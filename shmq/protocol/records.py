@@ -347,10 +347,15 @@ def batches_to_arrow(
                             table[:, _fast.COL_BASE_TIMESTAMP], lat]).ravel()
     bodies: list[Any] = []
     for pos, size, attr in zip(table[:, _fast.COL_POSITION].tolist(),
-                               table[:, _fast.COL_SIZE].tolist(), attrs.tolist()):
+                               table[:, _fast.COL_SIZE].tolist(), attrs.tolist(), strict=True):
         raw = mv_in[pos + HEADER_SIZE : pos + size]
         codec = attr & COMPRESSION_MASK
-        bodies.append(raw if codec == codecs.NONE else codecs.decompress(codec, raw, max_decompressed))
+        body = raw if codec == codecs.NONE else codecs.decompress(codec, raw, max_decompressed)
+        bodies.append(body)
+    # a record takes at least 7 bytes: a lying recordsCount must not size the allocations below
+    for count, body in zip(table[:, _fast.COL_RECORDS_COUNT].tolist(), bodies, strict=True):
+        if count < 0 or 7 * count > len(body):
+            raise CorruptRecordError(f"record count {count} cannot fit in {len(body)} bytes")
     meta = np.ascontiguousarray(meta, dtype=np.int64)
     rows = int(meta[0::4].sum())
     data = sum(len(b) for b in bodies)

@@ -33,7 +33,6 @@ from shmq.protocol.records import (
     RecordBatchView,
     batches_to_arrow,
     decode_batches,
-    encode_batch,
     iter_batches,
 )
 

@@ -22,7 +22,6 @@ from hypothesis import strategies as st
 
 from shmq import _fast
 from shmq.errors import CorruptRecordError
-from shmq.protocol import records as R
 from shmq.protocol.compression import CODEC_NAMES, GZIP, LZ4, NONE, SNAPPY, ZSTD
 from shmq.protocol.records import (
     LOG_APPEND_TIME,

@@ -144,7 +144,7 @@ def test_index_entry_rule_by_hand(tmp_path) -> None:
 def test_index_entry_rule_interval_one_below_batch_size(tmp_path) -> None:
     size = len(kbatch([b"y" * 10], [T0]))
     log = open_log(tmp_path, index_interval_bytes=size - 1)
-    for i in range(5):
+    for _ in range(5):
         log.append(kbatch([b"y" * 10], [T0]))  # equal timestamps: one time index entry
     log.close()
     _, index_path, time_path = seg_files(log, 0)
@@ -198,6 +198,31 @@ def test_translate_offset_finds_the_containing_batch(tmp_path) -> None:
             first = last + 1
         assert seg.translate_offset(first) is None  # past the end
         log.close()
+
+
+def test_header_walk_handles_big_batches_and_many_small_ones(tmp_path) -> None:
+    # batches larger than the 64 KiB read window, and more small batches per window than the
+    # scanner's row buffer holds
+    rng = random.Random(21)
+    log = open_log(tmp_path, index_interval_bytes=10**9)
+    for _ in range(1500):
+        big = rng.random() < 0.01
+        log.append(kbatch([rng.randbytes(rng.randrange(65_000, 150_000)) if big else b"t"]))
+    seg = log.active_segment
+    rows = batch_rows(seg.log_path)
+    assert max(r[3] for r in rows) > 64 * 1024
+    # single-record batches: batch i holds offset i
+    probes = {i for i, r in enumerate(rows) if r[3] > 64 * 1024}
+    probes |= {i + 1 for i in probes if i + 1 < len(rows)} | set(range(0, len(rows), 37))
+    probes |= set(range(len(rows) - 3, len(rows)))
+    for i in sorted(probes):
+        pos, last, _, size = rows[i]
+        h = seg.translate_offset(i)
+        assert (h.position, h.base_offset, h.last_offset, h.size) == (pos, i, last, size)
+    log.update_high_watermark(log.log_end_offset)
+    res = log.read(rows[-1][1], 10**9)
+    assert (res.slices[0].position, res.slices[0].length) == (rows[-1][0], rows[-1][3])
+    log.close()
 
 
 # -- rolling --------------------------------------------------------------------------------------
