@@ -246,7 +246,7 @@ def decode_records(
             raise CorruptRecordError(f"record {i} of {count} is malformed") from None
         ts = log_append_time if log_append_time >= 0 else base_timestamp + ts_delta
         item = (base_offset + off_delta, ts, key, value, headers)
-        out.append(item if record_type is None else record_type(*item))
+        out.append(item if record_type is None else record_type(*item))  # type: ignore[call-arg, arg-type]
     if pos != len(data):
         raise CorruptRecordError(f"{len(data) - pos} bytes left after {count} records")
     return out
@@ -420,7 +420,7 @@ class MappedFile(mmap.mmap):
             raise ValueError("cannot map 0 bytes")
         access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
         self = super().__new__(cls, fd, length, access=access)
-        self.writable = writable
+        self.writable = writable  # type: ignore[attr-defined]
         return self
 
     @property

@@ -210,10 +210,11 @@ def test_read_without_min_one_batch_within_a_segment(tmp_path) -> None:
 def test_read_without_min_one_batch_never_skips_to_the_next_segment(tmp_path) -> None:
     # Kafka LogSegment.read returns an empty FetchDataInfo (not null) when the first batch is too
     # big and minOneMessage is false, so LocalLog.read stops there
-    log = open_log(tmp_path, segment_bytes=1000)
+    log = open_log(tmp_path)
     log.append(kbatch([b"s"]))
-    log.append(kbatch([b"B" * 950]))
-    log.append(kbatch([b"s"]))          # rolls: a new segment at offset 2
+    log.append(kbatch([b"B" * 600]))
+    log.roll()
+    log.append(kbatch([b"s"]))          # a new segment at offset 2
     log.update_high_watermark(3)
     assert [s.base_offset for s in log.segments] == [0, 2]
     res = log.read(1, 200, min_one_batch=False)

@@ -1,0 +1,57 @@
+from collections.abc import Sequence
+
+from typing_extensions import Buffer
+from typing import Any
+
+HEADER_SIZE: int
+SCAN_END: int
+SCAN_PARTIAL: int
+SCAN_CORRUPT: int
+SCAN_FULL: int
+SCAN_COLUMNS: int
+
+def validate_batch(
+    buf: Buffer, pos: int = 0, end: int = -1, verify_crc: bool = True, strict: bool = True
+) -> int: ...
+def batch_header(buf: Buffer, pos: int = 0) -> tuple[int, ...]: ...
+def stamp_batch(buf: Buffer, pos: int, base_offset: int, leader_epoch: int) -> None: ...
+def scan_batches(
+    buf: Buffer, start: int, end: int, out: Any, verify_crc: bool = True, strict: bool = False
+) -> tuple[int, int, int, str | None]: ...
+def decode_records(
+    body: Buffer,
+    count: int,
+    base_offset: int,
+    base_timestamp: int,
+    log_append_time: int = -1,
+    record_type: type | None = None,
+) -> list[Any]: ...
+def encode_records(records: Sequence[tuple[Any, Any, int, Any]], base_timestamp: int) -> bytes: ...
+def build_batch(
+    records: Buffer,
+    records_count: int,
+    last_offset_delta: int,
+    attributes: int,
+    base_offset: int,
+    leader_epoch: int,
+    base_timestamp: int,
+    max_timestamp: int,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+) -> bytearray: ...
+def fill_columns(
+    bodies: list[Any],
+    meta: Any,
+    offsets: Any,
+    timestamps: Any,
+    key_offsets: Any,
+    key_data: Any,
+    key_valid: Any,
+    value_offsets: Any,
+    value_data: Any,
+    value_valid: Any,
+    min_offset: int = ...,
+    max_offset: int = ...,
+    timestamp_scale: int = 1,
+) -> tuple[int, int, int, int, int]: ...
