@@ -1,7 +1,7 @@
 from collections.abc import Sequence
+from typing import Any
 
 from typing_extensions import Buffer
-from typing import Any
 
 HEADER_SIZE: int
 SCAN_END: int

@@ -67,14 +67,11 @@ def _remove_temp_files(directory: Path) -> list[int]:
 
 
 def load_log(directory: Path, config: LogConfig, *, recovery_point: int = 0,
-             log_start_offset: int = 0, clean_shutdown: bool = False,
-             max_leader_epoch: int | None = None) -> LoadedLog:
+             log_start_offset: int = 0, clean_shutdown: bool = False) -> LoadedLog:
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     bases = _remove_temp_files(directory)
-    if max_leader_epoch is None:
-        epochs = checkpoint.read_leader_epochs(directory / layout.LEADER_EPOCH_CHECKPOINT)
-        if epochs:
-            max_leader_epoch = max(e for e, _ in epochs)
+    epochs = checkpoint.read_leader_epochs(directory / layout.LEADER_EPOCH_CHECKPOINT)
+    checkpointed_epoch = max((e for e, _ in epochs), default=-1) if epochs else -1
     segments = [LogSegment(directory, base, config, active=False) for base in bases]
     recovered: list[np.ndarray] = []
     rebuilt: list[int] = []
@@ -85,7 +82,7 @@ def load_log(directory: Path, config: LogConfig, *, recovery_point: int = 0,
         """Recover segment i; True when it lost bytes (later segments must go)."""
         nonlocal truncated, epoch
         seg = segments[i]
-        result = seg.recover(min_leader_epoch=epoch, max_leader_epoch=max_leader_epoch)
+        result = seg.recover(min_leader_epoch=epoch)
         rebuilt.append(seg.base_offset)
         recovered.append(result.batches)
         if len(result.batches):
@@ -110,11 +107,14 @@ def load_log(directory: Path, config: LogConfig, *, recovery_point: int = 0,
         if i >= first_to_recover:
             lost = recover(i)
         else:
+            problem = None
             try:
                 seg.sanity_check()
                 seg.load_tail_state()
             except (CorruptIndexError, FileNotFoundError) as exc:
-                log.warning("rebuilding indexes of %s: %s", seg.log_path, exc)
+                problem = str(exc)  # recover outside the handler: its traceback pins buffers
+            if problem is not None:
+                log.warning("rebuilding indexes of %s: %s", seg.log_path, problem)
                 lost = recover(i)
             else:
                 if len(segments) > i + 1 and segments[i + 1].base_offset != seg.next_offset:
@@ -138,7 +138,6 @@ def load_log(directory: Path, config: LogConfig, *, recovery_point: int = 0,
     leo = segments[-1].next_offset
     start = min(max(log_start_offset, segments[0].base_offset), leo)
     rp = leo if clean_shutdown and not truncated else min(recovery_point, leo)
-    if epoch < 0 and max_leader_epoch is not None:
-        epoch = max_leader_epoch
+    epoch = max(epoch, checkpointed_epoch)
     batches = np.concatenate(recovered) if recovered else np.empty((0, 12), dtype=np.int64)
     return LoadedLog(segments, start, rp, epoch, batches, truncated, rebuilt)

@@ -44,7 +44,7 @@ LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
 MAX_TIMESTAMP = -3
 
-_HEAD = struct.Struct(">qi")      # baseOffset, batchLength
+_I64 = struct.Struct(">q")
 _I32 = struct.Struct(">i")
 
 
@@ -97,15 +97,13 @@ class PartitionLog:
 
     @classmethod
     def open(cls, directory: Path, config: LogConfig | None = None, *, recovery_point: int = 0,
-             log_start_offset: int = 0, clean_shutdown: bool = False,
-             max_leader_epoch: int | None = None) -> PartitionLog:
+             log_start_offset: int = 0, clean_shutdown: bool = False) -> PartitionLog:
         """Open (or create) the log in ``directory``, recovering it if the shutdown was unclean."""
         from shmq.storage.loader import load_log
 
         config = config or LogConfig()
         loaded = load_log(directory, config, recovery_point=recovery_point,
-                          log_start_offset=log_start_offset, clean_shutdown=clean_shutdown,
-                          max_leader_epoch=max_leader_epoch)
+                          log_start_offset=log_start_offset, clean_shutdown=clean_shutdown)
         return cls(directory, config, loaded.segments, loaded.log_start_offset,
                    loaded.recovery_point, loaded.leader_epoch)
 
@@ -155,7 +153,7 @@ class PartitionLog:
         limit = self.config.max_message_bytes
         # pass 1: validate everything before touching the file
         spans = []
-        pos, n_records = 0, 0
+        pos, n_records, incoming_max_ts = 0, 0, -1
         while pos < len(mv):
             size = _fast.validate_batch(mv, pos, -1, True, validate)
             if size > limit:
@@ -163,13 +161,17 @@ class PartitionLog:
             delta = _I32.unpack_from(mv, pos + 23)[0]
             spans.append((pos, size, delta))
             n_records += delta + 1
+            incoming_max_ts = max(incoming_max_ts, _I64.unpack_from(mv, pos + 35)[0])
             pos += size
+        if log_append:
+            incoming_max_ts = now
         with self._lock:
             if self.closed:
                 raise ValueError("log is closed")
             first = self.log_end_offset
             segment = self.active_segment
-            if segment.should_roll(len(mv), now, first + n_records - 1):
+            if segment.should_roll(len(mv), len(spans), incoming_max_ts, now,
+                                   first + n_records - 1):
                 segment = self._roll_locked(now)
             # pass 2: stamp headers and build the iovec
             iov: list[Any] = []
@@ -230,8 +232,9 @@ class PartitionLog:
                 seg = segments[i]
                 max_pos = self._position_of(segments, i, bound)
                 piece = seg.read(offset, max_bytes, max_pos, min_one_batch)
-                if piece is not None and piece.length > 0:
-                    slices.append(piece)
+                if piece is not None:  # found the batch (an empty slice: it did not fit)
+                    if piece.length:
+                        slices.append(piece)
                     break
                 i += 1
         return LogReadResult(slices, start, hw, leo)
@@ -350,7 +353,8 @@ class PartitionLog:
         return self.log_start_offset
 
     def truncate_to(self, offset: int) -> None:
-        """Drop every record at or above ``offset`` (a follower's truncation after a leader change)."""
+        """Drop every record at or above ``offset``, cutting at the start of the batch that
+        holds it (a follower's truncation after a leader change): the LEO may end below it."""
         with self._lock:
             if offset >= self.log_end_offset:
                 return
@@ -368,8 +372,9 @@ class PartitionLog:
                     seg.make_active()
                 seg.truncate_to(offset)
             self._bases = [s.base_offset for s in self.segments]
-            self.high_watermark = min(self.high_watermark, offset)
-            self.recovery_point = min(self.recovery_point, offset)
+            leo = self.log_end_offset
+            self.high_watermark = min(self.high_watermark, leo)
+            self.recovery_point = min(self.recovery_point, leo)
 
     # -- durability ---------------------------------------------------------------------------
 
@@ -381,9 +386,11 @@ class PartitionLog:
         """
         with self._flush_lock:
             with self._lock:
-                target = self.log_end_offset if up_to is None else min(up_to, self.log_end_offset)
-                if target <= self.recovery_point:
+                leo = self.log_end_offset
+                needed = leo if up_to is None else min(up_to, leo)
+                if needed <= self.recovery_point:
                     return False
+                target = leo  # cover every append so far: later waiters find it done
                 first = self._segment_for(self.recovery_point)
                 todo = self.segments[first:]
                 flushed_messages = self.unflushed_messages

@@ -65,8 +65,10 @@ class OffsetIndex(IndexFile):
         """Kafka's checks plus order and bounds of every entry (a garbled file fails them)."""
         if self.entries == 0:
             return
-        table = np.frombuffer(self.buffer, dtype=">i4", count=self.entries * 2).reshape(-1, 2)
-        rel, pos = table[:, 0].astype(np.int64), table[:, 1].astype(np.int64)
+        with memoryview(self.buffer) as view:
+            table = np.frombuffer(view, dtype=">i4", count=self.entries * 2).reshape(-1, 2)
+            rel, pos = table[:, 0].astype(np.int64), table[:, 1].astype(np.int64)
+            del table  # no view of the mapping may outlive this block (it is remapped later)
         if (rel[0] < 0 or pos[0] < 0 or pos[-1] >= log_size
                 or (self.entries > 1 and (np.any(np.diff(rel) <= 0) or np.any(np.diff(pos) <= 0)))):
             raise CorruptIndexError(

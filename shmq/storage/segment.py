@@ -86,20 +86,30 @@ class LogSegment:
         self.bytes_since_last_index_entry = 0
         self.next_offset = base_offset      # set by the loader / appends
         self.created_ms = int(time.time() * 1000)
-        self._first_append_ms: int | None = None
+        # LogSegment.rollingBasedTimestamp: the first batch's max timestamp
+        self.rolling_base_timestamp: int | None = None
 
     # -- appending ----------------------------------------------------------------------------
 
-    def should_roll(self, incoming_bytes: int, now_ms: int, last_offset: int) -> bool:
-        """Kafka's ``LogSegment.shouldRoll``: size, age, full indexes, relative offset overflow."""
+    def should_roll(self, incoming_bytes: int, incoming_batches: int, max_timestamp: int,
+                    now_ms: int, last_offset: int) -> bool:
+        """Kafka's ``LogSegment.shouldRoll``: size, age, full indexes, relative offset overflow.
+
+        Age is measured in record time when the segment has a timestamped first batch
+        (``timeWaitedForRoll``: incoming max timestamp - first batch's max timestamp), otherwise
+        in wall-clock time since the segment was created or loaded.
+        """
         if self.size == 0:
             return False
         if self.size > self.config.segment_bytes - incoming_bytes:
             return True
-        started = self._first_append_ms if self._first_append_ms is not None else self.created_ms
-        if now_ms - started > self.config.segment_ms:
+        base = self.rolling_base_timestamp
+        waited = max_timestamp - base if base is not None and base >= 0 else now_ms - self.created_ms
+        if waited > self.config.segment_ms:
             return True
-        if self.offset_index.is_full or self.time_index.is_full:
+        # room for one index entry per incoming batch keeps a multi-batch append all-or-nothing
+        if (self.offset_index.entries + incoming_batches > self.offset_index.max_entries
+                or self.time_index.entries + incoming_batches > self.time_index.max_entries):
             return True
         return last_offset - self.base_offset > 0x7FFFFFFF
 
@@ -121,8 +131,8 @@ class LogSegment:
             os.ftruncate(self.handle.fd, start)  # never leave half a batch behind
             raise
         assert written == total
-        if self._first_append_ms is None:
-            self._first_append_ms = int(time.time() * 1000)
+        if self.rolling_base_timestamp is None:
+            self.rolling_base_timestamp = batches[0][2]
         for position, last_offset, max_ts, size in batches:
             self._index_batch(position, last_offset, max_ts, size)
         self.size = start + total
@@ -134,8 +144,12 @@ class LogSegment:
             self.max_timestamp_so_far = max_ts
             self.offset_of_max_timestamp = last_offset
         if self.bytes_since_last_index_entry > self.config.index_interval_bytes:
-            self.offset_index.append(last_offset, position)
-            self.time_index.maybe_append(self.max_timestamp_so_far, self.offset_of_max_timestamp)
+            # a full index only happens inside one multi-batch append (should_roll leaves room
+            # otherwise); the index is sparse, so skipping an entry costs a longer scan, no more
+            if not self.offset_index.is_full:
+                self.offset_index.append(last_offset, position)
+            if not self.time_index.is_full:
+                self.time_index.maybe_append(self.max_timestamp_so_far, self.offset_of_max_timestamp)
             self.bytes_since_last_index_entry = 0
         self.bytes_since_last_index_entry += size
 
@@ -197,14 +211,15 @@ class LogSegment:
         if limit >= bound:
             end = bound
         elif first.size > max_bytes:
-            if not min_one_batch:
-                return None
-            end = start + first.size
+            # KIP-74: the first batch whole; without min_one_batch an empty slice (not None:
+            # the caller must not move on to later offsets)
+            end = start + first.size if min_one_batch else start
         else:
-            # last batch boundary <= limit: start at the index entry below it, walk forward
+            # last batch boundary <= limit: every batch before the index entry at or below the
+            # limit fits; walk forward from there
             _, from_pos = self.offset_index.lookup_position(limit)
-            end = start + first.size
-            for header in self._headers(max(from_pos, end), bound):
+            end = max(start + first.size, from_pos)
+            for header in self._headers(end, bound):
                 if header.position + header.size > limit:
                     break
                 end = header.position + header.size
@@ -235,22 +250,31 @@ class LogSegment:
     # -- recovery -----------------------------------------------------------------------------
 
     def load_tail_state(self) -> None:
-        """For a segment loaded without recovery: next offset and max timestamp from its tail."""
-        _, pos = self.offset_index.lookup(2**62)
-        last: BatchHeader | None = None
-        for header in self._headers(pos, self.size):
-            last = header
-        self.next_offset = last.last_offset + 1 if last else self.base_offset
-        ts, off = self.time_index.last_entry
-        self.max_timestamp_so_far, self.offset_of_max_timestamp = ts, off
-        if last is not None and last.max_timestamp > self.max_timestamp_so_far:
-            self.max_timestamp_so_far, self.offset_of_max_timestamp = last.max_timestamp, last.last_offset
+        """For a segment loaded without recovery: next offset, max timestamp (Kafka's
+        ``readLargestTimestamp``: the last time index entry, then every batch after it), the
+        byte count since the last index entry, and the roll timer's base."""
+        ts, ts_offset = self.time_index.last_entry
         entry_off, entry_pos = self.offset_index.last_entry
-        self.bytes_since_last_index_entry = self.size - entry_pos if self.offset_index.entries else self.size
+        _, ts_pos = self.offset_index.lookup(ts_offset)
+        self.max_timestamp_so_far, self.offset_of_max_timestamp = ts, ts_offset
+        last: BatchHeader | None = None
+        for header in self._headers(min(ts_pos, entry_pos), self.size):
+            last = header
+            if header.max_timestamp > self.max_timestamp_so_far:
+                self.max_timestamp_so_far = header.max_timestamp
+                self.offset_of_max_timestamp = header.last_offset
+        self.next_offset = last.last_offset + 1 if last else self.base_offset
+        self.bytes_since_last_index_entry = (
+            self.size - entry_pos if self.offset_index.entries else self.size)
+        self._load_rolling_base()
 
-    def recover(self, *, min_leader_epoch: int = -1, max_leader_epoch: int | None = None) -> RecoveryResult:
-        """Validate every batch (size, magic, CRC, contiguous offsets, epochs), rebuild both
-        indexes, and truncate the file at the first invalid or partial batch.
+    def _load_rolling_base(self) -> None:
+        head = os.pread(self.handle.fd, HEADER_SIZE, 0) if self.size >= HEADER_SIZE else b""
+        self.rolling_base_timestamp = _fast.batch_header(head)[8] if head else None
+
+    def recover(self, *, min_leader_epoch: int = -1) -> RecoveryResult:
+        """Validate every batch (size, magic, CRC, contiguous offsets, epochs that never go
+        back), rebuild both indexes, and truncate the file at the first invalid or partial batch.
 
         Stricter than Kafka on one point: batch base offsets must follow each other without gaps
         (shmq never compacts), because baseOffset is not covered by the CRC.
@@ -277,7 +301,7 @@ class LogSegment:
                     while True:
                         n, stop, status, why = _fast.scan_batches(view, pos, size, out, True, False)
                         table = out[: n * cols].reshape(n, cols)
-                        bad = self._first_bad_row(table, expected, epoch, max_leader_epoch)
+                        bad = self._first_bad_row(table, expected, epoch)
                         if bad < n:
                             table = table[:bad]
                             reason = "batch offsets or leader epochs are out of sequence"
@@ -300,14 +324,14 @@ class LogSegment:
             os.ftruncate(self.handle.fd, valid)
         self.size = valid
         self.next_offset = expected
+        self.rolling_base_timestamp = int(rows[0][0, 3]) if rows else None
         self.append_final_time_entry()
         self.offset_index.seal()
         self.time_index.seal()
         batches = np.concatenate(rows) if rows else np.empty((0, cols), dtype=np.int64)
         return RecoveryResult(truncated, expected, batches, reason)
 
-    def _first_bad_row(self, table: np.ndarray, expected: int, epoch: int,
-                       max_epoch: int | None) -> int:
+    def _first_bad_row(self, table: np.ndarray, expected: int, epoch: int) -> int:
         """Index of the first batch breaking offset continuity or epoch order (len if none)."""
         n = len(table)
         if n == 0:
@@ -322,8 +346,6 @@ class LogSegment:
         prev_epoch[0] = epoch
         prev_epoch[1:] = np.maximum.accumulate(epochs)[:-1]
         ok &= epochs >= prev_epoch
-        if max_epoch is not None:
-            ok &= epochs <= max_epoch
         bad = np.flatnonzero(~ok)
         return int(bad[0]) if len(bad) else n
 
@@ -338,14 +360,15 @@ class LogSegment:
     # -- life cycle ---------------------------------------------------------------------------
 
     def truncate_to(self, offset: int) -> int:
-        """Drop every batch at or above ``offset`` (whole batches); return bytes removed."""
+        """Drop the batch holding ``offset`` and everything after it; return bytes removed."""
         header = self.translate_offset(offset)
         if header is None:
             return 0
-        cut = header.position if header.base_offset >= offset else header.position + header.size
+        # LogSegment.truncateTo: from the start of the batch holding `offset`
+        cut = header.position
         removed = self.size - cut
-        self.offset_index.truncate_to(offset)
-        self.time_index.truncate_to(offset)
+        self.offset_index.truncate_to(header.base_offset)
+        self.time_index.truncate_to(header.base_offset)
         os.ftruncate(self.handle.fd, cut)
         self.size = cut
         self.load_tail_state()

@@ -35,12 +35,13 @@ class TimeIndex(IndexFile):
         return self.entry(self.entries - 1) if self.entries else (-1, self.base_offset)
 
     def maybe_append(self, timestamp: int, offset: int, skip_full_check: bool = False) -> None:
-        if self.entries:
-            last_ts, last_off = self.last_entry
-            if timestamp <= last_ts:
-                return
-            if offset < last_off:
-                raise CorruptIndexError(f"time index offset {offset} goes backwards ({last_off})")
+        """Append (timestamp, offset) if the timestamp grows; an empty index's last entry is
+        (-1, base offset), so a batch without timestamps (-1) is never indexed."""
+        last_ts, last_off = self.last_entry
+        if timestamp <= last_ts:
+            return
+        if offset < last_off:
+            raise CorruptIndexError(f"time index offset {offset} goes backwards ({last_off})")
         if self.is_full and not skip_full_check:
             raise CorruptIndexError(f"time index {self.path} is full")
         if skip_full_check and self.entries * self.ENTRY_SIZE + self.ENTRY_SIZE > self._length:
@@ -61,9 +62,11 @@ class TimeIndex(IndexFile):
     def sanity_check(self, max_offset: int) -> None:
         if self.entries == 0:
             return
-        table = np.frombuffer(self.buffer, dtype=np.dtype([("ts", ">i8"), ("rel", ">i4")]),
-                              count=self.entries)
-        ts, rel = table["ts"].astype(np.int64), table["rel"].astype(np.int64)
+        with memoryview(self.buffer) as view:
+            table = np.frombuffer(view, dtype=np.dtype([("ts", ">i8"), ("rel", ">i4")]),
+                                  count=self.entries)
+            ts, rel = table["ts"].astype(np.int64), table["rel"].astype(np.int64)
+            del table  # no view of the mapping may outlive this block (it is remapped later)
         if (rel[0] < 0 or rel[-1] > max_offset - self.base_offset
                 or (self.entries > 1 and (np.any(np.diff(ts) <= 0) or np.any(np.diff(rel) < 0)))):
             raise CorruptIndexError(f"corrupt time index {self.path}: entries out of order")

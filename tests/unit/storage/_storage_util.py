@@ -31,7 +31,7 @@ def kbatch(values: Sequence[bytes | None], timestamps: Sequence[int] | None = No
         magic=2, compression_type=compression, is_transactional=False, producer_id=producer_id,
         producer_epoch=producer_epoch, base_sequence=base_sequence, batch_size=1 << 30)
     for i, value in enumerate(values):
-        ts = timestamps[i] if timestamps is not None else 1_600_000_000_000 + i
+        ts = timestamps[i] if timestamps is not None else 1_700_000_000_000 + i
         builder.append(i, timestamp=ts, key=key, value=value, headers=[])
     return bytes(builder.build())
 

@@ -124,11 +124,13 @@ def test_crash_then_recover_from_the_recovery_point(tmp_path, flush_to, rebuilt)
     d = tmp_path / "t-0"
     log = build(d)
     records = all_records(d)
+    # a flush covers everything appended before it (group commit), so a recovery point in the
+    # middle of the log is what an older checkpoint records: pass it as the checkpoint would
     if flush_to is None:
         log.flush()
-    elif flush_to:
-        log.flush(up_to=flush_to)
-    rp = log.recovery_point
+        rp = log.recovery_point
+    else:
+        rp = flush_to
     log.crash_close()
     # the crashed active segment's indexes are still preallocated (untrimmed)
     _, index_path, _ = segment_paths(d, 36)
@@ -285,10 +287,6 @@ def test_deleted_index_is_rebuilt_identically(tmp_path) -> None:
     assert snapshot(d) == original
 
 
-@pytest.mark.xfail(strict=True, raises=BufferError, reason="shmq bug: load_log calls recover() "
-                   "inside the `except CorruptIndexError as exc` block; the traceback keeps "
-                   "sanity_check's numpy view of the index mapping alive, so make_writable cannot "
-                   "unmap it (BufferError: cannot close a mapping with live memoryviews)")
 @pytest.mark.parametrize("suffix", [".index", ".timeindex"])
 def test_garbled_index_after_clean_shutdown_is_rebuilt(tmp_path, suffix: str) -> None:
     d = tmp_path / "t-0"
@@ -389,9 +387,6 @@ def test_leader_epoch_going_backwards_is_caught(tmp_path) -> None:
     assert [r[0] for r in all_records(d)] == list(range(8))
 
 
-@pytest.mark.xfail(strict=True, reason="shmq deviation that loses fsynced data: recovery truncates "
-                   "batches whose leader epoch is above the leader-epoch-checkpoint's latest epoch; "
-                   "Kafka LogSegment.recover assigns new epochs to the cache and keeps the batches")
 def test_epoch_newer_than_the_checkpoint_is_kept_by_recovery(tmp_path) -> None:
     d = tmp_path / "t-0"
     log = PartitionLog.open(d, CFG)

@@ -204,9 +204,6 @@ def test_read_without_min_one_batch_within_a_segment(tmp_path) -> None:
     log.close()
 
 
-@pytest.mark.xfail(strict=True, reason="shmq bug: PartitionLog.read with min_one_batch=False moves "
-                   "on to the next segment when the batch holding the offset does not fit, and "
-                   "returns that segment's batches: the records in between are skipped")
 def test_read_without_min_one_batch_never_skips_to_the_next_segment(tmp_path) -> None:
     # Kafka LogSegment.read returns an empty FetchDataInfo (not null) when the first batch is too
     # big and minOneMessage is false, so LocalLog.read stops there
@@ -223,9 +220,6 @@ def test_read_without_min_one_batch_never_skips_to_the_next_segment(tmp_path) ->
     assert got == []  # not [2]: offset 1 would be skipped
 
 
-@pytest.mark.xfail(strict=True, reason="shmq bug: LogSegment.read stops after the first batch "
-                   "when the offset index has an entry between the end of the first batch and the "
-                   "max_bytes limit whose batch crosses the limit (end is not advanced to from_pos)")
 def test_read_respects_max_bytes_at_batch_boundaries_dense_index(tmp_path) -> None:
     rng = random.Random(12)
     log = open_log(tmp_path, index_interval_bytes=0, segment_bytes=20_000)
@@ -250,8 +244,6 @@ def test_read_max_bytes_dense_index_minimal_case(tmp_path) -> None:
     log.close()
 
 
-@pytest.mark.xfail(strict=True, reason="shmq bug: LogSegment.read returns only the first batch "
-                   "(see test_read_respects_max_bytes_at_batch_boundaries_dense_index)")
 def test_read_max_bytes_dense_index_two_batches_fit(tmp_path) -> None:
     log = open_log(tmp_path, index_interval_bytes=0)
     sizes = []
@@ -566,9 +558,6 @@ def test_truncate_to_zero_and_beyond_leo(tmp_path) -> None:
     assert [r[3] for r in all_records(log.directory)] == [b"again"]
 
 
-@pytest.mark.xfail(strict=True, reason="shmq bug: truncate_to(offset) in the middle of a batch "
-                   "keeps the whole batch (LEO > offset); Kafka LogSegment.truncateTo cuts at the "
-                   "position of the batch containing the offset")
 def test_truncate_to_mid_batch_drops_the_batch(tmp_path) -> None:
     log = open_log(tmp_path)
     log.append(kbatch([b"a", b"b", b"c"]))
@@ -580,9 +569,6 @@ def test_truncate_to_mid_batch_drops_the_batch(tmp_path) -> None:
     assert all(r[0] < 1 for r in all_records(log.directory))
 
 
-@pytest.mark.xfail(strict=True, reason="shmq bug: LogSegment.truncate_to -> load_tail_state takes "
-                   "the max timestamp from the last time index entry and the last batch only; Kafka "
-                   "LogSegment.readLargestTimestamp scans every batch after the last entry")
 def test_truncate_to_keeps_the_true_max_timestamp(tmp_path) -> None:
     log = open_log(tmp_path, index_interval_bytes=10**6)  # no index entries
     for ts in [100, 500, 200, 300]:
@@ -756,9 +742,6 @@ def test_flush_up_to_returns_once_covered(tmp_path, fsyncs) -> None:
     log.close()
 
 
-@pytest.mark.xfail(strict=True, reason="shmq bug: flush(up_to) sets recovery_point to up_to rather "
-                   "than to the LEO its fsync covered, so the group commit documented in "
-                   "shmq/storage/log.py does not cover later waiters (they fsync again)")
 def test_flush_covers_everything_written_before_it(tmp_path, fsyncs) -> None:
     log = open_log(tmp_path)
     for _ in range(3):

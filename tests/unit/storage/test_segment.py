@@ -265,9 +265,6 @@ def test_roll_by_segment_ms_wall_clock(tmp_path) -> None:
     log.close()
 
 
-@pytest.mark.xfail(strict=True, reason="shmq bug: segment.ms is measured from the wall-clock time "
-                   "of the first append (time.time(), ignoring now_ms), not from the first batch's "
-                   "timestamp as Kafka's LogSegment.timeWaitedForRoll does")
 def test_roll_by_segment_ms_follows_record_timestamps(tmp_path) -> None:
     # Kafka: timeWaitedForRoll = incoming maxTimestamp - first batch's maxTimestamp (when set)
     log = open_log(tmp_path, segment_ms=1000)
@@ -308,9 +305,6 @@ def test_roll_when_offset_index_is_full(tmp_path) -> None:
     assert [r[0] for r in all_records(log.directory)] == list(range(16))
 
 
-@pytest.mark.xfail(strict=True, reason="shmq bug: a multi-batch append that needs more index "
-                   "entries than the active segment has room for raises CorruptIndexError after "
-                   "the bytes were written to the .log file (file and in-memory size disagree)")
 def test_multi_batch_append_overflowing_the_index_is_all_or_nothing(tmp_path) -> None:
     log = open_log(tmp_path, segment_index_bytes=24, index_interval_bytes=0)
     data = b"".join(kbatch([b"a"], [T0 + i]) for i in range(10))

@@ -74,8 +74,6 @@ def test_offset_going_backwards_raises(tmp_path) -> None:
         idx.close()
 
 
-@pytest.mark.xfail(strict=True, reason="shmq bug: TimeIndex.maybe_append appends any timestamp "
-                   "(even NO_TIMESTAMP=-1) to an empty index; Kafka compares with (-1, base)")
 def test_no_timestamp_is_never_indexed(tmp_path) -> None:
     # TimeIndex: the last entry of an empty index is (NO_TIMESTAMP=-1, baseOffset), and an entry is
     # only appended when timestamp > lastEntry.timestamp, so -1 never enters the index
