@@ -90,7 +90,7 @@ class Timing:
     @property
     def busy(self) -> float:
         """Median chosen-clock / wall ratio (below 1: other processes took CPU from us)."""
-        return statistics.median(s / w for s, w in zip(self.samples, self.wall) if w > 0)
+        return statistics.median(s / w for s, w in zip(self.samples, self.wall, strict=True) if w > 0)
 
     @property
     def median(self) -> float:
@@ -219,7 +219,7 @@ def environment() -> list[tuple[str, str]]:
         ("build", _build_type()),
         ("clock", f"{_clock_name}: {CLOCK_TEXT[_clock_name]}; median of --repeat samples "
                   f"after --warmup runs"),
-        ("load", "loadavg %.2f %.2f %.2f at start" % os.getloadavg()),
+        ("load", "loadavg {:.2f} {:.2f} {:.2f} at start".format(*os.getloadavg())),
     ]
 
 
@@ -314,7 +314,7 @@ def print_table(rows: list[Row], title: str | None = None) -> None:
               for i, h in enumerate(header)]
 
     def row(cells: tuple[str, ...]) -> str:
-        return " | ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+        return " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
 
     if title:
         print(title)
@@ -370,10 +370,10 @@ def add_dir_arg(p: argparse.ArgumentParser) -> None:
 
 
 def human_bytes(n: int) -> str:
+    """16384 -> '16 KiB', 15760000 -> '15.0 MiB'."""
     for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if n >= size and n % (size // 1024 or 1) == 0:
-            v = n / size
-            return f"{v:g} {unit}" if v == int(v) else f"{v:.1f} {unit}"
+        if n >= size:
+            return f"{n // size} {unit}" if n % size == 0 else f"{n / size:.1f} {unit}"
     return f"{n} B"
 
 

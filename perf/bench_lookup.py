@@ -44,6 +44,7 @@ BATCHES_PER_SEGMENT = 10
 
 def parser() -> argparse.ArgumentParser:
     p = c.base_parser(__doc__.splitlines()[0])
+    p.set_defaults(repeat=5)  # each sample is 20,000 lookups per case
     c.add_dir_arg(p)
     p.add_argument("--segments", type=int, default=10_000, help="segments in the big log")
     p.add_argument("--few-segments", type=int, default=10, help="segments in the small log")
@@ -111,7 +112,7 @@ def build(directory: Path, segment_bytes: int, chunk: bytes, calls: int, *,
     for i in range(calls):
         base = i * per_segment
         offset = base
-        for pos, n in zip(positions, counts):
+        for pos, n in zip(positions, counts, strict=True):
             _fast.stamp_batch(seg_log, pos, offset, -1)
             offset += n
         log_path, index_path, time_path = layout.segment_paths(directory, base)
@@ -229,7 +230,7 @@ def run(args: argparse.Namespace) -> list[c.Row]:
             v = ts["read"].median / args.lookups * 1e6
             rows.append(c.Row(
                 f"log.read, same data in {len(same.segments)} segs", v, "us/lookup",
-                note=(f"segments of {c.human_bytes(seg_bytes) if seg_bytes % c.KiB == 0 else seg_bytes}"
+                note=(f"segments of {c.human_bytes(seg_bytes)}"
                       f" (informational: compare with the {args.segments:,}-segment row); "
                       + c.spread_note("read", ts["read"])),
             ))

@@ -15,7 +15,7 @@ memory: the floor of what a CRC-checking recovery can cost.  Before every sample
 the ``.log`` files are read once, so both measure CPU with the data in the page cache (no disk
 I/O).  Target: recovery MB/s >= 0.5x the CRC MB/s.
 
-    python perf/bench_recovery.py [--repeat 5] [--log-bytes 256M] [--segment-bytes 64M]
+    python perf/bench_recovery.py [--repeat 7] [--log-bytes 256M] [--segment-bytes 64M]
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ TARGET_RATIO = 0.5
 
 def parser() -> argparse.ArgumentParser:
     p = c.base_parser(__doc__.splitlines()[0])
+    p.set_defaults(repeat=7)
     c.add_dir_arg(p)
     p.add_argument("--log-bytes", type=c.size_arg, default=256 * c.MiB, help="size of the log")
     p.add_argument("--segment-bytes", type=c.size_arg, default=64 * c.MiB, help="segment.bytes")

@@ -14,6 +14,14 @@ from typing import Any
 from shmq._fast._errors import CorruptRecordError
 
 HEADER_SIZE = 61
+NO_LOG_APPEND_TIME = -(2**63)
+_U64 = (1 << 64) - 1
+
+
+def _wrap64(v: int) -> int:
+    """Two's-complement int64 arithmetic, as the compiled code and Java do."""
+    v &= _U64
+    return v - (1 << 64) if v >= 1 << 63 else v
 SCAN_END, SCAN_PARTIAL, SCAN_CORRUPT, SCAN_FULL = 0, 1, 2, 3
 SCAN_COLUMNS = 12
 (
@@ -71,6 +79,7 @@ _REASONS = {
     "delta": "lastOffsetDelta does not match the record count",
     "control": "clients may not write control batches",
     "sequence": "producer id set but base sequence is negative",
+    "overflow": "last offset overflows int64",
 }
 
 
@@ -94,6 +103,9 @@ def _check(buf: bytes, pos: int, end: int, verify_crc: bool, strict: bool) -> tu
     (count,) = struct.unpack_from(">i", buf, pos + 57)
     if count < 0 or delta < 0:
         return "count", size
+    (base,) = struct.unpack_from(">q", buf, pos)
+    if base > 0x7FFFFFFFFFFFFFFF - delta:
+        return "overflow", size
     if strict:
         if count == 0 or delta != count - 1:
             return "delta", size
@@ -174,6 +186,7 @@ def _read_varint(data: bytes, pos: int, end: int, max_bytes: int) -> tuple[int, 
         if not b & 0x80:
             break
         shift += 7
+    raw &= _U64  # a 10th byte's high bits fall off, as in Java's readVarlong
     return (raw >> 1) ^ -(raw & 1), pos + i
 
 
@@ -227,7 +240,7 @@ def decode_records(
     count: int,
     base_offset: int,
     base_timestamp: int,
-    log_append_time: int = -1,
+    log_append_time: int = NO_LOG_APPEND_TIME,
     record_type: type | None = None,
 ) -> list[Any]:
     if record_type is not None and not (
@@ -244,8 +257,8 @@ def decode_records(
             ts_delta, off_delta, key, value, headers, pos = _parse_record(data, pos, len(data))
         except CorruptRecordError:
             raise CorruptRecordError(f"record {i} of {count} is malformed") from None
-        ts = log_append_time if log_append_time >= 0 else base_timestamp + ts_delta
-        item = (base_offset + off_delta, ts, key, value, headers)
+        ts = log_append_time if log_append_time != NO_LOG_APPEND_TIME else _wrap64(base_timestamp + ts_delta)
+        item = (_wrap64(base_offset + off_delta), ts, key, value, headers)
         out.append(item if record_type is None else record_type(*item))  # type: ignore[call-arg, arg-type]
     if pos != len(data):
         raise CorruptRecordError(f"{len(data) - pos} bytes left after {count} records")
@@ -346,7 +359,7 @@ def fill_columns(
             if rows >= cap_rows or klen + len(key or b"") > len(kd) or vlen + len(value or b"") > len(vd):
                 raise ValueError("column buffers are too small for these sections")
             offsets[rows] = offset
-            timestamps[rows] = ts * timestamp_scale
+            timestamps[rows] = _wrap64(ts * timestamp_scale)
             for field, data, valid in ((key, kd, kv), (value, vd, vv)):
                 if field is None:
                     if data is kd:

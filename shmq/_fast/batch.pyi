@@ -9,6 +9,7 @@ SCAN_PARTIAL: int
 SCAN_CORRUPT: int
 SCAN_FULL: int
 SCAN_COLUMNS: int
+NO_LOG_APPEND_TIME: int
 
 def validate_batch(
     buf: Buffer, pos: int = 0, end: int = -1, verify_crc: bool = True, strict: bool = True
@@ -23,7 +24,7 @@ def decode_records(
     count: int,
     base_offset: int,
     base_timestamp: int,
-    log_append_time: int = -1,
+    log_append_time: int = ...,
     record_type: type | None = None,
 ) -> list[Any]: ...
 def encode_records(records: Sequence[tuple[Any, Any, int, Any]], base_timestamp: int) -> bytes: ...

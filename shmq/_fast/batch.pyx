@@ -29,7 +29,7 @@ Every function here bounds every read by the buffer it was given: bad input rais
 ``_reference.py`` has the same names and behaviour and is the oracle in the parity tests.
 """
 
-from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, INT64_MAX
 from libc.string cimport memcpy, memset
 from libc.stdlib cimport malloc, realloc, free
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
@@ -71,6 +71,9 @@ cdef enum:
     S_FULL = 3       # `out` is full; call again from `pos`
 
 HEADER_SIZE = HEADER
+# "this batch is not LogAppendTime" for decode_records / fill_columns (any int64 can be a time)
+cdef int64_t NO_LAT = -0x7fffffffffffffff - 1
+NO_LOG_APPEND_TIME = NO_LAT
 SCAN_END, SCAN_PARTIAL, SCAN_CORRUPT, SCAN_FULL = S_END, S_PARTIAL, S_CORRUPT, S_FULL
 # scan_batches output columns, SCAN_COLUMNS int64 per batch
 SCAN_COLUMNS = 12
@@ -89,6 +92,7 @@ cdef enum:
     R_DELTA = 14
     R_CONTROL = 15
     R_SEQUENCE = 16
+    R_OVERFLOW = 17
 
 _REASONS = {
     PARTIAL: "batch runs past the end of the buffer",
@@ -99,6 +103,7 @@ _REASONS = {
     R_DELTA: "lastOffsetDelta does not match the record count",
     R_CONTROL: "clients may not write control batches",
     R_SEQUENCE: "producer id set but base sequence is negative",
+    R_OVERFLOW: "last offset overflows int64",
 }
 
 
@@ -124,6 +129,8 @@ cdef int _check(const unsigned char *p, Py_ssize_t avail, bint verify_crc, bint 
     delta = shmq_load_i32(p + 23)
     if count < 0 or delta < 0:
         return R_COUNT
+    if shmq_load_i64(p) > INT64_MAX - delta:
+        return R_OVERFLOW
     if strict:
         # LogValidator.validateBatch: a client batch holds exactly lastOffsetDelta + 1 records,
         # is not a control batch, and carries a sequence when it carries a producer id.
@@ -392,11 +399,11 @@ cdef object _headers_tuple(const unsigned char *p, RecordView *rv):
 
 
 def decode_records(const unsigned char[::1] body not None, int64_t count, int64_t base_offset,
-                   int64_t base_timestamp, int64_t log_append_time=-1, type record_type=None):
+                   int64_t base_timestamp, int64_t log_append_time=NO_LAT, type record_type=None):
     """Decode ``count`` records from an uncompressed records section.
 
     Returns a list of ``(offset, timestamp, key, value, headers)`` tuples, headers a tuple of
-    ``(str, bytes | None)``.  ``log_append_time >= 0`` replaces every timestamp (LogAppendTime
+    ``(str, bytes | None)``.  A ``log_append_time`` other than NO_LOG_APPEND_TIME replaces every timestamp (LogAppendTime
     batches).  ``record_type``, a 5-field tuple subclass such as a NamedTuple, is built instead
     of plain tuples at the same cost.  Raises CorruptRecordError when the section does not hold
     exactly ``count`` records.
@@ -423,7 +430,7 @@ def decode_records(const unsigned char[::1] body not None, int64_t count, int64_
         key = None if rv.key_pos < 0 else PyBytes_FromStringAndSize(<const char *>p + rv.key_pos, rv.key_len)
         value = None if rv.value_pos < 0 else PyBytes_FromStringAndSize(<const char *>p + rv.value_pos, rv.value_len)
         offset = base_offset + rv.offset_delta
-        ts = log_append_time if log_append_time >= 0 else base_timestamp + rv.timestamp_delta
+        ts = log_append_time if log_append_time != NO_LAT else base_timestamp + rv.timestamp_delta
         headers = _headers_tuple(p, &rv)
         item = PyTuple_New(5) if record_type is None else PyType_GenericAlloc(record_type, 5)
         Py_INCREF(offset)
@@ -595,7 +602,7 @@ def fill_columns(list bodies not None, const int64_t[::1] meta not None,
     """Decode records sections straight into Arrow column buffers (no object per record).
 
     ``bodies[i]`` is an uncompressed records section; ``meta[4*i:4*i+4]`` is its (count,
-    base offset, base timestamp, log append time or -1).  Records with offsets outside
+    base offset, base timestamp, log append time or NO_LOG_APPEND_TIME).  Records with offsets outside
     [min_offset, max_offset) are skipped.  The caller sizes the buffers: rows for every record
     (sum of counts; +1 for the offset arrays), key_data/value_data for the sum of the sections'
     lengths (an upper bound), bitmaps for rows/8 + 1 bytes.  Returns (rows, key bytes, value
@@ -648,7 +655,7 @@ def fill_columns(list bodies not None, const int64_t[::1] meta not None,
                     bad = 3
                     break
                 offsets[rows] = off
-                timestamps[rows] = (lat if lat >= 0 else base_ts + rv.timestamp_delta) * timestamp_scale
+                timestamps[rows] = (lat if lat != NO_LAT else base_ts + rv.timestamp_delta) * timestamp_scale
                 if rv.key_pos >= 0:
                     memcpy(&key_data[0] + klen, p + rv.key_pos, rv.key_len)
                     klen += rv.key_len

@@ -47,7 +47,7 @@ cdef int _check_args(Py_ssize_t size, Py_ssize_t entries, int entry_size, int ke
     if entry_size <= 0 or key_width not in (4, 8) or key_offset < 0 \
             or key_offset + key_width > entry_size:
         raise ValueError("bad index entry layout")
-    if entries < 0 or entries * entry_size > size:
+    if entries < 0 or entries > size // entry_size:  # no multiplication: it could overflow
         raise ValueError(f"{entries} entries of {entry_size} bytes do not fit in {size} bytes")
     return 0
 

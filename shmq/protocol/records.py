@@ -189,7 +189,10 @@ class RecordBatchView:
         self, max_decompressed: int = codecs.DEFAULT_MAX_DECOMPRESSED_BYTES
     ) -> Any:
         """The uncompressed records section (a zero-copy view when the batch is uncompressed)."""
-        end = self._pos + self.size
+        size = self.size
+        if size < HEADER_SIZE:
+            raise CorruptRecordError(f"batch length {size - 12} is smaller than the header")
+        end = self._pos + size
         if end > len(self._buf):
             raise CorruptRecordError("record batch runs past the end of the buffer")
         raw = self._buf[self._pos + HEADER_SIZE : end]
@@ -203,7 +206,7 @@ class RecordBatchView:
     ) -> list[Record]:
         """Decode every record of the batch."""
         body = self.records_section(max_decompressed)
-        lat = self.max_timestamp if self.timestamp_type == LOG_APPEND_TIME else -1
+        lat = self.max_timestamp if self.timestamp_type == LOG_APPEND_TIME else _fast.NO_LOG_APPEND_TIME
         return _fast.decode_records(body, self.records_count, self.base_offset,
                                     self.base_timestamp, lat, Record)
 
@@ -342,7 +345,8 @@ def batches_to_arrow(
         keep &= (table[:, _fast.COL_ATTRIBUTES] & CONTROL_FLAG) == 0
     table = table[keep]
     attrs = table[:, _fast.COL_ATTRIBUTES]
-    lat = np.where(attrs & TIMESTAMP_TYPE_MASK, table[:, _fast.COL_MAX_TIMESTAMP], -1)
+    lat = np.where(attrs & TIMESTAMP_TYPE_MASK, table[:, _fast.COL_MAX_TIMESTAMP],
+                   _fast.NO_LOG_APPEND_TIME)
     meta = np.column_stack([table[:, _fast.COL_RECORDS_COUNT], table[:, _fast.COL_BASE_OFFSET],
                             table[:, _fast.COL_BASE_TIMESTAMP], lat]).ravel()
     bodies: list[Any] = []

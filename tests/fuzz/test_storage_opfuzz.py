@@ -194,6 +194,7 @@ def random_config(rng: random.Random) -> LogConfig:
         index_interval_bytes=rng.choice([0, 200, 400, 700, 1000]),
         retention_bytes=retention_bytes,
         retention_ms=rng.choice([-1, -1, 5_000, 60_000]),
+        segment_ms=rng.choice([7 * 24 * 3600 * 1000] * 3 + [3_000, 20_000]),
         flush_messages=rng.choice([2**63 - 1, 2**63 - 1, 50, 200]),
         max_message_bytes=4 << 20,
         message_timestamp_type="LogAppendTime" if rng.random() < 0.2 else "CreateTime",
@@ -202,7 +203,7 @@ def random_config(rng: random.Random) -> LogConfig:
 
 def config_args(config: LogConfig) -> dict[str, Any]:
     return {name: getattr(config, name) for name in (
-        "segment_bytes", "segment_index_bytes", "index_interval_bytes", "retention_bytes",
+        "segment_bytes", "segment_ms", "segment_index_bytes", "index_interval_bytes", "retention_bytes",
         "retention_ms", "flush_messages", "max_message_bytes", "message_timestamp_type")}
 
 

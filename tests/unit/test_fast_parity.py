@@ -44,6 +44,8 @@ SCAN_COLUMNS = fast.SCAN_COLUMNS
 PROPS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 FEW = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
+NO_LAT = -(2**63)  # shmq._fast.NO_LOG_APPEND_TIME: not a LogAppendTime batch
+
 
 def outcome(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[str, Any]:
     """("ok", result) or ("corrupt", message); any other exception propagates (fails the test)."""
@@ -160,9 +162,9 @@ def record_lists(draw: st.DrawFn, max_size: int = 12) -> tuple[list[tuple[Any, .
     return recs, base
 
 
-def _expected_records(recs: list[tuple[Any, ...]], base_offset: int, lat: int = -1) -> list[tuple]:
+def _expected_records(recs: list[tuple[Any, ...]], base_offset: int, lat: int = NO_LAT) -> list[tuple]:
     return [
-        (base_offset + i, lat if lat >= 0 else ts, k, v, tuple(hs))
+        (base_offset + i, lat if lat != NO_LAT else ts, k, v, tuple(hs))
         for i, (k, v, ts, hs) in enumerate(recs)
     ]
 
@@ -239,7 +241,7 @@ def record_sections(draw: st.DrawFn) -> tuple[bytes, int, int, int]:
 @given(
     section=record_sections(),
     base_offset=st.integers(0, 2**40),
-    lat=st.one_of(st.just(-1), st.integers(0, 2**41)),
+    lat=st.one_of(st.just(NO_LAT), st.integers(0, 2**41)),
 )
 def test_decode_records_parity(section: tuple[bytes, int, int, int], base_offset: int,
                                lat: int) -> None:
@@ -277,15 +279,15 @@ def test_decode_records_rejects_bad_record_type_in_both(record_type: Any) -> Non
     body = ref.encode_records([(b"k", b"v", 0, [])], 0)
     for impl in (batch, ref):
         with pytest.raises(TypeError):
-            impl.decode_records(body, 1, 0, 0, -1, record_type)
+            impl.decode_records(body, 1, 0, 0, NO_LAT, record_type)
 
 
 @PROPS
 @given(body=st.binary(max_size=200), count=st.integers(-2, 6),
        record_type=st.sampled_from([None, _Rec]))
 def test_decode_records_parity_on_garbage(body: bytes, count: int, record_type: Any) -> None:
-    assert outcome_kind(batch.decode_records, body, count, 0, 0, -1, record_type) == outcome_kind(
-        ref.decode_records, body, count, 0, 0, -1, record_type
+    assert outcome_kind(batch.decode_records, body, count, 0, 0, NO_LAT, record_type) == outcome_kind(
+        ref.decode_records, body, count, 0, 0, NO_LAT, record_type
     )
 
 
@@ -297,15 +299,15 @@ def test_decode_records_does_not_leak(record_type: Any) -> None:
     body = ref.encode_records(recs, 1000)
     bad = body[:-1]
     for _ in range(200):  # warm up caches and free lists
-        batch.decode_records(body, 20, 0, 1000, -1, record_type)
+        batch.decode_records(body, 20, 0, 1000, NO_LAT, record_type)
     gc.collect()
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
         for _ in range(600):  # a leaked object per record would be > 1 MiB by now
-            batch.decode_records(body, 20, 0, 1000, -1, record_type)
+            batch.decode_records(body, 20, 0, 1000, NO_LAT, record_type)
             try:
-                batch.decode_records(bad, 20, 0, 1000, -1, record_type)
+                batch.decode_records(bad, 20, 0, 1000, NO_LAT, record_type)
             except CorruptRecordError:
                 pass
             else:
@@ -616,7 +618,7 @@ def columns_from_records(records: list[tuple], scale: int = 1) -> dict[str, Any]
 def fill_sections(draw: st.DrawFn) -> tuple[bytes, int, int, int, int]:
     body, count, base_ts, _ = draw(record_sections())
     base_offset = draw(st.integers(0, 2**40))
-    lat = draw(st.one_of(st.just(-1), st.just(-1), st.integers(0, 2**40)))
+    lat = draw(st.one_of(st.just(NO_LAT), st.just(NO_LAT), st.integers(0, 2**40)))
     return body, count, base_offset, base_ts, lat
 
 
@@ -668,7 +670,7 @@ def test_fill_columns_parity_many_rows() -> None:
             for i in range(n)
         ]
         body = ref.encode_records(recs, 1000)
-        sections.append((body, n, base_offset, 1000, -1))
+        sections.append((body, n, base_offset, 1000, NO_LAT))
         expected += ref.decode_records(body, n, base_offset, 1000)
         base_offset += n
     kind_c, res_c, bufs_c = run_fill(batch, sections)
@@ -681,7 +683,7 @@ def test_fill_columns_parity_many_rows() -> None:
 @pytest.mark.parametrize("impl", [batch, ref], ids=["compiled", "twin"])
 def test_fill_columns_buffers_too_small(impl: Any) -> None:
     body = ref.encode_records([(b"key", b"value", 0, []), (None, b"v", 0, [])], 0)
-    meta = np.array([2, 0, 0, -1], np.int64)
+    meta = np.array([2, 0, 0, NO_LAT], np.int64)
 
     def fill(rows: int, kbytes: int, vbytes: int, valid: int | None = None) -> Any:
         v = rows // 8 + 1 if valid is None else valid
@@ -707,8 +709,8 @@ def test_fill_columns_parity_timestamp_overflow() -> None:
     # agree, and the only exception either may raise is CorruptRecordError.
     body = _record(_zigzag(2**62))
     for scale in (1, 1000):
-        got_c = run_fill(batch, [(body, 1, 0, 2**62, -1)], scale=scale)
-        got_t = run_fill(ref, [(body, 1, 0, 2**62, -1)], scale=scale)
+        got_c = run_fill(batch, [(body, 1, 0, 2**62, NO_LAT)], scale=scale)
+        got_t = run_fill(ref, [(body, 1, 0, 2**62, NO_LAT)], scale=scale)
         assert got_c[:2] == got_t[:2]
         if got_c[0] == "ok":
             assert filled_columns(*got_c[1:]) == filled_columns(*got_t[1:])
