@@ -202,7 +202,28 @@ def _build_type() -> str:
     if "-fsanitize" in producer or b"__asan_init" in data:
         kind += "+sanitizers"
     compiler = " ".join(producer.split()[:3])
-    return f"{kind} ({compiler} {level}; SHMQ_DEBUG/SHMQ_SANITIZE builds show -O0 / sanitizers)"
+    text = f"{kind} ({compiler} {level}; SHMQ_DEBUG/SHMQ_SANITIZE builds show -O0 / sanitizers)"
+    stale = _stale_extensions(Path(batch.__file__).parent)
+    if stale:
+        text += f"; STALE: {', '.join(stale)} newer than the built .so (rebuild: setup.py build_ext --inplace)"
+    return text
+
+
+def _stale_extensions(src: Path) -> list[str]:
+    """Sources edited after their extension was built (the run would measure old code)."""
+    headers = [p for p in src.iterdir() if p.suffix in (".h", ".pxd")]
+    stale = []
+    for pyx in sorted(src.glob("*.pyx")):
+        built = list(src.glob(pyx.stem + ".*.so"))
+        if not built:
+            continue
+        so_time = max(p.stat().st_mtime for p in built)
+        newer = [p.name for p in [pyx, *headers] if p.stat().st_mtime > so_time]
+        if pyx.name in newer:
+            stale.append(pyx.name)
+        elif newer and pyx.stem in ("crc32c", "batch"):  # the ones that include the headers
+            stale.append(f"{pyx.name} (via {', '.join(newer)})")
+    return stale
 
 
 def environment() -> list[tuple[str, str]]:

@@ -252,9 +252,13 @@ cdef inline int _read_varlong(const unsigned char *p, Py_ssize_t avail, int64_t 
     cdef uint64_t raw = 0
     cdef int shift = 0, i = 0
     cdef unsigned char b
-    if avail > 0 and p[0] < 0x80:  # one-byte varints are the common case
+    if avail > 0 and p[0] < 0x80:  # one- and two-byte varints are the common case
         out[0] = <int64_t>((p[0] >> 1) ^ (-(<int64_t>(p[0] & 1))))
         return 1
+    if avail > 1 and max_bytes > 1 and p[1] < 0x80:
+        raw = (p[0] & 0x7f) | (<uint64_t>p[1] << 7)
+        out[0] = <int64_t>((raw >> 1) ^ (-(<int64_t>(raw & 1))))
+        return 2
     while True:
         if i >= avail or i >= max_bytes:
             return -1

@@ -60,8 +60,9 @@ cdef class MappedFile:
         self.exports -= 1
 
     def flush(self):
-        """msync(MS_SYNC) the whole mapping."""
-        if self.addr != NULL and self.writable and msync(self.addr, self.length, MS_SYNC) != 0:
+        """msync(MS_SYNC) the whole mapping (also from a read-only mapping: it writes back the
+        file's dirty pages in the range, e.g. entries written before the index was sealed)."""
+        if self.addr != NULL and msync(self.addr, self.length, MS_SYNC) != 0:
             raise OSError(errno, os.strerror(errno))
 
     def close(self):

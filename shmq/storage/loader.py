@@ -45,14 +45,14 @@ class LoadedLog(NamedTuple):
 
 
 def _remove_temp_files(directory: Path) -> list[int]:
-    bases = []
+    bases: set[int] = set()
     for entry in os.scandir(directory):
         name = entry.name
         if name.endswith(layout.TEMP_SUFFIXES):
             os.unlink(entry.path)
         elif name.endswith(layout.LOG_SUFFIX):
             try:
-                bases.append(layout.offset_from_filename(name))
+                bases.add(layout.offset_from_filename(name))
             except ValueError:
                 log.warning("ignoring stray file %s", entry.path)
     for entry in os.scandir(directory):

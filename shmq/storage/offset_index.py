@@ -45,6 +45,19 @@ class OffsetIndex(IndexFile):
             )
         self._append_raw(_ENTRY.pack(rel, position))
 
+    def append_many(self, offsets: np.ndarray, positions: np.ndarray) -> None:
+        """``append`` for many entries at once (recovery), as far as the index has room."""
+        room = self.max_entries - self.entries
+        offsets, positions = offsets[:room], positions[:room]
+        if len(offsets) == 0:
+            return
+        rel = offsets - self.base_offset
+        prev = self.last_entry[0] if self.entries else self.base_offset - 1
+        if rel[0] < 0 or rel[-1] > 0x7FFFFFFF or offsets[0] <= prev or np.any(np.diff(offsets) <= 0):
+            raise CorruptIndexError(f"offsets {offsets[0]}..{offsets[-1]} do not fit index {self.path}")
+        block = np.column_stack([rel, positions]).astype(">i4").tobytes()
+        self._append_block(block, len(offsets))
+
     def lookup(self, offset: int) -> tuple[int, int]:
         """Largest entry with offset <= ``offset``, or (base offset, 0)."""
         slot = self._search(0, 4, offset - self.base_offset)

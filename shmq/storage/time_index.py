@@ -48,6 +48,26 @@ class TimeIndex(IndexFile):
             self._resize(self._length + self.ENTRY_SIZE)
         self._append_raw(_ENTRY.pack(timestamp, offset - self.base_offset))
 
+    def append_many(self, timestamps: np.ndarray, offsets: np.ndarray) -> None:
+        """``maybe_append`` over non-decreasing timestamps (recovery), as far as there is room."""
+        if len(timestamps) == 0:
+            return
+        last_ts, last_off = self.last_entry
+        prev = np.concatenate(([last_ts], timestamps[:-1]))
+        keep = timestamps > np.maximum(prev, last_ts)
+        ts, offs = timestamps[keep], offsets[keep]
+        room = self.max_entries - self.entries
+        ts, offs = ts[:room], offs[:room]
+        if len(ts) == 0:
+            return
+        if offs[0] < last_off or np.any(np.diff(offs) < 0):
+            raise CorruptIndexError(f"time index offsets go backwards in {self.path}")
+        dtype = np.dtype([("ts", ">i8"), ("rel", ">i4")])
+        block = np.empty(len(ts), dtype=dtype)
+        block["ts"] = ts
+        block["rel"] = offs - self.base_offset
+        self._append_block(block.tobytes(), len(ts))
+
     def lookup(self, timestamp: int) -> tuple[int, int]:
         """Largest entry with timestamp <= ``timestamp``, or (-1, base offset)."""
         slot = self._search(0, 8, timestamp)

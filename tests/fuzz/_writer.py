@@ -12,8 +12,8 @@ Run as a script (``python _writer.py '<json args>'``) it is the victim of the SI
 opens the log (which the test closed cleanly), appends batches from ``start_batch`` on forever,
 and reports on stdout, flushing after every line:
 
-    R <leo> <recovery point>   opened
-    W <first> <last>           about to append batches first..last in one call
+    R <leo> <rp> <epoch>       opened (LEO, recovery point, the log's leader epoch)
+    W <first> <last> <bytes>   about to append batches first..last in one call
     A <last>                   that append returned (acknowledged)
     F <recovery point>         a flush returned
     O                          rolled
@@ -142,7 +142,7 @@ def main(argv: list[str]) -> int:
     if log.log_end_offset != model.base_offset(i):
         _say("E", log.log_end_offset, model.base_offset(i))
         return 2
-    _say("R", log.log_end_offset, log.recovery_point)
+    _say("R", log.log_end_offset, log.recovery_point, log.leader_epoch)
     stop = i + args.get("max_batches", 100_000)
     while i < stop:
         r = rng.random()
@@ -152,10 +152,16 @@ def main(argv: list[str]) -> int:
         elif r < 0.10:
             log.flush()
             _say("F", log.recovery_point)
-        n = rng.choice([1, 1, 1, 2, 3, 5]) if rng.random() < 0.9 else rng.randint(8, 40)
-        _say("W", i, i + n - 1)
-        log.append(b"".join(model.encoded(j) for j in range(i, i + n)),
-                   now_ms=append_time(i))
+        size = rng.random()
+        if size < 0.8:
+            n = rng.choice([1, 1, 1, 2, 3, 5])
+        elif size < 0.93:
+            n = rng.randint(8, 40)
+        else:
+            n = rng.randint(60, 160)    # megabytes in one pwritev: a SIGKILL can tear it
+        data = b"".join(model.encoded(j) for j in range(i, i + n))
+        _say("W", i, i + n - 1, len(data))
+        log.append(data, now_ms=append_time(i), leader_epoch=args.get("epoch"))
         _say("A", i + n - 1)
         i += n
     _say("D")
