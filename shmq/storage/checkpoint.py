@@ -30,7 +30,12 @@ def write_atomically(path: Path, text: str) -> None:
     finally:
         os.close(fd)
     os.rename(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    fsync_directory(path.parent)
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make the names in ``directory`` (new, renamed, removed files) durable."""
+    dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:

@@ -91,6 +91,7 @@ class PartitionLog:
         self.leader_epoch = leader_epoch
         self.unflushed_messages = 0
         self.last_flush_ms = int(time.time() * 1000)
+        self._directory_dirty = True  # a fresh or recovered directory: fsync it on first flush
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self.closed = False
@@ -298,6 +299,7 @@ class PartitionLog:
         new.next_offset = base
         self.segments.append(new)
         self._bases.append(base)
+        self._directory_dirty = True  # the new file's name is durable only after a dir fsync
         return new
 
     def delete_old_segments(self, now_ms: int | None = None) -> int:
@@ -397,8 +399,11 @@ class PartitionLog:
                 first = self._segment_for(self.recovery_point)
                 todo = self.segments[first:]
                 flushed_messages = self.unflushed_messages
+                sync_dir, self._directory_dirty = self._directory_dirty, False
             for seg in todo:
                 seg.flush()
+            if sync_dir:
+                checkpoint.fsync_directory(self.directory)
             with self._lock:
                 self.recovery_point = max(self.recovery_point, target)
                 self.unflushed_messages = max(0, self.unflushed_messages - flushed_messages)

@@ -31,7 +31,8 @@ from typing import NamedTuple
 import numpy as np
 
 from shmq import _fast
-from shmq.protocol.records import RecordBatchView
+from shmq.errors import CorruptIndexError, CorruptRecordError
+from shmq.protocol.records import RecordBatchView, scan_headers
 from shmq.storage import layout
 from shmq.storage.log_config import LogConfig
 from shmq.storage.offset_index import OffsetIndex
@@ -60,6 +61,41 @@ class RecoveryResult(NamedTuple):
     next_offset: int        # offset after the last valid batch (base offset if none)
     batches: np.ndarray     # SCAN_COLUMNS int64 per valid batch (for epoch and producer state)
     reason: str | None      # why recovery stopped early, if it did
+
+
+class IndexPlan(NamedTuple):
+    positions: np.ndarray       # per batch
+    last_offsets: np.ndarray    # per batch
+    running_max: np.ndarray     # per batch: max timestamp up to and including it
+    max_offsets: np.ndarray     # per batch: last offset of the batch that set running_max
+    events: np.ndarray          # batches that get an index entry
+    bytes_since_last_entry: int
+
+
+def index_plan(table: np.ndarray, interval: int, bytes_since: int = 0, prev_max: int = -1,
+               prev_max_offset: int = -1) -> IndexPlan:
+    """Which batches of a contiguous run get index entries: ``LogSegment._index_batch``'s rule
+    over a whole scan table at once (recovery, and verifying an index against its log).
+
+    An entry goes to batch i when the bytes since the last entry exceed the interval: the first
+    i with B + pos_i - pos_0 > interval, then each next i with pos_i - pos_j > interval after an
+    entry at j.  The time index gets (running max timestamp, last offset of the batch that set
+    it) at each entry; the max only moves on a strictly larger timestamp.
+    """
+    n = len(table)
+    pos, last, mts = table[:, 0], table[:, 2], table[:, 3]
+    end = int(pos[-1] + table[-1, 4])
+    running = np.maximum.accumulate(np.maximum(mts, prev_max))
+    before = np.concatenate(([prev_max], running[:-1]))
+    setter = np.maximum.accumulate(np.where(mts > before, np.arange(n), -1))
+    max_offsets = np.where(setter >= 0, last[np.maximum(setter, 0)], prev_max_offset)
+    events = []
+    i = int(np.searchsorted(pos, interval - bytes_since + pos[0], "right"))
+    while i < n:
+        events.append(i)
+        i = int(np.searchsorted(pos, pos[i] + interval, "right"))
+    since = end - int(pos[events[-1]]) if events else bytes_since + end - int(pos[0])
+    return IndexPlan(pos, last, running, max_offsets, np.asarray(events, dtype=np.int64), since)
 
 
 class LogSegment:
@@ -154,38 +190,18 @@ class LogSegment:
         self.bytes_since_last_index_entry += size
 
     def _index_table(self, table: np.ndarray) -> None:
-        """``_index_batch`` over a table of contiguous batches at once (recovery).
-
-        Same rule, vectorised: an entry for batch i when the bytes since the last entry exceed
-        the interval, i.e. the first i with B + pos_i - pos_0 > interval, then each next i with
-        pos_i - pos_j > interval after an entry at j (the batches are contiguous); the time index
-        gets (running max timestamp, offset of the batch that set it) at each entry.
-        """
-        n = len(table)
-        if n == 0:
+        """``_index_batch`` over a table of contiguous batches at once (recovery)."""
+        if len(table) == 0:
             return
-        pos, last, mts = table[:, 0], table[:, 2], table[:, 3]
-        end = int(pos[-1] + table[-1, 4])
-        interval = self.config.index_interval_bytes
-        prev_max = self.max_timestamp_so_far
-        cummax = np.maximum.accumulate(np.maximum(mts, prev_max))
-        before = np.concatenate(([prev_max], cummax[:-1]))
-        setter = np.maximum.accumulate(np.where(mts > before, np.arange(n), -1))
-        max_offset = np.where(setter >= 0, last[np.maximum(setter, 0)], self.offset_of_max_timestamp)
-        events = []
-        i = int(np.searchsorted(pos, interval - self.bytes_since_last_index_entry + pos[0], "right"))
-        while i < n:
-            events.append(i)
-            i = int(np.searchsorted(pos, pos[i] + interval, "right"))
-        if events:
-            ev = np.asarray(events)
-            self.offset_index.append_many(last[ev], pos[ev])
-            self.time_index.append_many(cummax[ev], max_offset[ev])
-            self.bytes_since_last_index_entry = end - int(pos[events[-1]])
-        else:
-            self.bytes_since_last_index_entry += end - int(pos[0])
-        self.max_timestamp_so_far = int(cummax[-1])
-        self.offset_of_max_timestamp = int(max_offset[-1])
+        plan = index_plan(table, self.config.index_interval_bytes,
+                          self.bytes_since_last_index_entry, self.max_timestamp_so_far,
+                          self.offset_of_max_timestamp)
+        ev = plan.events
+        self.offset_index.append_many(plan.last_offsets[ev], plan.positions[ev])
+        self.time_index.append_many(plan.running_max[ev], plan.max_offsets[ev])
+        self.bytes_since_last_index_entry = plan.bytes_since_last_entry
+        self.max_timestamp_so_far = int(plan.running_max[-1])
+        self.offset_of_max_timestamp = int(plan.max_offsets[-1])
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -382,13 +398,63 @@ class LogSegment:
         bad = np.flatnonzero(~ok)
         return int(bad[0]) if len(bad) else n
 
-    def sanity_check(self) -> None:
-        """Raise CorruptIndexError (or FileNotFoundError) when the indexes cannot be trusted."""
+    def sanity_check(self, verify_bytes: int = 16 << 20) -> None:
+        """Raise CorruptIndexError (or FileNotFoundError) when the indexes cannot be trusted.
+
+        Always: entries in order and inside the log, the last entry of each index agreeing with
+        the batch it names.  For segments up to ``verify_bytes`` (one header scan, no CRC) every
+        entry is checked against the log: the offset index must be exactly what the indexing
+        rule gives, and each time index entry a (running max timestamp, offset of the batch that
+        set it) pair (a clean close may add such pairs mid-segment, as Kafka's does).
+        """
         for index in (self.offset_index, self.time_index):
             if index.missing:
                 raise FileNotFoundError(index.path)
         self.offset_index.sanity_check(self.size)
-        self.time_index.sanity_check(self.base_offset + 0x7FFFFFFF)
+        if self.size <= verify_bytes:
+            self._verify_indexes()
+            return
+        entry_off, entry_pos = self.offset_index.last_entry
+        last = None
+        for header in self._headers(entry_pos, self.size):
+            if last is None and self.offset_index.entries and header.last_offset != entry_off:
+                raise CorruptIndexError(f"{self.offset_index.path}: last entry names no batch")
+            last = header
+        last_offset = last.last_offset if last is not None else self.base_offset - 1
+        self.time_index.sanity_check(last_offset)
+        if self.time_index.entries:
+            ts, off = self.time_index.last_entry
+            header = self.translate_offset(off)
+            if header is None or header.last_offset != off or header.max_timestamp != ts:
+                raise CorruptIndexError(f"{self.time_index.path}: last entry names no batch")
+
+    def _verify_indexes(self) -> None:
+        table = np.empty((0, _fast.SCAN_COLUMNS), dtype=np.int64)
+        if self.size:
+            with mmap.mmap(self.handle.fd, self.size, access=mmap.ACCESS_READ) as mm:
+                with memoryview(mm) as view:
+                    try:
+                        table = scan_headers(view, verify_crc=False)
+                    except CorruptRecordError as exc:
+                        raise CorruptIndexError(f"{self.log_path}: {exc}") from None
+        if len(table) == 0:
+            if self.offset_index.entries or self.time_index.entries:
+                raise CorruptIndexError(f"indexes of empty {self.log_path} have entries")
+            return
+        plan = index_plan(table, self.config.index_interval_bytes)
+        ev = plan.events[: self.offset_index.max_entries]
+        got = [self.offset_index.entry(i) for i in range(self.offset_index.entries)]
+        want = list(zip(plan.last_offsets[ev].tolist(), plan.positions[ev].tolist(), strict=True))
+        if got != want:
+            raise CorruptIndexError(f"{self.offset_index.path} differs from its log")
+        pairs = dict(zip(plan.max_offsets.tolist(), plan.running_max.tolist(), strict=True))
+        prev_ts = -1
+        for i in range(self.time_index.entries):
+            ts, off = self.time_index.entry(i)
+            if pairs.get(off) != ts or ts <= prev_ts:
+                raise CorruptIndexError(f"{self.time_index.path}: entry {i} ({ts}, {off}) "
+                                        "is no (running max, offset) pair of its log")
+            prev_ts = ts
 
     # -- life cycle ---------------------------------------------------------------------------
 

@@ -936,6 +936,10 @@ class Fuzz:
         offset = self.model.base_offset(j)
         self.note(f"truncate_to({offset}) (batch {j}, LEO {self.leo}, start {self.start})")
         log.truncate_to(offset)
+        if self.manager is not None:
+            # Kafka's LogManager.truncateTo checkpoints recovery points right after truncating:
+            # the old checkpoint may vouch for offsets that now hold new, unflushed batches
+            self.manager.checkpoint()
         self.k = j
         self.hw = min(self.hw, offset)
         self.check(log.recovery_point <= offset, "truncate_to left the recovery point above it")
