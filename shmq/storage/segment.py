@@ -415,7 +415,7 @@ class LogSegment:
             self._verify_indexes()
             return
         entry_off, entry_pos = self.offset_index.last_entry
-        last = None
+        last: BatchHeader | None = None
         for header in self._headers(entry_pos, self.size):
             if last is None and self.offset_index.entries and header.last_offset != entry_off:
                 raise CorruptIndexError(f"{self.offset_index.path}: last entry names no batch")
@@ -424,8 +424,8 @@ class LogSegment:
         self.time_index.sanity_check(last_offset)
         if self.time_index.entries:
             ts, off = self.time_index.last_entry
-            header = self.translate_offset(off)
-            if header is None or header.last_offset != off or header.max_timestamp != ts:
+            named = self.translate_offset(off)
+            if named is None or named.last_offset != off or named.max_timestamp != ts:
                 raise CorruptIndexError(f"{self.time_index.path}: last entry names no batch")
 
     def _verify_indexes(self) -> None:
