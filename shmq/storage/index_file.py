@@ -34,6 +34,8 @@ class IndexFile:
         self.max_entries = max_index_size // self.ENTRY_SIZE
         self._mmap: _fast.MappedFile | None = None
         self._fd = -1
+        self._length = 0
+        self.rebuilding = False
         existed = path.exists()
         self.missing = not existed  # a missing index is rebuilt by the loader
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -85,27 +87,46 @@ class IndexFile:
         return self.entries * self.ENTRY_SIZE
 
     def _append_raw(self, entry: bytes) -> None:
-        if not self.writable:
-            raise CorruptIndexError(f"index {self.path} is read-only")
-        if self.entries * self.ENTRY_SIZE + self.ENTRY_SIZE > self._length:
-            raise CorruptIndexError(f"index {self.path} is full ({self.entries} entries)")
-        assert self._mmap is not None
-        pos = self.entries * self.ENTRY_SIZE
-        with memoryview(self._mmap) as view:
-            view[pos : pos + self.ENTRY_SIZE] = entry
-        self.entries += 1
+        self._append_block(entry, 1)
 
-    def _append_block(self, block: bytes, count: int) -> None:
+    def _append_block(self, block: bytes, count: int, grow: bool = False) -> None:
+        """Write ``count`` entries after the last one (``grow``: past the preallocated size)."""
+        start = self.entries * self.ENTRY_SIZE
+        if self.rebuilding:
+            # the file has exactly its entries: write(2) grows it (no page faults on holes)
+            if not grow and self.entries + count > self.max_entries:
+                raise CorruptIndexError(f"index {self.path} is full ({self.entries} entries)")
+            os.pwrite(self._fd, block, start)
+            self.entries += count
+            return
         if not self.writable or self._mmap is None:
             raise CorruptIndexError(f"index {self.path} is read-only")
-        start = self.entries * self.ENTRY_SIZE
         if start + len(block) > self._length:
-            raise CorruptIndexError(f"index {self.path} is full ({self.entries} entries)")
+            if not grow:
+                raise CorruptIndexError(f"index {self.path} is full ({self.entries} entries)")
+            self._resize(start + len(block))
+        assert self._mmap is not None
         with memoryview(self._mmap) as view:
             view[start : start + len(block)] = block
         self.entries += count
 
+    def begin_rebuild(self) -> None:
+        """Empty the index for a rebuild: entries are then appended with ``pwrite`` to a file
+        that holds exactly them.  Writing through a fresh sparse mapping instead page-faults
+        into the filesystem for every page (measured: a quarter of recovery time on ext4)."""
+        self._unmap()
+        if self._fd < 0:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        os.ftruncate(self._fd, 0)
+        self.entries = 0
+        self._length = 0
+        self.writable = True
+        self.rebuilding = True
+        self.missing = False
+
     def entry_bytes(self, slot: int) -> bytes:
+        if self.rebuilding:
+            return os.pread(self._fd, self.ENTRY_SIZE, slot * self.ENTRY_SIZE)
         assert self._mmap is not None
         pos = slot * self.ENTRY_SIZE
         with memoryview(self._mmap) as view:
@@ -153,6 +174,9 @@ class IndexFile:
 
     def seal(self) -> None:
         """Trim, remap read-only and drop the descriptor (an inactive segment's index)."""
+        if self.rebuilding:
+            self.rebuilding = False
+            self._length = self.entries * self.ENTRY_SIZE
         if self.writable:
             self.trim_to_valid_size()
             self.writable = False
@@ -164,6 +188,7 @@ class IndexFile:
     def make_writable(self, max_index_size: int) -> None:
         """Reopen read-write and regrow to the preallocated size (the active segment after load)."""
         self.max_entries = max_index_size // self.ENTRY_SIZE
+        self.rebuilding = False
         if self._fd < 0:
             self._unmap()
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)

@@ -41,6 +41,7 @@ from shmq.storage.time_index import TimeIndex
 
 HEADER_SIZE = _fast.HEADER_SIZE
 _WINDOW = 64 * 1024
+_FIRST_WINDOW = 8 * 1024   # an index entry is at most ~index.interval.bytes before the target
 _IOV_MAX = 1024
 _SCAN_ROWS = 512
 
@@ -210,8 +211,10 @@ class LogSegment:
         out = np.empty(_fast.SCAN_COLUMNS * _SCAN_ROWS, dtype=np.int64)
         pos = start
         fd = self.handle.fd
+        window = _FIRST_WINDOW
         while pos < end:
-            buf = os.pread(fd, min(_WINDOW, end - pos), pos)
+            buf = os.pread(fd, min(window, end - pos), pos)
+            window = _WINDOW
             if len(buf) < 17:
                 return
             n, stop, status, _ = _fast.scan_batches(buf, 0, len(buf), out, False, False)
@@ -330,10 +333,7 @@ class LogSegment:
         (shmq never compacts), because baseOffset is not covered by the CRC.
         """
         for index in (self.offset_index, self.time_index):
-            if not index.writable:
-                index.make_writable(self.config.segment_index_bytes)
-            index.reset()
-            index.missing = False
+            index.begin_rebuild()
         self.max_timestamp_so_far = -1
         self.offset_of_max_timestamp = self.base_offset
         self.bytes_since_last_index_entry = 0
@@ -343,7 +343,9 @@ class LogSegment:
         valid, reason = 0, None
         cols = _fast.SCAN_COLUMNS
         if size:
-            with mmap.mmap(self.handle.fd, size, access=mmap.ACCESS_READ) as mm:
+            # MAP_POPULATE: one pass over the page tables instead of a fault per 4 KiB page
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            with mmap.mmap(self.handle.fd, size, flags=flags, prot=mmap.PROT_READ) as mm:
                 view = memoryview(mm)
                 out = np.empty(cols * 4096, dtype=np.int64)
                 pos = 0

@@ -44,9 +44,8 @@ class TimeIndex(IndexFile):
             raise CorruptIndexError(f"time index offset {offset} goes backwards ({last_off})")
         if self.is_full and not skip_full_check:
             raise CorruptIndexError(f"time index {self.path} is full")
-        if skip_full_check and self.entries * self.ENTRY_SIZE + self.ENTRY_SIZE > self._length:
-            self._resize(self._length + self.ENTRY_SIZE)
-        self._append_raw(_ENTRY.pack(timestamp, offset - self.base_offset))
+        self._append_block(_ENTRY.pack(timestamp, offset - self.base_offset), 1,
+                           grow=skip_full_check)
 
     def append_many(self, timestamps: np.ndarray, offsets: np.ndarray) -> None:
         """``maybe_append`` over non-decreasing timestamps (recovery), as far as there is room."""
