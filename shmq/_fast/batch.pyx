@@ -306,7 +306,7 @@ cdef struct RecordView:
     Py_ssize_t end              # position after the record
 
 
-cdef int _parse_record(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end,
+cdef inline int _parse_record(const unsigned char *p, Py_ssize_t pos, Py_ssize_t end,
                        RecordView *rv) noexcept nogil:
     """Parse one record at p[pos:end]; 0 on success, -1 when malformed."""
     cdef int64_t length, v, klen, vlen
