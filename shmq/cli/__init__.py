@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 # Module names of the subcommands, in the order ``shmq --help`` lists them.
-COMMANDS = ["demo", "dump_log"]
+COMMANDS = ["broker", "demo", "dump_log"]
 
 EXIT_OK = 0
 EXIT_ERROR = 1

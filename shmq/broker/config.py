@@ -1,0 +1,91 @@
+"""Broker settings with Kafka's names and defaults (``server.properties``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shmq.errors import ConfigError
+from shmq.storage.log_config import LogConfig
+
+DEFAULT_DATA_DIR = Path(os.environ.get("SHMQ_DATA_DIR", Path.home() / ".local/share/shmq"))
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    data_dir: Path = DEFAULT_DATA_DIR
+    host: str = "127.0.0.1"                         # listeners host (loopback by default)
+    port: int = 9092                                # bootstrap (controller) port; 0 = any free
+    workers: int = field(default_factory=lambda: os.cpu_count() or 1)
+    num_partitions: int = 1                         # num.partitions
+    auto_create_topics: bool = True                 # auto.create.topics.enable
+    message_max_bytes: int = 1048588                # message.max.bytes
+    socket_request_max_bytes: int = 100 * 1024 * 1024   # socket.request.max.bytes
+    flush_on_ack: bool = True                       # acks=all waits for an fsync (group commit)
+    log: LogConfig = field(default_factory=LogConfig)   # topic defaults (log.* / segment.* ...)
+    cluster_id: str = ""
+
+    KAFKA_NAMES = {
+        "num.partitions": "num_partitions",
+        "auto.create.topics.enable": "auto_create_topics",
+        "message.max.bytes": "message_max_bytes",
+        "socket.request.max.bytes": "socket_request_max_bytes",
+        "flush.on.ack": "flush_on_ack",
+    }
+    LOG_NAMES = {
+        "log.segment.bytes": "segment.bytes",
+        "segment.bytes": "segment.bytes",
+        "log.roll.ms": "segment.ms",
+        "log.retention.ms": "retention.ms",
+        "retention.ms": "retention.ms",
+        "log.retention.bytes": "retention.bytes",
+        "retention.bytes": "retention.bytes",
+        "log.index.interval.bytes": "index.interval.bytes",
+        "log.segment.index.bytes": "segment.index.bytes",
+        "log.flush.interval.messages": "flush.messages",
+        "log.flush.interval.ms": "flush.ms",
+        "log.message.timestamp.type": "message.timestamp.type",
+        "log.cleanup.policy": "cleanup.policy",
+    }
+
+    def with_properties(self, props: dict[str, Any]) -> BrokerConfig:
+        """Apply Kafka property names (``server.properties`` / ``--override k=v``)."""
+        values: dict[str, Any] = {}
+        log_props: dict[str, Any] = {}
+        for key, raw in props.items():
+            if key in self.KAFKA_NAMES:
+                name = self.KAFKA_NAMES[key]
+                current = getattr(self, name)
+                if isinstance(current, bool):
+                    if str(raw).lower() not in ("true", "false"):
+                        raise ConfigError(f"{key} must be true or false, got {raw!r}")
+                    values[name] = str(raw).lower() == "true"
+                else:
+                    try:
+                        values[name] = int(raw)
+                    except ValueError:
+                        raise ConfigError(f"{key} must be an integer, got {raw!r}") from None
+            elif key in self.LOG_NAMES:
+                log_props[self.LOG_NAMES[key]] = raw
+            elif key == "log.dirs" or key == "log.dir":
+                values["data_dir"] = Path(str(raw))
+            else:
+                raise ConfigError(f"unknown broker config {key!r}")
+        if log_props:
+            values["log"] = LogConfig.from_kafka(log_props, self.log)
+        cfg = dataclasses.replace(self, **values)
+        if cfg.message_max_bytes != self.message_max_bytes and "max.message.bytes" not in log_props:
+            cfg = dataclasses.replace(cfg, log=dataclasses.replace(
+                cfg.log, max_message_bytes=cfg.message_max_bytes))
+        return cfg
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ConfigError("--workers must be at least 1")
+        if self.num_partitions < 1:
+            raise ConfigError("num.partitions must be at least 1")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port {self.port} is out of range")

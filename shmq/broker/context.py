@@ -1,0 +1,90 @@
+"""What a handler may touch: the narrow interface between Kafka APIs and the process they run in.
+
+Handlers get a ``BrokerContext``; the controller and the workers each provide one.  A worker has
+partition logs; the controller has the metadata store.  Anything that only the controller may do
+(create or delete topics, hand out producer ids) goes through ``controller``, which in a worker is
+an RPC over the control channel and in the controller a direct call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from shmq.broker.config import BrokerConfig
+from shmq.broker.metadata import ClusterMetadata
+from shmq.storage.log import PartitionLog
+
+
+@dataclass
+class TopicRequest:
+    name: str
+    num_partitions: int
+    replication_factor: int
+    configs: dict[str, str]
+
+
+@dataclass
+class TopicResult:
+    name: str
+    error_code: int
+    error_message: str | None = None
+    topic_id: str | None = None
+    num_partitions: int = -1
+
+
+class ControllerApi(Protocol):
+    async def create_topics(self, topics: Sequence[TopicRequest],
+                            validate_only: bool) -> list[TopicResult]: ...
+
+    async def delete_topics(self, names: Sequence[str]) -> list[TopicResult]: ...
+
+    async def allocate_producer_ids(self, count: int) -> int: ...
+
+
+@dataclass
+class BrokerContext:
+    node_id: int
+    config: BrokerConfig
+    metadata: ClusterMetadata
+    controller: ControllerApi
+    logs: Any = None                     # LogManager in a worker, None in the controller
+    _data_events: dict[tuple[str, int], asyncio.Event] = field(default_factory=dict)
+    _pid_block: list[int] = field(default_factory=lambda: [0, 0])   # next, end
+    stats: dict[str, int] = field(default_factory=lambda: {"sendfile_bytes": 0,
+                                                            "sendfile_calls": 0})
+
+    def log_for(self, topic: str, partition: int) -> PartitionLog | None:
+        """The local log of a partition this node leads (created on first use), else None."""
+        if self.logs is None or self.metadata.leader_of(topic, partition) != self.node_id:
+            return None
+        log = self.logs.get_log(topic, partition)
+        if log is None:
+            from shmq.storage.log_config import LogConfig
+
+            configs = self.metadata.topics[topic].configs
+            config = LogConfig.from_kafka(configs, self.config.log) if configs else self.config.log
+            log = self.logs.get_or_create_log(topic, partition, config)
+        return log
+
+    def data_event(self, topic: str, partition: int) -> asyncio.Event:
+        ev = self._data_events.get((topic, partition))
+        if ev is None:
+            ev = self._data_events[(topic, partition)] = asyncio.Event()
+        return ev
+
+    def notify_data(self, topic: str, partition: int) -> None:
+        """Wake long-polling fetches of this partition."""
+        ev = self._data_events.pop((topic, partition), None)
+        if ev is not None:
+            ev.set()
+
+    async def next_producer_id(self) -> int:
+        nxt, end = self._pid_block
+        if nxt >= end:
+            first = await self.controller.allocate_producer_ids(1000)
+            nxt, end = first, first + 1000
+        self._pid_block[:] = [nxt + 1, end]
+        return nxt

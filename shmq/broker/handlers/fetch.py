@@ -1,0 +1,87 @@
+"""Fetch (1): whole batches from the one holding the fetch offset, up to the high watermark
+(the last stable offset for read_committed), as file slices for ``sendfile``.
+
+Long poll: the response waits until ``min_bytes`` are available or ``max_wait`` passed; appends
+wake waiting fetches through the context's per-partition events.  Every requested partition is in
+the response.  The first partition with data gets at least one whole batch even when it is
+larger than the byte limits (KIP-74), later ones only what still fits.  Fetch sessions are not
+kept: ``session_id`` is always 0, which makes clients send full fetches (legal, KIP-227).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from shmq.broker.context import BrokerContext
+from shmq.errors import OffsetOutOfRangeError
+from shmq.protocol.fetch_response import FetchPartitionData, encode_fetch_response
+
+NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER = 0, 1, 3, 6
+FENCED_EPOCH, UNKNOWN_EPOCH = 73, 74
+
+
+def _read_all(ctx: BrokerContext, request: Any, committed: bool) -> tuple[list, int, bool]:
+    budget = request.max_bytes if request.max_bytes > 0 else 0x7FFFFFFF
+    total, errors, topics = 0, False, []
+    for t in request.topics:
+        parts = []
+        for p in t.partitions:
+            info = ctx.metadata.topics.get(t.topic)
+            code, hw, lso, start, slices = NONE, -1, -1, -1, []
+            log = ctx.log_for(t.topic, p.partition)
+            if info is None or not 0 <= p.partition < len(info.partitions):
+                code = UNKNOWN_TOPIC_OR_PARTITION
+            elif log is None:
+                code = NOT_LEADER
+            else:
+                epoch = info.partitions[p.partition].leader_epoch
+                current = getattr(p, "current_leader_epoch", -1)
+                hw, lso, start = log.high_watermark, log.high_watermark, log.log_start_offset
+                if 0 <= current < epoch:
+                    code = FENCED_EPOCH
+                elif current > epoch:
+                    code = UNKNOWN_EPOCH
+                else:
+                    limit = min(p.partition_max_bytes, budget)
+                    try:
+                        result = log.read(p.fetch_offset, max(limit, 0),
+                                          upper_bound=lso if committed else hw,
+                                          min_one_batch=total == 0)
+                    except OffsetOutOfRangeError:
+                        code = OFFSET_OUT_OF_RANGE
+                    else:
+                        slices = result.slices
+                        size = result.size
+                        total += size
+                        budget -= size
+            errors |= code != NONE
+            parts.append(FetchPartitionData(
+                partition_index=p.partition, error_code=code, high_watermark=hw,
+                last_stable_offset=lso, log_start_offset=start,
+                aborted_transactions=[] if committed else None, records=slices))
+        topics.append((t.topic, parts))
+    return topics, total, errors
+
+
+async def handle(ctx: BrokerContext, header: Any, request: Any) -> list[Any]:
+    loop = asyncio.get_running_loop()
+    committed = getattr(request, "isolation_level", 0) == 1
+    wait_s = max(request.max_wait.total_seconds(), 0.0)
+    deadline = loop.time() + wait_s
+    while True:
+        # register before reading: an append between the read and the wait must wake us
+        events = [ctx.data_event(t.topic, p.partition) for t in request.topics
+                  for p in t.partitions]
+        topics, total, errors = _read_all(ctx, request, committed)
+        remaining = deadline - loop.time()
+        if total >= request.min_bytes or errors or remaining <= 0 or not events:
+            break
+        waiters = [asyncio.ensure_future(ev.wait()) for ev in events]
+        try:
+            await asyncio.wait(waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+    return encode_fetch_response(header.api_version, header.correlation_id, topics,
+                                 session_id=0)

@@ -1,0 +1,64 @@
+"""Metadata (3): brokers, controller, topics with partitions, leaders and epochs.
+
+v0: an empty topic list means all topics; v1+: null means all, empty means none.  Unknown topics
+are created when the request (v4+) and ``auto.create.topics.enable`` allow it; illegal names get
+INVALID_TOPIC_EXCEPTION.  Brokers are advertised as IPv4 literals (librdkafka may resolve
+"localhost" to ::1).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shmq.broker.context import BrokerContext, TopicRequest
+from shmq.broker.handlers._build import build, response_module
+from shmq.broker.metadata import validate_topic_name
+
+NONE, UNKNOWN_TOPIC_OR_PARTITION, LEADER_NOT_AVAILABLE, INVALID_TOPIC = 0, 3, 5, 17
+NO_AUTHORIZED_OPS = -2147483648
+
+
+async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
+    version = header.api_version
+    cls, m = response_module(3, version)
+    meta = ctx.metadata
+    if request.topics is None or (version == 0 and not request.topics):
+        names = sorted(meta.topics)
+    else:
+        names = [t.name for t in request.topics]
+    auto = ctx.config.auto_create_topics and (version < 4 or request.allow_auto_topic_creation)
+    missing = [n for n in names if n is not None and n not in meta.topics
+               and validate_topic_name(n) is None]
+    if missing and auto:
+        await ctx.controller.create_topics(
+            [TopicRequest(n, ctx.config.num_partitions, 1, {}) for n in missing], False)
+        meta = ctx.metadata
+    topics = []
+    for name in names:
+        info = meta.topics.get(name) if name is not None else None
+        if info is None:
+            code = INVALID_TOPIC if name is None or validate_topic_name(name) else (
+                UNKNOWN_TOPIC_OR_PARTITION)
+            topics.append(build(m.MetadataResponseTopic, error_code=code, name=name,
+                                topic_id=_nil_uuid(), is_internal=False, partitions=(),
+                                topic_authorized_operations=NO_AUTHORIZED_OPS))
+            continue
+        parts = tuple(
+            build(m.MetadataResponsePartition, error_code=NONE, partition_index=p.partition,
+                  leader_id=p.leader, leader_epoch=p.leader_epoch,
+                  replica_nodes=tuple(p.replicas), isr_nodes=tuple(p.isr), offline_replicas=())
+            for p in info.partitions)
+        topics.append(build(m.MetadataResponseTopic, error_code=NONE, name=name,
+                            topic_id=info.uuid, is_internal=info.internal, partitions=parts,
+                            topic_authorized_operations=NO_AUTHORIZED_OPS))
+    brokers = tuple(build(m.MetadataResponseBroker, node_id=node, host=host, port=port, rack=None)
+                    for node, (host, port) in sorted(meta.brokers.items()))
+    return build(cls, brokers=brokers, cluster_id=meta.cluster_id,
+                 controller_id=meta.controller_id, topics=tuple(topics),
+                 cluster_authorized_operations=NO_AUTHORIZED_OPS)
+
+
+def _nil_uuid() -> Any:
+    import uuid
+
+    return uuid.UUID(int=0)

@@ -1,0 +1,69 @@
+"""Produce (0): validate and append each partition's batch, then answer per the acks.
+
+Requests are parsed by hand (``protocol.produce_request``) so the record bytes stay a view of the
+receive buffer until the one ``pwritev`` that stores them.  Kafka's rules: v3+ carries exactly one
+batch per partition; versions 0..2 are advertised (librdkafka's compression gate, KAFKA-18659)
+but refused; a bad CRC is CORRUPT_MESSAGE and appends nothing; a batch over max.message.bytes is
+MESSAGE_TOO_LARGE.  acks=0 gets no response at all; acks=all on a single replica means appended
+and, with ``flush.on.ack``, fsynced by a group commit shared by every waiting request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from shmq import _fast
+from shmq.broker.context import BrokerContext
+from shmq.errors import CorruptRecordError, KafkaApiError
+from shmq.protocol.produce_request import encode_produce_response, parse_produce_request
+
+NONE, CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER = 0, 2, 3, 6
+MESSAGE_TOO_LARGE, UNSUPPORTED_VERSION, INVALID_RECORD = 10, 35, 87
+
+
+async def handle(ctx: BrokerContext, frame: memoryview, header_size: int, api_version: int,
+                 correlation_id: int) -> bytes | None:
+    request = parse_produce_request(frame, header_size, api_version)
+    results = []
+    to_flush = []
+    for topic, partitions in request.topics:
+        out = []
+        info = ctx.metadata.topics.get(topic)
+        for index, records in partitions:
+            code, base, start, message = NONE, -1, -1, None
+            log = ctx.log_for(topic, index)
+            if api_version < 3:
+                code = UNSUPPORTED_VERSION
+            elif info is None or not 0 <= index < len(info.partitions):
+                code = UNKNOWN_TOPIC_OR_PARTITION
+            elif log is None:
+                code = NOT_LEADER
+            elif records is None or len(records) == 0:
+                code, message = INVALID_RECORD, "no record batch"
+            else:
+                try:
+                    size = _fast.validate_batch(records, 0, -1, True, True)
+                    if size != len(records):
+                        raise KafkaApiError(INVALID_RECORD,
+                                            "Produce v3+ carries exactly one batch per partition")
+                    appended = log.append(records, leader_epoch=info.partitions[index].leader_epoch)
+                except CorruptRecordError as exc:
+                    code, message = CORRUPT_MESSAGE, str(exc)
+                except KafkaApiError as exc:
+                    code, message = exc.code, str(exc)
+                else:
+                    base = appended.first_offset
+                    log.update_high_watermark(log.log_end_offset)
+                    ctx.notify_data(topic, index)
+                    if request.acks == -1 and ctx.config.flush_on_ack:
+                        to_flush.append((log, appended.last_offset + 1))
+                start = log.log_start_offset
+            out.append((index, code, base, -1, start, message))
+        results.append((topic, out))
+    if to_flush:
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(*(loop.run_in_executor(None, log.flush, upto)
+                               for log, upto in to_flush))
+    if request.acks == 0:
+        return None
+    return encode_produce_response(api_version, correlation_id, 0, results)

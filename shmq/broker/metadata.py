@@ -1,0 +1,171 @@
+"""Cluster metadata: topics, partitions, replica sets, leaders, leader epochs, ISR.
+
+The controller owns it and persists it crash-safely (``<data dir>/meta/cluster.json``, replaced
+atomically); workers get a copy on every change over their control channel.  Replica sets, leader
+epochs and the ISR are in the model from day one even though every partition has one replica:
+the wire protocol carries them, clients fence on epochs, and replication will fill them in.
+
+A partition lives on one worker (Kafka node id = worker id, 1..N); the controller is node 0.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shmq.storage import checkpoint
+
+_LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
+MAX_TOPIC_NAME = 249
+
+
+def validate_topic_name(name: str) -> str | None:
+    """Kafka's ``Topic.validate``: the reason the name is illegal, or None."""
+    if not name:
+        return "Topic name is illegal, it can't be empty"
+    if name in (".", ".."):
+        return "Topic name cannot be \".\" or \"..\""
+    if len(name) > MAX_TOPIC_NAME:
+        return f"Topic name is illegal, it can't be longer than {MAX_TOPIC_NAME} characters"
+    if not _LEGAL.match(name):
+        return (f"Topic name \"{name}\" is illegal, it contains a character other than ASCII "
+                "alphanumerics, '.', '_' and '-'")
+    return None
+
+
+@dataclass
+class PartitionInfo:
+    partition: int
+    leader: int
+    replicas: list[int]
+    isr: list[int]
+    leader_epoch: int = 0
+
+
+@dataclass
+class TopicInfo:
+    name: str
+    topic_id: str                       # uuid, as text
+    partitions: list[PartitionInfo]
+    configs: dict[str, str] = field(default_factory=dict)
+    internal: bool = False
+
+    @property
+    def uuid(self) -> uuid.UUID:
+        return uuid.UUID(self.topic_id)
+
+
+@dataclass
+class ClusterMetadata:
+    cluster_id: str
+    controller_id: int = 0
+    brokers: dict[int, tuple[str, int]] = field(default_factory=dict)
+    topics: dict[str, TopicInfo] = field(default_factory=dict)
+    next_producer_id: int = 1000
+    generation: int = 0
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["brokers"] = {str(k): list(v) for k, v in self.brokers.items()}
+        return json.dumps(data, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ClusterMetadata:
+        data = json.loads(text)
+        topics = {
+            name: TopicInfo(
+                name=t["name"], topic_id=t["topic_id"], configs=t.get("configs", {}),
+                internal=t.get("internal", False),
+                partitions=[PartitionInfo(**p) for p in t["partitions"]])
+            for name, t in data.get("topics", {}).items()
+        }
+        brokers = {int(k): (v[0], int(v[1])) for k, v in data.get("brokers", {}).items()}
+        return cls(cluster_id=data["cluster_id"], controller_id=data.get("controller_id", 0),
+                   brokers=brokers, topics=topics,
+                   next_producer_id=data.get("next_producer_id", 1000),
+                   generation=data.get("generation", 0))
+
+    def partitions_led_by(self, node: int) -> list[tuple[str, int]]:
+        return [(t.name, p.partition) for t in self.topics.values() for p in t.partitions
+                if p.leader == node]
+
+    def leader_of(self, topic: str, partition: int) -> int | None:
+        t = self.topics.get(topic)
+        if t is None or not 0 <= partition < len(t.partitions):
+            return None
+        return t.partitions[partition].leader
+
+
+class MetadataStore:
+    """The controller's persistent copy of the cluster metadata."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / "meta" / "cluster.json"
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self.path.exists():
+            self.metadata = ClusterMetadata.from_json(self.path.read_text())
+        else:
+            self.metadata = ClusterMetadata(cluster_id=_cluster_id())
+            self.save()
+
+    def save(self) -> None:
+        self.metadata.generation += 1
+        checkpoint.write_atomically(self.path, self.metadata.to_json())
+
+    def create_topic(self, name: str, partitions: int, workers: list[int],
+                     configs: dict[str, str] | None = None) -> TopicInfo:
+        start = sum(len(t.partitions) for t in self.metadata.topics.values())
+        parts = []
+        for p in range(partitions):
+            node = workers[(start + p) % len(workers)]
+            parts.append(PartitionInfo(partition=p, leader=node, replicas=[node], isr=[node]))
+        topic = TopicInfo(name=name, topic_id=str(uuid.uuid4()), partitions=parts,
+                          configs=dict(configs or {}))
+        self.metadata.topics[name] = topic
+        self.save()
+        return topic
+
+    def delete_topic(self, name: str) -> TopicInfo | None:
+        topic = self.metadata.topics.pop(name, None)
+        if topic is not None:
+            self.save()
+        return topic
+
+    def reassign_missing(self, workers: list[int]) -> list[tuple[str, int, int, int]]:
+        """Partitions led by workers that no longer exist move (``--workers`` shrank).
+
+        Returns (topic, partition, old leader, new leader); the caller moves the directories.
+        """
+        moves = []
+        live = set(workers)
+        for t in self.metadata.topics.values():
+            for p in t.partitions:
+                if p.leader not in live:
+                    new = workers[p.partition % len(workers)]
+                    moves.append((t.name, p.partition, p.leader, new))
+                    p.leader, p.replicas, p.isr = new, [new], [new]
+                    p.leader_epoch += 1
+        if moves:
+            self.save()
+        return moves
+
+    def allocate_producer_ids(self, count: int) -> int:
+        """A block of ``count`` producer ids (ProducerIdManager blocks), persisted first."""
+        first = self.metadata.next_producer_id
+        self.metadata.next_producer_id += count
+        self.save()
+        return first
+
+
+def _cluster_id() -> str:
+    import base64
+
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def as_dict(meta: ClusterMetadata) -> dict[str, Any]:
+    return json.loads(meta.to_json())

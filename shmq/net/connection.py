@@ -1,0 +1,137 @@
+"""One Kafka client connection: frames in, responses out in request order, records by sendfile.
+
+Theory of operation
+-------------------
+``data_received`` feeds the ``FrameDecoder``; complete frames queue up and one task per
+connection handles them strictly one after another, so responses leave in request order (Kafka
+mutes a channel while a request is in flight; kafka-python and aiokafka match responses to the
+oldest request and drop the connection otherwise).  A response is a list of pieces: bytes go to
+``transport.write``; a ``FileSlice`` goes to ``loop.sendfile`` (``os.sendfile`` underneath: the
+record bytes go from the page cache to the socket and never through a Python object).  Reading
+pauses while more than ``MAX_QUEUED`` frames wait, so a client that pipelines without reading
+answers cannot grow our memory without bound.  A protocol error closes this connection only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections import deque
+from typing import Any
+
+from shmq.errors import ProtocolError
+from shmq.protocol.framing import FrameDecoder
+from shmq.storage.slices import FileSlice
+
+log = logging.getLogger(__name__)
+
+MAX_QUEUED = 32
+
+
+class _FdFile:
+    """What ``loop.sendfile`` needs of a file: a descriptor (it seeks after; we use pread)."""
+
+    __slots__ = ("_fd",)
+    mode = "rb"
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return offset
+
+
+class KafkaConnection(asyncio.Protocol):
+    def __init__(self, router: Any, max_frame_bytes: int, stats: dict[str, int]) -> None:
+        self.router = router
+        self.decoder = FrameDecoder(max_frame_bytes)
+        self.stats = stats
+        self.queue: deque[memoryview] = deque()
+        self.transport: asyncio.Transport | None = None
+        self.wakeup = asyncio.Event()
+        self.task: asyncio.Task | None = None
+        self.paused = False
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.task = asyncio.ensure_future(self._serve())
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self.decoder.feed(data)
+        except ProtocolError as exc:
+            log.info("closing connection: %s", exc)
+            self._abort()
+            return
+        if frames:
+            self.queue.extend(frames)
+            self.wakeup.set()
+            if len(self.queue) > MAX_QUEUED and not self.paused and self.transport is not None:
+                self.transport.pause_reading()
+                self.paused = True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.wakeup.set()
+        if self.task is not None:
+            self.task.cancel()
+
+    def _abort(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    async def _serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while not self.closed:
+                if not self.queue:
+                    self.wakeup.clear()
+                    await self.wakeup.wait()
+                    continue
+                frame = self.queue.popleft()
+                if self.paused and len(self.queue) <= MAX_QUEUED // 2 and self.transport:
+                    self.transport.resume_reading()
+                    self.paused = False
+                try:
+                    pieces = await self.router.handle(frame)
+                except ProtocolError as exc:
+                    log.info("closing connection: %s", exc)
+                    self._abort()
+                    return
+                if pieces is None or self.closed or self.transport is None:
+                    continue
+                for piece in pieces:
+                    if isinstance(piece, FileSlice):
+                        if piece.length:
+                            sent = await loop.sendfile(self.transport, _FdFile(piece.fd),
+                                                       piece.position, piece.length)
+                            self.stats["sendfile_bytes"] += sent
+                            self.stats["sendfile_calls"] += 1
+                    else:
+                        self.transport.write(piece)
+        except asyncio.CancelledError:
+            pass
+        except (ConnectionError, OSError) as exc:
+            log.info("connection error: %s", exc)
+            self._abort()
+        except Exception:  # a bug in a handler: this connection dies, the broker stays up
+            log.exception("internal error while serving a request")
+            self._abort()
+
+
+async def serve(router: Any, host: str, port: int, max_frame_bytes: int,
+                stats: dict[str, int]) -> asyncio.base_events.Server:
+    loop = asyncio.get_running_loop()
+    return await loop.create_server(
+        lambda: KafkaConnection(router, max_frame_bytes, stats), host, port,
+        reuse_address=True, backlog=1024)

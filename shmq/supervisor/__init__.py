@@ -1,0 +1,1 @@
+"""The controller process: metadata, topic admin, producer ids, and the worker supervisor."""

@@ -1,0 +1,328 @@
+"""The controller process: Kafka node 0, metadata owner, and the workers' supervisor.
+
+Theory of operation (gunicorn's Arbiter, STYLE.md §6)
+-----------------------------------------------------
+* Boot: lock the data dir, load the metadata, bind the bootstrap listener, spawn N workers (each a
+  ``python -m shmq.worker`` with a socketpair as control channel), wait until each reports its
+  port, publish the broker list to every worker, then write ``run/broker.json`` (0600) so local
+  tools find the broker.
+* Serve: the controller answers ApiVersions, Metadata, CreateTopics, DeleteTopics and
+  InitProducerId itself, and the workers' RPCs for the same admin operations.  A metadata change
+  is answered only after every live worker acknowledged it, so a client that creates a topic and
+  produces at once never reaches a worker that has not heard of the topic.
+* Supervise: a worker that exits is restarted on the same port after recovering its logs; a
+  worker that fails at boot (exit code BOOT_ERROR, or a ``boot_error`` message) halts the broker
+  with its message instead of crash-looping; five crashes within a minute halt it too.
+* Stop: SIGINT/SIGTERM only set an event; the main task then asks each worker to stop (clean
+  shutdown: flushed logs, trimmed indexes, ``.kafka_cleanshutdown``), waits, and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+from shmq.broker.config import BrokerConfig
+from shmq.broker.context import BrokerContext, TopicRequest, TopicResult
+from shmq.broker.metadata import MetadataStore, validate_topic_name
+from shmq.broker.router import Router
+from shmq.net.connection import serve
+from shmq.storage import checkpoint
+from shmq.storage.log_config import LogConfig
+from shmq.supervisor.control import ControlChannel
+from shmq.worker.main import BOOT_ERROR
+
+log = logging.getLogger("shmq.controller")
+
+TOPIC_ALREADY_EXISTS, INVALID_TOPIC, INVALID_PARTITIONS = 36, 17, 37
+INVALID_REPLICATION_FACTOR, INVALID_CONFIG, UNKNOWN_TOPIC_OR_PARTITION = 38, 40, 3
+MAX_PARTITIONS = 10_000
+
+
+class BootError(Exception):
+    """The broker cannot start (a worker failed at boot, the data dir is locked, ...)."""
+
+
+class WorkerHandle:
+    def __init__(self, node_id: int) -> None:
+        self.node_id = node_id
+        self.proc: subprocess.Popen | None = None
+        self.channel: ControlChannel | None = None
+        self.port = 0
+        self.acked_generation = -1
+        self.ready = asyncio.Event()
+        self.acked = asyncio.Condition()
+        self.crashes: list[float] = []
+        self.boot_error: str | None = None
+
+
+class Controller:
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.data_dir = config.data_dir
+        self.workers = {i: WorkerHandle(i) for i in range(1, config.workers + 1)}
+        self.stop_event = asyncio.Event()
+        self.halt_reason: str | None = None
+        self.store: MetadataStore | None = None
+        self.port = 0
+
+    # -- ControllerApi ----------------------------------------------------------------------
+
+    async def create_topics(self, topics: Sequence[TopicRequest],
+                            validate_only: bool) -> list[TopicResult]:
+        assert self.store is not None
+        results = []
+        changed = False
+        for t in topics:
+            reason = validate_topic_name(t.name)
+            partitions = self.config.num_partitions if t.num_partitions == -1 else t.num_partitions
+            if reason:
+                results.append(TopicResult(t.name, INVALID_TOPIC, reason))
+            elif t.name in self.store.metadata.topics:
+                results.append(TopicResult(t.name, TOPIC_ALREADY_EXISTS,
+                                           f"Topic '{t.name}' already exists."))
+            elif not 1 <= partitions <= MAX_PARTITIONS:
+                results.append(TopicResult(t.name, INVALID_PARTITIONS,
+                                           "Number of partitions must be larger than 0."))
+            elif t.replication_factor not in (-1, 1):
+                results.append(TopicResult(
+                    t.name, INVALID_REPLICATION_FACTOR,
+                    f"Unable to replicate the partition {t.replication_factor} time(s): "
+                    "shmq keeps one replica per partition for now."))
+            else:
+                try:
+                    LogConfig.from_kafka(t.configs, self.config.log)
+                except ValueError as exc:
+                    results.append(TopicResult(t.name, INVALID_CONFIG, str(exc)))
+                    continue
+                if validate_only:
+                    results.append(TopicResult(t.name, 0, None, None, partitions))
+                    continue
+                info = self.store.create_topic(t.name, partitions, sorted(self.workers), t.configs)
+                changed = True
+                results.append(TopicResult(t.name, 0, None, info.topic_id, partitions))
+        if changed:
+            await self.publish_metadata()
+        return results
+
+    async def delete_topics(self, names: Sequence[str]) -> list[TopicResult]:
+        assert self.store is not None
+        results = []
+        changed = False
+        for name in names:
+            info = self.store.delete_topic(name)
+            if info is None:
+                results.append(TopicResult(name, UNKNOWN_TOPIC_OR_PARTITION,
+                                           "This server does not host this topic-partition."))
+            else:
+                changed = True
+                results.append(TopicResult(name, 0, None, info.topic_id))
+        if changed:
+            await self.publish_metadata()
+        return results
+
+    async def allocate_producer_ids(self, count: int) -> int:
+        assert self.store is not None
+        return self.store.allocate_producer_ids(count)
+
+    # -- metadata to workers ----------------------------------------------------------------
+
+    async def publish_metadata(self) -> None:
+        assert self.store is not None
+        meta = self.store.metadata
+        text = meta.to_json()
+        self.ctx.metadata = meta
+        live = [w for w in self.workers.values() if w.channel is not None and w.ready.is_set()]
+        for w in live:
+            assert w.channel is not None
+            w.channel.send({"type": "metadata", "metadata": text})
+
+        async def acked(w: WorkerHandle) -> None:
+            async with w.acked:
+                await w.acked.wait_for(lambda: w.acked_generation >= meta.generation)
+
+        if live:
+            await asyncio.wait_for(asyncio.gather(*(acked(w) for w in live)), 10)
+
+    # -- workers ----------------------------------------------------------------------------
+
+    def _worker_settings(self) -> str:
+        c = self.config
+        assert self.store is not None
+        return json.dumps({
+            "data_dir": str(c.data_dir), "host": c.host, "workers": c.workers,
+            "num_partitions": c.num_partitions, "auto_create_topics": c.auto_create_topics,
+            "message_max_bytes": c.message_max_bytes,
+            "socket_request_max_bytes": c.socket_request_max_bytes,
+            "flush_on_ack": c.flush_on_ack, "log": asdict(c.log),
+            "cluster_id": self.store.metadata.cluster_id})
+
+    async def spawn(self, w: WorkerHandle) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        cmd = [sys.executable, "-m", "shmq.worker", "--node-id", str(w.node_id),
+               "--control-fd", str(child.fileno()), "--port", str(w.port),
+               "--config", self._worker_settings()]
+        w.ready.clear()
+        w.proc = subprocess.Popen(cmd, pass_fds=[child.fileno()], close_fds=True)
+        child.close()
+        w.channel = await ControlChannel.from_socket(parent)
+        asyncio.ensure_future(self._listen(w, w.channel, w.proc))
+
+    async def _listen(self, w: WorkerHandle, channel: ControlChannel,
+                      proc: subprocess.Popen) -> None:
+        while True:
+            msg = await channel.receive()
+            if msg is None:
+                break
+            kind = msg["type"]
+            if kind == "ready":
+                w.port = msg["port"]
+                w.ready.set()
+            elif kind == "boot_error":
+                w.boot_error = msg["error"]
+            elif kind == "metadata_ack":
+                async with w.acked:
+                    w.acked_generation = msg["generation"]
+                    w.acked.notify_all()
+            elif kind == "rpc":
+                asyncio.ensure_future(self._rpc(channel, msg))
+        channel.close()
+        if w.channel is channel:
+            w.channel = None
+        await self._reap(w, proc)
+
+    async def _rpc(self, channel: ControlChannel, msg: dict[str, Any]) -> None:
+        op, args = msg["op"], msg["args"]
+        try:
+            if op == "create_topics":
+                res = await self.create_topics([TopicRequest(**t) for t in args["topics"]],
+                                               args["validate_only"])
+                result: Any = [r.__dict__ for r in res]
+            elif op == "delete_topics":
+                result = [r.__dict__ for r in await self.delete_topics(args["names"])]
+            elif op == "allocate_producer_ids":
+                result = await self.allocate_producer_ids(int(args["count"]))
+            else:
+                result = None
+        except Exception:  # noqa: BLE001 - a failed RPC must not kill the controller
+            log.exception("control RPC %s failed", op)
+            result = None
+        channel.send({"type": "rpc_reply", "id": msg["id"], "result": result})
+
+    async def _reap(self, w: WorkerHandle, proc: subprocess.Popen) -> None:
+        loop = asyncio.get_running_loop()
+        code = await loop.run_in_executor(None, proc.wait)
+        if self.stop_event.is_set():
+            return
+        if code == BOOT_ERROR or w.boot_error:
+            self.halt(f"worker {w.node_id} failed to start: {w.boot_error or f'exit code {code}'}")
+            return
+        now = time.monotonic()
+        w.crashes = [t for t in w.crashes if now - t < 60] + [now]
+        if len(w.crashes) > 5:
+            self.halt(f"worker {w.node_id} crashed {len(w.crashes)} times in a minute")
+            return
+        log.warning("worker %d (pid %d) exited with %s; restarting it", w.node_id, proc.pid, code)
+        await self.spawn(w)
+        await asyncio.wait_for(w.ready.wait(), 60)
+        await self.publish_metadata()
+        self.write_run_file()
+
+    def halt(self, reason: str) -> None:
+        self.halt_reason = reason
+        self.stop_event.set()
+
+    # -- run --------------------------------------------------------------------------------
+
+    def write_run_file(self) -> None:
+        run = self.data_dir / "run"
+        info = {
+            "bootstrap": f"{self.config.host}:{self.port}",
+            "controller_pid": os.getpid(),
+            "cluster_id": self.store.metadata.cluster_id if self.store else "",
+            "workers": [{"node_id": w.node_id, "port": w.port,
+                         "pid": w.proc.pid if w.proc else None}
+                        for w in self.workers.values()],
+            "shm": [],
+        }
+        checkpoint.write_atomically(run / "broker.json", json.dumps(info, indent=2) + "\n")
+
+    async def run(self, ready_line: bool = True) -> int:
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        run = self.data_dir / "run"
+        run.mkdir(mode=0o700, exist_ok=True)
+        lock_fd = os.open(run / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BootError(f"another shmq broker is using {self.data_dir}") from None
+        self.store = MetadataStore(self.data_dir)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.stop_event.set)
+        self.ctx = BrokerContext(node_id=0, config=self.config, metadata=self.store.metadata,
+                                 controller=self)
+        server = await serve(Router(self.ctx), self.config.host, self.config.port,
+                             self.config.socket_request_max_bytes, self.ctx.stats)
+        self.port = server.sockets[0].getsockname()[1]
+        try:
+            for w in self.workers.values():
+                await self.spawn(w)
+            waits = [asyncio.ensure_future(w.ready.wait()) for w in self.workers.values()]
+            halt = asyncio.ensure_future(self.stop_event.wait())
+            done, _ = await asyncio.wait([halt, asyncio.gather(*waits)], timeout=120,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if halt in done or not all(w.ready.is_set() for w in self.workers.values()):
+                raise BootError(self.halt_reason or "workers did not start within 120 s")
+            halt.cancel()
+            self.store.reassign_missing(sorted(self.workers))
+            meta = self.store.metadata
+            meta.brokers = {0: (self.config.host, self.port)}
+            meta.brokers.update({w.node_id: (self.config.host, w.port)
+                                 for w in self.workers.values()})
+            self.store.save()
+            await self.publish_metadata()
+            self.write_run_file()
+            if ready_line:
+                print(f"shmq broker ready: bootstrap {self.config.host}:{self.port} "
+                      f"({len(self.workers)} workers, data dir {self.data_dir})", flush=True)
+            await self.stop_event.wait()
+        finally:
+            await self.shutdown(server)
+            os.close(lock_fd)
+        if self.halt_reason:
+            raise BootError(self.halt_reason)
+        return 0
+
+    async def shutdown(self, server: asyncio.base_events.Server) -> None:
+        self.stop_event.set()
+        server.close()
+        for w in self.workers.values():
+            if w.channel is not None:
+                try:
+                    w.channel.send({"type": "stop"})
+                except (ConnectionError, RuntimeError):
+                    pass
+        loop = asyncio.get_running_loop()
+        for w in self.workers.values():
+            if w.proc is not None:
+                try:
+                    await asyncio.wait_for(loop.run_in_executor(None, w.proc.wait), 30)
+                except asyncio.TimeoutError:
+                    w.proc.kill()
+                    w.proc.wait()
+        try:
+            (self.data_dir / "run" / "broker.json").unlink()
+        except FileNotFoundError:
+            pass

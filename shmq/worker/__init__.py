@@ -1,0 +1,1 @@
+"""A partition-worker process: owns its partitions' logs and serves them over the Kafka protocol."""

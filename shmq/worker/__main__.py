@@ -1,0 +1,5 @@
+import sys
+
+from shmq.worker.main import main
+
+sys.exit(main())

@@ -1,0 +1,178 @@
+"""Worker process entry: recover this worker's logs, serve Kafka requests, obey the controller.
+
+Exit codes: 0 after a requested stop, ``BOOT_ERROR`` (3) when the worker cannot start (the
+controller then halts instead of restarting it in a loop), 1 on anything else.  A worker exits
+when its control channel closes: the controller is gone, and an orphan must not keep serving.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import itertools
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+BOOT_ERROR = 3
+RETENTION_CHECK_S = 300.0
+CHECKPOINT_S = 60.0
+
+log = logging.getLogger("shmq.worker")
+
+
+class ControllerRpc:
+    """The controller's API as seen from a worker: requests over the control channel."""
+
+    def __init__(self, channel: Any) -> None:
+        self.channel = channel
+        self.pending: dict[int, asyncio.Future] = {}
+        self.ids = itertools.count(1)
+
+    async def _call(self, op: str, **args: Any) -> Any:
+        rid = next(self.ids)
+        fut = asyncio.get_running_loop().create_future()
+        self.pending[rid] = fut
+        self.channel.send({"type": "rpc", "id": rid, "op": op, "args": args})
+        return await asyncio.wait_for(fut, 30)
+
+    def reply(self, message: dict[str, Any]) -> None:
+        fut = self.pending.pop(message["id"], None)
+        if fut is not None and not fut.done():
+            fut.set_result(message.get("result"))
+
+    async def create_topics(self, topics: Sequence[Any], validate_only: bool) -> list[Any]:
+        from shmq.broker.context import TopicResult
+
+        out = await self._call("create_topics", validate_only=validate_only,
+                               topics=[t.__dict__ for t in topics])
+        return [TopicResult(**r) for r in out]
+
+    async def delete_topics(self, names: Sequence[str]) -> list[Any]:
+        from shmq.broker.context import TopicResult
+
+        return [TopicResult(**r) for r in await self._call("delete_topics", names=list(names))]
+
+    async def allocate_producer_ids(self, count: int) -> int:
+        return int(await self._call("allocate_producer_ids", count=count))
+
+
+def _die_with_parent() -> None:
+    """PR_SET_PDEATHSIG: SIGTERM when the controller dies, even if EOF is missed."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+async def run(args: argparse.Namespace) -> int:
+    from shmq.broker.config import BrokerConfig
+    from shmq.broker.context import BrokerContext
+    from shmq.broker.metadata import ClusterMetadata
+    from shmq.broker.router import Router
+    from shmq.net.connection import serve
+    from shmq.storage import LogConfig, LogManager
+    from shmq.supervisor.control import ControlChannel
+
+    settings = json.loads(args.config)
+    config = BrokerConfig(data_dir=Path(settings["data_dir"]), host=settings["host"], port=0,
+                          workers=settings["workers"],
+                          num_partitions=settings["num_partitions"],
+                          auto_create_topics=settings["auto_create_topics"],
+                          message_max_bytes=settings["message_max_bytes"],
+                          socket_request_max_bytes=settings["socket_request_max_bytes"],
+                          flush_on_ack=settings["flush_on_ack"],
+                          log=LogConfig(**settings["log"]), cluster_id=settings["cluster_id"])
+    channel = await ControlChannel.from_socket(socket.socket(fileno=args.control_fd))
+    try:
+        manager = LogManager(config.data_dir / f"worker-{args.node_id}", config.log)
+        started = time.monotonic()
+        manager.startup()
+        log.info("worker %d recovered %d logs in %.2f s", args.node_id, len(manager.logs),
+                 time.monotonic() - started)
+        rpc = ControllerRpc(channel)
+        ctx = BrokerContext(node_id=args.node_id, config=config,
+                            metadata=ClusterMetadata(cluster_id=config.cluster_id),
+                            controller=rpc, logs=manager)
+        server = await serve(Router(ctx), config.host, args.port, config.socket_request_max_bytes,
+                             ctx.stats)
+    except Exception as exc:  # noqa: BLE001 - report any boot failure, then halt the broker
+        log.exception("worker %d failed to start", args.node_id)
+        channel.send({"type": "boot_error", "error": f"{type(exc).__name__}: {exc}"})
+        await channel.writer.drain()
+        return BOOT_ERROR
+    port = server.sockets[0].getsockname()[1]
+    channel.send({"type": "ready", "port": port, "pid": os.getpid()})
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    async def control() -> None:
+        while True:
+            msg = await channel.receive()
+            if msg is None:
+                stop.set()
+                return
+            kind = msg["type"]
+            if kind == "metadata":
+                new = ClusterMetadata.from_json(msg["metadata"])
+                for name in set(ctx.metadata.topics) - set(new.topics):
+                    for p in range(len(ctx.metadata.topics[name].partitions)):
+                        manager.delete_log(name, p)
+                ctx.metadata = new
+                channel.send({"type": "metadata_ack", "generation": new.generation})
+            elif kind == "rpc_reply":
+                rpc.reply(msg)
+            elif kind == "stats":
+                channel.send({"type": "stats_reply", "id": msg["id"], "stats": dict(ctx.stats)})
+            elif kind == "stop":
+                stop.set()
+                return
+
+    async def housekeeping() -> None:
+        last_retention = last_checkpoint = time.monotonic()
+        while True:
+            await asyncio.sleep(1.0)
+            manager.flush_due()
+            now = time.monotonic()
+            if now - last_retention >= RETENTION_CHECK_S:
+                manager.run_retention()
+                last_retention = now
+            if now - last_checkpoint >= CHECKPOINT_S:
+                manager.checkpoint()
+                last_checkpoint = now
+
+    tasks = [asyncio.ensure_future(control()), asyncio.ensure_future(housekeeping())]
+    await stop.wait()
+    server.close()
+    for t in tasks:
+        t.cancel()
+    manager.shutdown()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="shmq-worker")
+    p.add_argument("--node-id", type=int, required=True)
+    p.add_argument("--control-fd", type=int, required=True)
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--config", required=True)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("SHMQ_LOG_LEVEL", "WARNING"),
+                        format=f"%(asctime)s worker-{args.node_id} %(levelname)s %(message)s")
+    _die_with_parent()
+    return asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
