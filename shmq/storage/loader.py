@@ -136,6 +136,13 @@ def load_log(directory: Path, config: LogConfig, *, recovery_point: int = 0,
     else:
         segments[-1].make_active()
     leo = segments[-1].next_offset
+    for entry in os.scandir(directory):  # producer snapshots of offsets the log lost
+        if entry.name.endswith(layout.SNAPSHOT_SUFFIX):
+            try:
+                if layout.offset_from_filename(entry.name) > leo:
+                    os.unlink(entry.path)
+            except ValueError:
+                continue
     start = min(max(log_start_offset, segments[0].base_offset), leo)
     rp = leo if clean_shutdown and not truncated else min(recovery_point, leo)
     epoch = max(epoch, checkpointed_epoch)

@@ -36,6 +36,7 @@ from shmq import _fast
 from shmq.errors import CorruptRecordError, KafkaApiError, OffsetOutOfRangeError
 from shmq.storage import checkpoint, layout
 from shmq.storage.log_config import LogConfig
+from shmq.storage.producer_state import ProducerStateManager
 from shmq.storage.segment import LogSegment
 from shmq.storage.slices import FileSlice
 
@@ -45,6 +46,12 @@ EARLIEST_TIMESTAMP = -2
 MAX_TIMESTAMP = -3
 
 _I64 = struct.Struct(">q")
+_I16 = struct.Struct(">h")
+
+
+def _add_seq(seq: int, delta: int) -> int:
+    """baseSequence + lastOffsetDelta, wrapping at Int.MAX (DefaultRecordBatch)."""
+    return seq + delta - 0x80000000 if seq > 0x7FFFFFFF - delta else seq + delta
 _I32 = struct.Struct(">i")
 
 
@@ -95,6 +102,24 @@ class PartitionLog:
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self.closed = False
+        self.producer_state = ProducerStateManager(directory)
+        self._rebuild_producer_state()
+
+    def _rebuild_producer_state(self) -> None:
+        """Latest snapshot at or below the LEO, then replay the batch headers after it
+        (``UnifiedLog.rebuildProducerState``); snapshots outside the log are dropped."""
+        from shmq.protocol.records import scan_headers
+
+        ps = self.producer_state
+        start = ps.truncate_and_reload(self.log_start_offset, self.log_end_offset)
+        for seg in self.segments:
+            if seg.next_offset <= start or seg.size == 0:
+                continue
+            header = seg.translate_offset(start) if start > seg.base_offset else None
+            pos = header.position if header is not None else 0
+            table = scan_headers(seg.read_bytes(pos, seg.size - pos), verify_crc=False)
+            if len(table):
+                ps.load_from_batches(table[table[:, 1] >= start])
 
     @classmethod
     def open(cls, directory: Path, config: LogConfig | None = None, *, recovery_point: int = 0,
@@ -154,12 +179,18 @@ class PartitionLog:
         limit = self.config.max_message_bytes
         # pass 1: validate everything before touching the file
         spans = []
+        producers = []
         pos, n_records, incoming_max_ts = 0, 0, -1
         while pos < len(mv):
             size = _fast.validate_batch(mv, pos, -1, True, validate)
             if size > limit:
                 raise RecordTooLargeError(size, limit)
             delta = _I32.unpack_from(mv, pos + 23)[0]
+            pid = _I64.unpack_from(mv, pos + 43)[0]
+            if pid >= 0:
+                producers.append((len(spans), pid, _I16.unpack_from(mv, pos + 51)[0],
+                                  _I32.unpack_from(mv, pos + 53)[0], delta,
+                                  bool(_I16.unpack_from(mv, pos + 21)[0] & 0x10)))
             spans.append((pos, size, delta))
             n_records += delta + 1
             incoming_max_ts = max(incoming_max_ts, _I64.unpack_from(mv, pos + 35)[0])
@@ -169,6 +200,10 @@ class PartitionLog:
         with self._lock:
             if self.closed:
                 raise ValueError("log is closed")
+            if producers:
+                duplicate = self._check_producers(producers, validate)
+                if duplicate is not None:
+                    return duplicate
             first = self.log_end_offset
             segment = self.active_segment
             if segment.should_roll(len(mv), len(spans), incoming_max_ts, now,
@@ -196,10 +231,28 @@ class PartitionLog:
                 position += size
             segment.append(iov, meta)
             self.unflushed_messages += n_records
+            for i, pid, pepoch, seq, delta, txn in producers:
+                position, last, batch_max, _ = meta[i]
+                self.producer_state.update(pid, pepoch, seq, _add_seq(seq, delta),
+                                           last - delta, last, batch_max, txn)
         info = AppendInfo(first, offset - 1, max_ts, offset_of_max, now if log_append else -1,
                           len(spans), len(mv))
         self._flush_if_due(now)
         return info
+
+    def _check_producers(self, producers: list, validate: bool) -> AppendInfo | None:
+        """Idempotence (``ProducerAppendInfo``): a batch the producer already wrote is answered
+        with its original offsets and nothing is appended; sequence and epoch errors raise
+        KafkaApiError (45 OUT_OF_ORDER_SEQUENCE_NUMBER, 47 INVALID_PRODUCER_EPOCH, ...)."""
+        for _, pid, pepoch, seq, delta, txn in producers:
+            dup = self.producer_state.check_append(pid, pepoch, seq, _add_seq(seq, delta), txn,
+                                                   origin_client=validate)
+            if dup is not None:
+                if len(producers) == 1:
+                    return AppendInfo(dup.first_offset, dup.last_offset, dup.timestamp,
+                                      dup.last_offset, -1, 0, 0)
+                raise KafkaApiError(46, "duplicate batch inside a multi-batch append")
+        return None
 
     @staticmethod
     def _set_log_append_time(header: bytearray, body: memoryview, now: int) -> None:
@@ -295,6 +348,7 @@ class PartitionLog:
         if old.size == 0:
             return old  # never roll an empty segment
         old.on_become_inactive()
+        self.producer_state.take_snapshot(base)  # UnifiedLog.roll
         new = LogSegment(self.directory, base, self.config, active=True, create=True)
         new.next_offset = base
         self.segments.append(new)
@@ -345,6 +399,7 @@ class PartitionLog:
                 seg.delete()
             self._bases = [s.base_offset for s in self.segments]
             self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
+            self.producer_state.delete_snapshots_below(self.segments[0].base_offset)
             return len(doomed)
 
     def delete_records_before(self, offset: int) -> int:
@@ -380,6 +435,8 @@ class PartitionLog:
             leo = self.log_end_offset
             self.high_watermark = min(self.high_watermark, leo)
             self.recovery_point = min(self.recovery_point, leo)
+        self.producer_state.clear()
+        self._rebuild_producer_state()
 
     # -- durability ---------------------------------------------------------------------------
 
@@ -428,6 +485,7 @@ class PartitionLog:
             return
         self.flush()
         with self._lock:
+            self.producer_state.take_snapshot(self.log_end_offset)
             self.active_segment.append_final_time_entry()
             for seg in self.segments:
                 seg.close()

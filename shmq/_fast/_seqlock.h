@@ -1,0 +1,115 @@
+/* Seqlock over one 64-byte state-table slot, with GCC/Clang __atomic builtins.
+ *
+ * Slot layout (native byte order: every party is on the same host), offsets in bytes:
+ *   0 seq u64 | 8 leader i32 | 12 epoch i32 | 16 log_start i64 | 24 hw i64 | 32 lso i64
+ *   40 leo i64 | 48 segments_gen u32 | 52 flags u32 | 56..64 reserved (zero)
+ *
+ * One writer per slot.  Every field is accessed with a (relaxed) atomic load or store, so a
+ * reader racing a writer is not a C data race (Boehm, "Can seqlocks get along with programming
+ * language memory models?", MSPC 2012); on x86-64 and aarch64 these are plain aligned moves.
+ * The caller guarantees the slot is 8-byte aligned (the mapping is page aligned and slots are
+ * 64 bytes).
+ */
+#ifndef SHMQ_SEQLOCK_H
+#define SHMQ_SEQLOCK_H
+#include <stdint.h>
+
+typedef struct {
+    uint64_t seq;
+    int32_t leader;
+    int32_t epoch;
+    int64_t log_start;
+    int64_t hw;
+    int64_t lso;
+    int64_t leo;
+    uint32_t segments_gen;
+    uint32_t flags;
+    uint64_t reserved;
+} shmq_slot_t;
+
+_Static_assert(sizeof(shmq_slot_t) == 64, "state-table slot must be 64 bytes");
+
+/* The field values without seq: what a reader copies out. */
+typedef struct {
+    int32_t leader;
+    int32_t epoch;
+    int64_t log_start;
+    int64_t hw;
+    int64_t lso;
+    int64_t leo;
+    uint32_t segments_gen;
+    uint32_t flags;
+} shmq_slot_values_t;
+
+static inline void shmq_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__) || defined(__arm__)
+    __asm__ __volatile__("yield" ::: "memory");
+#else
+    __asm__ __volatile__("" ::: "memory");
+#endif
+}
+
+/* Writer.  A seq that is already odd on entry was left by a writer that died mid-update: keep it
+ * odd (readers are already retrying) and finish the update, which makes it even again. */
+static inline void shmq_slot_write(unsigned char *base, const shmq_slot_values_t *v) {
+    shmq_slot_t *s = (shmq_slot_t *)base;
+    uint64_t seq = __atomic_load_n(&s->seq, __ATOMIC_RELAXED);
+    if ((seq & 1) == 0) {
+        seq += 1;
+        __atomic_store_n(&s->seq, seq, __ATOMIC_RELEASE);
+    }
+    /* Orders the odd seq before every field store below (a release fence orders earlier
+     * accesses before later stores). */
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    __atomic_store_n(&s->leader, v->leader, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->epoch, v->epoch, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->log_start, v->log_start, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->hw, v->hw, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->lso, v->lso, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->leo, v->leo, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->segments_gen, v->segments_gen, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->flags, v->flags, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    /* Release: every field store above is visible before the even seq. */
+    __atomic_store_n(&s->seq, seq + 1, __ATOMIC_RELEASE);
+}
+
+/* Reader.  Returns 1 and fills *out with a consistent snapshot, or 0 after max_spins attempts
+ * that each saw an odd seq or a seq that changed under the read. */
+static inline int shmq_slot_read(const unsigned char *base, shmq_slot_values_t *out,
+                                 long max_spins) {
+    const shmq_slot_t *s = (const shmq_slot_t *)base;
+    uint64_t s1, s2;
+    long spins;
+    for (spins = 0; spins < max_spins; spins++) {
+        s1 = __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE);
+        if (s1 & 1) {
+            shmq_cpu_relax();
+            continue;
+        }
+        out->leader = __atomic_load_n(&s->leader, __ATOMIC_RELAXED);
+        out->epoch = __atomic_load_n(&s->epoch, __ATOMIC_RELAXED);
+        out->log_start = __atomic_load_n(&s->log_start, __ATOMIC_RELAXED);
+        out->hw = __atomic_load_n(&s->hw, __ATOMIC_RELAXED);
+        out->lso = __atomic_load_n(&s->lso, __ATOMIC_RELAXED);
+        out->leo = __atomic_load_n(&s->leo, __ATOMIC_RELAXED);
+        out->segments_gen = __atomic_load_n(&s->segments_gen, __ATOMIC_RELAXED);
+        out->flags = __atomic_load_n(&s->flags, __ATOMIC_RELAXED);
+        /* Acquire: the field loads above complete before seq is loaded again. */
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        s2 = __atomic_load_n(&s->seq, __ATOMIC_RELAXED);
+        if (s1 == s2)
+            return 1;
+        shmq_cpu_relax();
+    }
+    return 0;
+}
+
+/* The seq word alone (acquire), for tests and diagnostics. */
+static inline uint64_t shmq_slot_seq(const unsigned char *base) {
+    return __atomic_load_n(&((const shmq_slot_t *)base)->seq, __ATOMIC_ACQUIRE);
+}
+
+#endif

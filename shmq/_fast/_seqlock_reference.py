@@ -1,0 +1,101 @@
+"""Pure-Python twin of ``shmq._fast.seqlock``: same names, same slot bytes.
+
+It is the oracle for the slot layout (``SLOT_FORMAT``) in the parity tests and the fallback when
+the extension is not built.  It is *not* an oracle for atomicity: ``struct`` copies bytes with
+``memcpy`` and Python has no fences.  On x86-64 (total store order, aligned 8-byte copies) the
+seq checks still catch overlapping writes in practice; elsewhere it is best effort.
+
+Slot layout, native byte order, see ``seqlock.pyx`` for the full picture::
+
+    seq u64 | leader i32 | epoch i32 | log_start i64 | hw i64 | lso i64 | leo i64
+    | segments_gen u32 | flags u32 | reserved 8 B
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+SLOT_SIZE = 64
+DEFAULT_MAX_SPINS = 10000
+
+# "=": native byte order, standard sizes, no padding (the fields are naturally aligned anyway).
+SLOT_FORMAT = "=QiiqqqqII"
+_SEQ = struct.Struct("=Q")
+_FIELDS = struct.Struct("=iiqqqqII")  # at offset 8
+assert struct.calcsize(SLOT_FORMAT) == 56
+
+_RANGES = (
+    ("leader", -(2**31), 2**31 - 1),
+    ("epoch", -(2**31), 2**31 - 1),
+    ("log_start", -(2**63), 2**63 - 1),
+    ("hw", -(2**63), 2**63 - 1),
+    ("lso", -(2**63), 2**63 - 1),
+    ("leo", -(2**63), 2**63 - 1),
+    ("segments_gen", 0, 2**32 - 1),
+    ("flags", 0, 2**32 - 1),
+)
+
+
+def _check_slot(buf: memoryview, slot_offset: int) -> None:
+    if slot_offset < 0 or slot_offset > buf.nbytes - SLOT_SIZE:
+        raise IndexError(f"slot at {slot_offset} does not fit in {buf.nbytes} bytes")
+    if slot_offset % 8:
+        # The compiled module checks the address; a mapping is page aligned, so this is the same.
+        raise ValueError("a slot must be 8-byte aligned")
+
+
+def write_slot(
+    buf: Any,
+    slot_offset: int,
+    leader: int,
+    epoch: int,
+    log_start: int,
+    hw: int,
+    lso: int,
+    leo: int,
+    segments_gen: int,
+    flags: int,
+) -> None:
+    """Publish one slot's values under its seqlock (the caller is the slot's only writer)."""
+    values = (leader, epoch, log_start, hw, lso, leo, segments_gen, flags)
+    for value, (name, lo, hi) in zip(values, _RANGES, strict=True):
+        if not lo <= value <= hi:  # the compiled module raises OverflowError on conversion
+            raise OverflowError(f"{name}={value} is out of range")
+    with memoryview(buf).cast("B") as view:
+        if view.readonly:
+            raise BufferError("underlying buffer is not writable")  # as the compiled module
+        _check_slot(view, slot_offset)
+        (seq,) = _SEQ.unpack_from(view, slot_offset)
+        if seq & 1 == 0:  # odd on entry: a dead writer's update, finish it (see seqlock.pyx)
+            seq += 1
+            _SEQ.pack_into(view, slot_offset, seq)
+        _FIELDS.pack_into(view, slot_offset + 8, *values)
+        _SEQ.pack_into(view, slot_offset, (seq + 1) & 0xFFFFFFFFFFFFFFFF)
+
+
+def read_slot(
+    buf: Any, slot_offset: int, max_spins: int = DEFAULT_MAX_SPINS
+) -> tuple[int, int, int, int, int, int, int, int] | None:
+    """A consistent ``(leader, epoch, log_start, hw, lso, leo, segments_gen, flags)``, or
+    ``None`` when no stable snapshot was seen in ``max_spins`` attempts."""
+    with memoryview(buf).cast("B") as view:
+        _check_slot(view, slot_offset)
+        if max_spins < 1:
+            raise ValueError("max_spins must be at least 1")
+        for _ in range(max_spins):
+            (s1,) = _SEQ.unpack_from(view, slot_offset)
+            if s1 & 1:
+                continue
+            values = _FIELDS.unpack_from(view, slot_offset + 8)
+            (s2,) = _SEQ.unpack_from(view, slot_offset)
+            if s1 == s2:
+                return values  # type: ignore[return-value]
+        return None
+
+
+def slot_seq(buf: Any, slot_offset: int) -> int:
+    """The slot's seq word: even when stable, odd while written."""
+    with memoryview(buf).cast("B") as view:
+        _check_slot(view, slot_offset)
+        return int(_SEQ.unpack_from(view, slot_offset)[0])

@@ -1,0 +1,21 @@
+from typing_extensions import Buffer
+
+SLOT_SIZE: int
+DEFAULT_MAX_SPINS: int
+
+def write_slot(
+    buf: Buffer,
+    slot_offset: int,
+    leader: int,
+    epoch: int,
+    log_start: int,
+    hw: int,
+    lso: int,
+    leo: int,
+    segments_gen: int,
+    flags: int,
+) -> None: ...
+def read_slot(
+    buf: Buffer, slot_offset: int, max_spins: int = ...
+) -> tuple[int, int, int, int, int, int, int, int] | None: ...
+def slot_seq(buf: Buffer, slot_offset: int) -> int: ...

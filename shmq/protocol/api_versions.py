@@ -1,0 +1,117 @@
+"""The broker's supported API versions: one table, advertised in ApiVersions and enforced on decode.
+
+``SUPPORTED`` is the *advertised* range per API key (protocol.md §6.1).  It differs from what the
+broker will actually serve in one place: Produce is advertised from v0 but v0–v2 are rejected
+with UNSUPPORTED_VERSION, exactly like Kafka 4.0 (KAFKA-18659, apache/kafka PR #18727): librdkafka
+before the fix only compresses when Produce v0 is in the advertised range, and silently sends
+uncompressed batches otherwise.  ``implemented_min`` gives the lowest version actually served;
+``is_supported`` answers with the served range.
+
+Add an API here only together with its handler.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import sys
+from typing import Any
+
+from kio.index import load_response_schema
+from kio.schema.errors import ErrorCode
+
+# API keys (Kafka's ApiKeys.java names).  Only some are in SUPPORTED yet; the names of the
+# others in protocol.md §6.1 are listed so handlers added later use the same constants.
+PRODUCE = 0
+FETCH = 1
+LIST_OFFSETS = 2
+METADATA = 3
+OFFSET_COMMIT = 8
+OFFSET_FETCH = 9
+FIND_COORDINATOR = 10
+JOIN_GROUP = 11
+HEARTBEAT = 12
+LEAVE_GROUP = 13
+SYNC_GROUP = 14
+DESCRIBE_GROUPS = 15
+LIST_GROUPS = 16
+SASL_HANDSHAKE = 17
+API_VERSIONS = 18
+CREATE_TOPICS = 19
+DELETE_TOPICS = 20
+DELETE_RECORDS = 21
+INIT_PRODUCER_ID = 22
+OFFSET_FOR_LEADER_EPOCH = 23
+ADD_PARTITIONS_TO_TXN = 24
+ADD_OFFSETS_TO_TXN = 25
+END_TXN = 26
+TXN_OFFSET_COMMIT = 28
+DESCRIBE_CONFIGS = 32
+ALTER_CONFIGS = 33
+SASL_AUTHENTICATE = 36
+CREATE_PARTITIONS = 37
+DELETE_GROUPS = 42
+INCREMENTAL_ALTER_CONFIGS = 44
+OFFSET_DELETE = 47
+DESCRIBE_CLUSTER = 60
+DESCRIBE_PRODUCERS = 61
+DESCRIBE_TRANSACTIONS = 65
+LIST_TRANSACTIONS = 66
+
+# api key -> (min, max) advertised in ApiVersions.  Exactly protocol.md §6.1 for the APIs the
+# broker implements now.
+SUPPORTED: dict[int, tuple[int, int]] = {
+    PRODUCE: (0, 11),  # served from v3, see implemented_min (KAFKA-18659)
+    FETCH: (4, 12),  # 13+ address topics by id only
+    LIST_OFFSETS: (1, 8),
+    METADATA: (0, 12),
+    API_VERSIONS: (0, 4),
+    CREATE_TOPICS: (2, 7),
+    DELETE_TOPICS: (1, 6),
+    INIT_PRODUCER_ID: (0, 5),  # 6 is 2PC (KIP-939)
+    OFFSET_FOR_LEADER_EPOCH: (2, 4),
+}
+
+# Versions advertised but rejected with UNSUPPORTED_VERSION when used.
+_IMPLEMENTED_MIN: dict[int, int] = {PRODUCE: 3}
+
+# api key -> Kafka's name ("OffsetForLeaderEpoch"), derived from the constants above.
+API_NAMES: dict[int, str] = {
+    value: name.title().replace("_", "")
+    for name, value in list(globals().items())
+    if name.isupper() and type(value) is int
+}
+
+
+def implemented_min(api_key: int) -> int:
+    """The lowest version of ``api_key`` the broker serves (Produce: 3, else the advertised min)."""
+    return _IMPLEMENTED_MIN.get(api_key, SUPPORTED[api_key][0])
+
+
+def is_supported(api_key: int, version: int) -> bool:
+    """True when the broker serves ``api_key`` at ``version`` (advertised-only versions: False)."""
+    advertised = SUPPORTED.get(api_key)
+    if advertised is None:
+        return False
+    return implemented_min(api_key) <= version <= advertised[1]
+
+
+@functools.lru_cache(maxsize=16)
+def api_versions_response(version: int, error_code: int = 0) -> Any:
+    """The kio ApiVersionsResponse body (v0..v4) advertising ``SUPPORTED``.
+
+    v1+ carries ``throttle_time`` (always 0 here); v3+ has the tagged feature fields, left at their
+    defaults (no supported or finalized features, finalized epoch −1), so none are written.
+    The body is immutable and cached per (version, error_code).
+    """
+    cls = load_response_schema(API_VERSIONS, version)
+    module = sys.modules[cls.__module__]
+    keys = tuple(
+        module.ApiVersion(api_key=key, min_version=lo, max_version=hi)
+        for key, (lo, hi) in sorted(SUPPORTED.items())
+    )
+    kwargs: dict[str, Any] = {"error_code": ErrorCode(error_code), "api_keys": keys}
+    if version >= 1:
+        kwargs["throttle_time"] = datetime.timedelta(0)
+    return cls(**kwargs)
+

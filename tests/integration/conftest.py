@@ -1,0 +1,83 @@
+"""A real ``shmq broker`` on an ephemeral loopback port, for tests that use real clients."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+
+@dataclass
+class RunningBroker:
+    proc: subprocess.Popen
+    data_dir: Path
+    bootstrap: str
+    log_path: Path
+
+    @property
+    def run_info(self) -> dict:
+        return json.loads((self.data_dir / "run" / "broker.json").read_text())
+
+    def worker_pids(self) -> dict[int, int]:
+        return {w["node_id"]: w["pid"] for w in self.run_info["workers"]}
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def start_broker(data_dir: Path, *args: str, workers: int = 2,
+                 timeout: float = 60) -> RunningBroker:
+    log_path = data_dir.parent / f"{data_dir.name}-broker.log"
+    log = open(log_path, "ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shmq", "broker", "--listeners", "127.0.0.1:0",
+         "--workers", str(workers), "--data-dir", str(data_dir), *args],
+        stdout=subprocess.PIPE, stderr=log, text=True)
+    log.close()
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    line = ""
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith("shmq broker ready") or not line:
+            break
+    if not line.startswith("shmq broker ready"):
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"broker did not start: {line!r}\n{log_path.read_text()}")
+    bootstrap = line.split("bootstrap ", 1)[1].split(" ", 1)[0]
+    return RunningBroker(proc, data_dir, bootstrap, log_path)
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[RunningBroker]:
+    b = start_broker(tmp_path / "data")
+    try:
+        yield b
+    finally:
+        code = b.stop()
+        assert code == 0, b.log_path.read_text()
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    for item in items:
+        if "integration" in str(item.fspath):
+            item.add_marker(pytest.mark.timeout(240))
+
+
+os.environ.setdefault("SHMQ_LOG_LEVEL", "WARNING")

@@ -1,0 +1,50 @@
+"""Every ipc test leaves /dev/shm as it found it (DESIGN.md §1: no leftover shm objects).
+
+Only ``shmq-st-*`` names are watched: every object these tests create has that prefix, and other
+suites (rings, brokers) running at the same time on this host may own other ``shmq-*`` names.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import posix_ipc
+import pytest
+
+SHM_DIR = "/dev/shm"
+WATCHED = "shmq-st-"
+
+
+def remove(names: set[str]) -> None:
+    """Unlink what a failing test left, so one failure does not leak into the next run."""
+    for name in names:
+        try:
+            posix_ipc.unlink_shared_memory("/" + name)
+        except posix_ipc.ExistentialError:
+            pass
+
+
+def shm_names() -> set[str]:
+    try:
+        return {n for n in os.listdir(SHM_DIR) if n.startswith(WATCHED)}
+    except FileNotFoundError:
+        return set()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leftovers_after_run() -> Iterator[None]:
+    before = shm_names()
+    yield
+    left = shm_names() - before
+    remove(left)
+    assert not left, f"the ipc tests left shm objects behind: {sorted(left)}"
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers() -> Iterator[None]:
+    before = shm_names()
+    yield
+    left = shm_names() - before
+    remove(left)
+    assert not left, f"this test left shm objects behind: {sorted(left)}"

@@ -1,0 +1,108 @@
+"""api_versions: the advertised table, its responses as clients read them, the KIP-511 fallback."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from _protocol_util import kafka_python_class, kio_encode
+from kafka.protocol.broker_version_data import infer_broker_version_from_api_versions
+from kio.index import load_request_schema, load_response_schema
+from kio.schema.errors import ErrorCode
+
+from shmq.protocol import api_versions
+from shmq.protocol.api_versions import (
+    API_NAMES,
+    SUPPORTED,
+    api_versions_response,
+    implemented_min,
+    is_supported,
+)
+from shmq.protocol.codec import (
+    UnsupportedVersionError,
+    decode_request,
+    encode_api_versions_unsupported,
+    encode_response,
+)
+
+# protocol.md §6.1, for the APIs implemented now
+EXPECTED = {
+    18: (0, 4), 3: (0, 12), 0: (0, 11), 1: (4, 12), 2: (1, 8),
+    23: (2, 4), 22: (0, 5), 19: (2, 7), 20: (1, 6),
+}  # fmt: skip
+
+
+def test_table_is_protocol_md():
+    assert SUPPORTED == EXPECTED
+    assert all(lo <= hi for lo, hi in SUPPORTED.values())  # aiokafka asserts this
+    names = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 18: "ApiVersions",
+             19: "CreateTopics", 20: "DeleteTopics", 22: "InitProducerId",
+             23: "OffsetForLeaderEpoch"}  # fmt: skip
+    assert {k: API_NAMES[k] for k in SUPPORTED} == names
+    assert api_versions.PRODUCE == 0 and api_versions.FETCH == 1 and api_versions.API_VERSIONS == 18
+
+
+def test_implemented_ranges():
+    assert implemented_min(0) == 3
+    for key, (lo, hi) in SUPPORTED.items():
+        if key != 0:
+            assert implemented_min(key) == lo
+        for version in range(-1, hi + 3):
+            assert is_supported(key, version) == (implemented_min(key) <= version <= hi)
+    assert not is_supported(57, 0)
+
+
+def test_every_served_version_has_kio_classes():
+    for key, (_, hi) in SUPPORTED.items():
+        for version in range(implemented_min(key), hi + 1):
+            load_request_schema(key, version)
+            load_response_schema(key, version)
+
+
+@pytest.mark.parametrize("version", range(5))
+def test_api_versions_response_decodes_with_kafka_python(version):
+    wire = encode_response(18, version, 31, api_versions_response(version))
+    assert wire[4:8] == struct.pack(">i", 31)
+    assert wire[8:10] == b"\x00\x00"  # header v0: error_code follows the correlation id
+    decoded = kafka_python_class(18, "response")[version].decode(wire, header=True, framed=True)
+    assert decoded.header.correlation_id == 31
+    assert decoded.error_code == 0
+    assert {k.api_key: (k.min_version, k.max_version) for k in decoded.api_keys} == SUPPORTED
+    if version >= 1:
+        assert decoded.throttle_time_ms == 0
+    if version >= 3:
+        assert decoded.supported_features == [] and decoded.finalized_features == []
+        assert wire[-1] == 0  # no tagged fields written
+
+
+def test_kafka_python_infers_kafka_3_8():
+    # Produce max 11 -> (3, 8): kafka-python turns on its modern features (protocol.md §2.3).
+    assert infer_broker_version_from_api_versions(dict(SUPPORTED)) == (3, 8)
+
+
+def test_response_is_cached_and_immutable():
+    assert api_versions_response(3) is api_versions_response(3)
+
+
+@pytest.mark.parametrize("version", [5, 99, 32767])
+def test_unknown_api_versions_version(version):
+    # kafka-python's header is v2 for ApiVersions v3+; a future client sends the same shape
+    payload = struct.pack(">hhih", 18, version, 12345, 6) + b"client" + b"\x00" + b"\x05junk"
+    with pytest.raises(UnsupportedVersionError) as info:
+        decode_request(memoryview(payload))
+    assert info.value.correlation_id == 12345 and info.value.api_key == 18
+    wire = encode_api_versions_unsupported(info.value.correlation_id)
+    decoded = kafka_python_class(18, "response")[0].decode(wire, header=True, framed=True)
+    assert decoded.header.correlation_id == 12345
+    assert decoded.error_code == 35
+    assert [(k.api_key, k.min_version, k.max_version) for k in decoded.api_keys] == [(18, 0, 4)]
+
+
+def test_unsupported_answer_matches_kio_v0_encoding():
+    cls = load_response_schema(18, 0)
+    mod = __import__(cls.__module__, fromlist=["ApiVersion"])
+    body = cls(error_code=ErrorCode.unsupported_version,
+               api_keys=(mod.ApiVersion(api_key=18, min_version=0, max_version=4),))
+    expected = struct.pack(">i", 7) + kio_encode(body)
+    assert encode_api_versions_unsupported(7) == struct.pack(">i", len(expected)) + expected
+    assert encode_api_versions_unsupported(7) == encode_response(18, 0, 7, body)
