@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from shmq._fast import _reference
+from shmq._fast import _reference, _seqlock_reference
 
 HAVE_FAST = False
 if not os.environ.get("SHMQ_PURE"):
@@ -17,6 +17,7 @@ if not os.environ.get("SHMQ_PURE"):
         from shmq._fast import crc32c as _crc
         from shmq._fast import index as _index
         from shmq._fast import mapping as _mapping
+        from shmq._fast import seqlock as _seqlock
 
         HAVE_FAST = True
     except ImportError:  # not built: fall back to the twin
@@ -37,6 +38,9 @@ if HAVE_FAST:
     largest_lower_bound = _index.largest_lower_bound
     smallest_upper_bound = _index.smallest_upper_bound
     MappedFile = _mapping.MappedFile
+    read_slot = _seqlock.read_slot
+    write_slot = _seqlock.write_slot
+    slot_seq = _seqlock.slot_seq
 else:
     crc32c = _reference.crc32c
     crc32c_software = _reference.crc32c_software
@@ -52,6 +56,9 @@ else:
     largest_lower_bound = _reference.largest_lower_bound
     smallest_upper_bound = _reference.smallest_upper_bound
     MappedFile = _reference.MappedFile  # type: ignore[misc,assignment]
+    read_slot = _seqlock_reference.read_slot
+    write_slot = _seqlock_reference.write_slot
+    slot_seq = _seqlock_reference.slot_seq
 
 from shmq._fast._reference import (  # noqa: E402  (constants are shared)
     COL_ATTRIBUTES,
@@ -75,7 +82,10 @@ from shmq._fast._reference import (  # noqa: E402  (constants are shared)
     SCAN_PARTIAL,
 )
 
+from shmq._fast._seqlock_reference import DEFAULT_MAX_SPINS, SLOT_SIZE  # noqa: E402
+
 __all__ = [
+    "DEFAULT_MAX_SPINS", "SLOT_SIZE", "read_slot", "slot_seq", "write_slot",
     "COL_ATTRIBUTES", "COL_BASE_OFFSET", "COL_BASE_SEQUENCE", "COL_BASE_TIMESTAMP",
     "COL_LAST_OFFSET", "COL_LEADER_EPOCH", "COL_MAX_TIMESTAMP", "COL_POSITION",
     "COL_PRODUCER_EPOCH", "COL_PRODUCER_ID", "COL_RECORDS_COUNT", "COL_SIZE", "HAVE_FAST",

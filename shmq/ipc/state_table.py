@@ -54,44 +54,15 @@ from typing import Any, NamedTuple
 
 import posix_ipc
 
-from shmq import _fast
-from shmq._fast import MappedFile
+from shmq._fast import (  # the compiled seqlock, or its twin with SHMQ_PURE=1
+    DEFAULT_MAX_SPINS,
+    SLOT_SIZE,
+    MappedFile,
+    read_slot,
+    slot_seq,
+    write_slot,
+)
 from shmq.errors import ShmqError
-
-try:  # shmq._fast picks the compiled seqlock or its twin (SHMQ_PURE=1)
-    from shmq._fast import (  # type: ignore[attr-defined]
-        DEFAULT_MAX_SPINS,
-        SLOT_SIZE,
-        read_slot,
-        slot_seq,
-        write_slot,
-    )
-except ImportError:  # until shmq._fast re-exports the seqlock: the same choice, made here
-    if _fast.HAVE_FAST:
-        try:
-            from shmq._fast.seqlock import (
-                DEFAULT_MAX_SPINS,
-                SLOT_SIZE,
-                read_slot,
-                slot_seq,
-                write_slot,
-            )
-        except ImportError:
-            from shmq._fast._seqlock_reference import (
-                DEFAULT_MAX_SPINS,
-                SLOT_SIZE,
-                read_slot,
-                slot_seq,
-                write_slot,
-            )
-    else:
-        from shmq._fast._seqlock_reference import (
-            DEFAULT_MAX_SPINS,
-            SLOT_SIZE,
-            read_slot,
-            slot_seq,
-            write_slot,
-        )
 
 MAGIC = b"SHMQST01"
 VERSION = 1
@@ -330,8 +301,15 @@ class StateTable:
 
     def read(self, slot: int, max_spins: int = DEFAULT_MAX_SPINS) -> PartitionState | None:
         """A consistent snapshot of the slot, or ``None``: use the socket path instead."""
-        values = read_slot(self._buffer(), self._slot_offset(slot), max_spins)
-        return None if values is None else PartitionState._make(values)
+        # Inlined checks: this is the local fetch path's per-request cost (~1 us less than
+        # calling _buffer/_slot_offset and PartitionState._make).
+        view = self._view
+        if view is None:
+            raise ValueError("state table is closed")
+        if not 0 <= slot < self.slot_count:
+            raise IndexError(f"slot {slot} is not in [0, {self.slot_count})")
+        values = read_slot(view, HEADER_SIZE + SLOT_SIZE * slot, max_spins)
+        return None if values is None else tuple.__new__(PartitionState, values)
 
     def seq(self, slot: int) -> int:
         """The slot's seqlock counter: the number of completed writes times two (odd mid-write)."""

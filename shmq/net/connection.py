@@ -113,7 +113,7 @@ class KafkaConnection(asyncio.Protocol):
                 for piece in pieces:
                     if isinstance(piece, FileSlice):
                         if piece.length:
-                            sent = await loop.sendfile(self.transport, _FdFile(piece.fd),
+                            sent = await loop.sendfile(self.transport, _FdFile(piece.fd),  # type: ignore[arg-type]
                                                        piece.position, piece.length)
                             self.stats["sendfile_bytes"] += sent
                             self.stats["sendfile_calls"] += 1

@@ -178,8 +178,8 @@ class PartitionLog:
         log_append = self.config.log_append_time
         limit = self.config.max_message_bytes
         # pass 1: validate everything before touching the file
-        spans = []
-        producers = []
+        spans: list[tuple[int, int, int]] = []
+        producers: list[tuple[int, int, int, int, int, bool]] = []
         pos, n_records, incoming_max_ts = 0, 0, -1
         while pos < len(mv):
             size = _fast.validate_batch(mv, pos, -1, True, validate)

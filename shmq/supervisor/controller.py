@@ -279,10 +279,12 @@ class Controller:
         try:
             for w in self.workers.values():
                 await self.spawn(w)
-            waits = [asyncio.ensure_future(w.ready.wait()) for w in self.workers.values()]
-            halt = asyncio.ensure_future(self.stop_event.wait())
-            done, _ = await asyncio.wait([halt, asyncio.gather(*waits)], timeout=120,
+            all_ready: asyncio.Future[Any] = asyncio.gather(
+                *(w.ready.wait() for w in self.workers.values()))
+            halt: asyncio.Future[Any] = asyncio.ensure_future(self.stop_event.wait())
+            done, _ = await asyncio.wait([halt, all_ready], timeout=120,
                                          return_when=asyncio.FIRST_COMPLETED)
+            all_ready.cancel()
             if halt in done or not all(w.ready.is_set() for w in self.workers.values()):
                 raise BootError(self.halt_reason or "workers did not start within 120 s")
             halt.cancel()

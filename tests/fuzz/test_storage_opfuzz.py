@@ -17,11 +17,11 @@ checkpoint files) with a seeded random sequence of operations on a random small 
   ``deletableSegments`` rules), ``delete_records_before`` (DeleteRecords), ``truncate_to``
   (follower truncation; through a manager it is followed by a checkpoint, as Kafka's
   ``LogManager.truncateTo`` does),
-* clean close + reopen (optionally with an index file deleted or garbled first),
+* clean close + reopen (optionally with an index file deleted, garbled or cut first),
 * crash: ``crash_close`` (what SIGKILL leaves: untrimmed indexes, nothing else lost), then
   optional damage - a recoverable segment truncated at a random byte, bits flipped near the end
   of one (never in partitionLeaderEpoch, the one field nothing covers), zero bytes appended to
-  one (a preallocated-looking tail), an index deleted or garbled - and a reopen with
+  one (a preallocated-looking tail), an index deleted, garbled or cut - and a reopen with
   ``clean_shutdown=False`` from a recovery point a checkpoint could hold.
 
 ``test_sigkill_writer`` runs ``_writer.py`` in a real process that appends in a loop (up to
@@ -69,7 +69,7 @@ Invariants (checked after every operation; the expensive ones after every reopen
 Reproducing: failures print the seed, the config and the last operations;
 ``SHMQ_FUZZ_SEED=<n>`` pins the seed (every parametrized case then runs that seed),
 ``SHMQ_FUZZ_OPS=<n>`` sets the op count, ``SHMQ_FUZZ_DAMAGE=truncate,flip,zeros,delete_index,
-garble_index`` restricts the damage kinds (default: all), ``SHMQ_FUZZ_TRACE=<n>`` the number of
+garble_index,cut_index`` restricts the damage kinds (default: all), ``SHMQ_FUZZ_TRACE=<n>`` the number of
 operations printed.
 """
 from __future__ import annotations
@@ -119,7 +119,7 @@ BatchModel = W.BatchModel
 append_time = W.append_time
 
 _ORIGINAL_LOAD_LOG = loader_mod.load_log
-ALL_DAMAGE = ("truncate", "flip", "zeros", "delete_index", "garble_index")
+ALL_DAMAGE = ("truncate", "flip", "zeros", "delete_index", "garble_index", "cut_index")
 TOPIC, PARTITION = "fuzz", 0
 
 
@@ -336,6 +336,9 @@ class Fuzz:
         self.sync = SyncTracker()
         self.check_dir_entries = False
         self.check_sync = True               # off when another process wrote (SIGKILL test)
+        # an unrebuilt .index must equal a rebuild byte for byte; when False (the large-segment
+        # sanity path, which keeps any valid sparse index) it must only be correct
+        self.strict_offset_index = True
         self.k = 0                           # batches 0..k-1 were appended (some may be retained away)
         self.start = 0                       # expected log start offset
         self.hw = 0
@@ -681,6 +684,9 @@ class Fuzz:
             oi, ti = seg.offset_index, seg.time_index
             idx = self.live_index_bytes(oi.path, oi.entries, 8, active)
             tidx = self.live_index_bytes(ti.path, ti.entries, 12, active)
+            if not self.strict_offset_index and seg.base_offset not in rebuilt:
+                self.check_offset_index_semantics(seg.base_offset, dseg, _entries(idx, ">ii"))
+                ref_idx = idx
             self.check(idx == ref_idx,
                        f"segment {seg.base_offset}: .index ({len(idx) // 8} entries, rebuilt="
                        f"{seg.base_offset in rebuilt}) differs from a clean rebuild "
@@ -691,6 +697,18 @@ class Fuzz:
                            f"rebuilt segment {seg.base_offset}: .timeindex differs from a clean "
                            f"rebuild: live {_entries(tidx, '>qi')} vs {_entries(ref_tidx, '>qi')}")
             self.check_time_index_semantics(seg.base_offset, dseg, _entries(tidx, ">qi"))
+
+    def check_offset_index_semantics(self, base: int, dseg: DiskSegment,
+                                     entries: list[tuple[int, int]]) -> None:
+        """Every entry (relative offset, position) names a batch: its start and last offset."""
+        batches = {b.position: b.last - base for b in dseg.batches}
+        prev: tuple[int, int] | None = None
+        for rel, pos in entries:
+            self.check(batches.get(pos) == rel,
+                       f"segment {base} .index entry ({base + rel}, {pos}) names no batch")
+            self.check(prev is None or (rel > prev[0] and pos > prev[1]),
+                       f"segment {base} .index entries out of order: {entries}")
+            prev = (rel, pos)
 
     def check_time_index_semantics(self, base: int, dseg: DiskSegment,
                                    entries: list[tuple[int, int]]) -> None:
@@ -980,8 +998,7 @@ class Fuzz:
         self.close_clean()
         exp = Expectation(True, self.leo, self.start, k, k)
         if self.rng.random() < 0.25:
-            self.damage_indexes(exp, allow_garble="garble_index" in self.damage_kinds,
-                                allow_delete="delete_index" in self.damage_kinds)
+            self.damage_indexes(exp)
         if self.use_manager:
             exp.rp_checkpoint, exp.start_checkpoint = self.read_checkpoints()
         if exp.notes:
@@ -1015,8 +1032,7 @@ class Fuzz:
         if self.rng.random() < 0.6:
             self.damage_logs(exp, segs, first_recovered)
         if self.rng.random() < 0.3:
-            self.damage_indexes(exp, allow_garble="garble_index" in self.damage_kinds,
-                                allow_delete="delete_index" in self.damage_kinds)
+            self.damage_indexes(exp)
         self.note(f"  reopen unclean with recovery point {rp}, start {start_ckpt}; {exp.notes}")
         loaded = self.reopen(False, rp, start_ckpt)
         self.after_reopen(exp, loaded)
@@ -1082,13 +1098,15 @@ class Fuzz:
             exp.notes.append(f"appended {n} zero bytes to {path.name}")
             self.count("damage_zeros")
 
-    def damage_indexes(self, exp: Expectation, *, allow_garble: bool, allow_delete: bool) -> None:
-        kinds = (["delete_index"] if allow_delete else []) + (["garble_index"] if allow_garble else [])
-        if not kinds:
+    def damage_indexes(self, exp: Expectation, kinds: tuple[str, ...] | None = None) -> None:
+        """Delete, garble (random bytes over a random region) or cut (truncate at a random byte,
+        or grow with zeros, as an untrimmed index looks) an index file of a random segment."""
+        allowed = [k for k in (kinds if kinds is not None else self.damage_kinds)
+                   if k in ("delete_index", "garble_index", "cut_index")]
+        if not allowed:
             return
-        kind = self.rng.choice(kinds)
-        bases = disk_bases(self.dir)
-        base = self.rng.choice(bases)
+        kind = self.rng.choice(allowed)
+        base = self.rng.choice(disk_bases(self.dir))
         _, idx, tidx = layout.segment_paths(self.dir, base)
         if kind == "delete_index":
             which = self.rng.choice([[idx], [tidx], [idx, tidx]])
@@ -1096,8 +1114,7 @@ class Fuzz:
                 p.unlink(missing_ok=True)
             exp.must_rebuild.add(base)
             exp.notes.append(f"deleted {[p.name for p in which]}")
-            self.count("damage_delete_index")
-        else:
+        elif kind == "garble_index":
             path = self.rng.choice([idx, tidx])
             size = path.stat().st_size if path.exists() else 0
             if size == 0:
@@ -1112,7 +1129,19 @@ class Fuzz:
                 f.write(junk)
             exp.notes.append(f"garbled {path.name} bytes {at}..{at + n} of {size}: "
                              f"{old.hex()} -> {junk.hex()}")
-            self.count("damage_garble_index")
+        else:
+            path = self.rng.choice([idx, tidx])
+            size = path.stat().st_size if path.exists() else 0
+            if size and self.rng.random() < 0.5:
+                cut = self.rng.randrange(size)
+                os.truncate(path, cut)
+                exp.notes.append(f"cut {path.name} to {cut} of {size} bytes")
+            else:
+                grow = self.rng.choice([8, 12, 24, 96, self.rng.randint(1, 400)])
+                with open(path, "ab") as f:
+                    f.write(bytes(grow))
+                exp.notes.append(f"appended {grow} zero bytes to {path.name} ({size} bytes)")
+        self.count("damage_" + kind)
 
     # -- driver -----------------------------------------------------------------------------------
 
@@ -1178,10 +1207,11 @@ def test_storage_op_fuzz_soak(seed: int, tmp_path: Path) -> None:
 
 # --- focused runs of single damage kinds ------------------------------------------------------------
 
-def _garble_after_clean_shutdown(seed: int, root: Path) -> None:
+def _garble_after_clean_shutdown(seed: int, root: Path, *, strict_offset_index: bool = True) -> None:
     """Build a log, close it cleanly, garble one index file, reopen: the loader must either
     notice (and rebuild) or be unaffected; every invariant must hold, and appends must work."""
     fz = Fuzz(seed, root, use_manager=False)
+    fz.strict_offset_index = strict_offset_index
     rng = fz.rng
     with fz.capture_loads(), fz.sync.active(fz.root):
         fz.open_fresh()
@@ -1194,7 +1224,7 @@ def _garble_after_clean_shutdown(seed: int, root: Path) -> None:
             fz.note("clean close, garble an index, reopen")
             fz.close_clean()
             exp = Expectation(True, fz.leo, fz.start, fz.k, fz.k)
-            fz.damage_indexes(exp, allow_garble=True, allow_delete=False)
+            fz.damage_indexes(exp, ("garble_index", "cut_index"))
             fz.note(f"  {exp.notes}")
             loaded = fz.reopen(True, fz.leo, fz.start)
             fz.after_reopen(exp, loaded)
@@ -1226,6 +1256,43 @@ def test_flushed_segment_files_survive_power_loss(seed: int, tmp_path: Path) -> 
     fz = Fuzz(seed, tmp_path)
     fz.check_dir_entries = True
     fz.run(30)
+
+
+@contextmanager
+def _large_segment_sanity_path() -> Iterator[None]:
+    """Send every segment down ``LogSegment.sanity_check``'s path for segments larger than its
+    full-verification limit (16 MiB by default, so most production segments): only the last
+    entry of each index is checked against the log."""
+    from shmq.storage.segment import LogSegment
+
+    original = LogSegment.sanity_check
+
+    def sanity_check(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, verify_bytes=0)
+
+    LogSegment.sanity_check = sanity_check  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        LogSegment.sanity_check = original  # type: ignore[method-assign]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", _seeds(40, 8))
+def test_storage_op_fuzz_large_segment_sanity_path(seed: int, tmp_path: Path) -> None:
+    fz = Fuzz(seed, tmp_path)
+    fz.strict_offset_index = False
+    with _large_segment_sanity_path():
+        fz.run(_env_int("SHMQ_FUZZ_OPS") or 150)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", _seeds(4, 4))
+def test_garbled_index_large_segment_sanity_path(seed: int, tmp_path: Path) -> None:
+    with _large_segment_sanity_path():
+        for trial in range(50):
+            fz_root = tmp_path / str(trial)
+            _garble_after_clean_shutdown(seed * 100 + trial, fz_root, strict_offset_index=False)
 
 
 # --- SIGKILL of a real writer process -----------------------------------------------------------------
@@ -1317,7 +1384,7 @@ def _run_writer_round(fz: Fuzz, round_no: int, rng: random.Random) -> tuple[int,
     first_recovered = max([i for i, b in enumerate(bases) if b <= rp_ckpt], default=0)
     exp.must_rebuild |= set(bases[first_recovered:])
     if rng.random() < 0.3:
-        fz.damage_indexes(exp, allow_garble=False, allow_delete=True)
+        fz.damage_indexes(exp, ("delete_index", "cut_index"))
     fz.note(f"round {round_no}: killed after {len(lines)} lines, acked<{acked}, attempted<"
             f"{attempted}, reopen unclean from {rp_ckpt}; {exp.notes}")
     with fz.capture_loads():
