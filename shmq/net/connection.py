@@ -106,6 +106,7 @@ class KafkaConnection(asyncio.Protocol):
                     pieces = await self.router.handle(frame)
                 except ProtocolError as exc:
                     log.info("closing connection: %s", exc)
+                    log.debug("offending frame: %s", bytes(frame[:256]).hex())
                     self._abort()
                     return
                 if pieces is None or self.closed or self.transport is None:

@@ -114,4 +114,3 @@ def api_versions_response(version: int, error_code: int = 0) -> Any:
     if version >= 1:
         kwargs["throttle_time"] = datetime.timedelta(0)
     return cls(**kwargs)
-

@@ -118,7 +118,9 @@ def decode_request_header(frame: memoryview) -> tuple[RequestHeader, int]:
             client_id = _read_client_id(frame)[0]
         except RemoteProtocolError:
             client_id = None
-        raise UnsupportedVersionError(RequestHeader(api_key, api_version, correlation_id, client_id))
+        raise UnsupportedVersionError(
+            RequestHeader(api_key, api_version, correlation_id, client_id)
+        )
     client_id, pos = _read_client_id(frame)
     if request_class(api_key, api_version).__header_schema__.__version__ >= 2:
         pos = skip_tagged_fields(frame, pos, len(frame))  # RequestHeader has no tags
@@ -144,7 +146,9 @@ def encode_response(api_key: int, api_version: int, correlation_id: int, body: A
     """Frame a kio response body: ``int32 size | response header v0/v1 | body``."""
     cls = type(body)
     if getattr(cls, "__api_key__", None) != api_key or cls.__version__ != api_version:
-        raise LocalProtocolError(f"{cls.__name__} is not the response to api {api_key} v{api_version}")
+        raise LocalProtocolError(
+            f"{cls.__name__} is not the response to api {api_key} v{api_version}"
+        )
     if cls is not response_class(api_key, api_version):
         raise LocalProtocolError(f"{cls.__module__}.{cls.__name__} is not a response body")
     out = io.BytesIO()

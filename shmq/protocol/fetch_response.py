@@ -54,9 +54,11 @@ _MAX_SIZE = 0x7FFFFFFF
 
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
-_INT64 = struct.Struct(">q")
 _ABORTED = struct.Struct(">qq")
-_PARTITION_HEAD = struct.Struct(">ihqq")  # index, error_code, high_watermark, last_stable_offset
+# partition_index, error_code, high_watermark, last_stable_offset[, log_start_offset (v5+)]
+_PARTITION_HEAD_V4 = struct.Struct(">ihqq")
+_PARTITION_HEAD_V5 = struct.Struct(">ihqqq")
+_SIZE_CORRELATION = struct.Struct(">ii")
 _SESSION = struct.Struct(">hi")  # error_code, session_id
 _BYTES_LIKE = (bytes, bytearray, memoryview)
 
@@ -76,8 +78,8 @@ class FetchPartitionData(NamedTuple):
     records: Sequence[Any] | None = ()
 
 
-def _put_length(out: bytearray, n: int, flexible: bool, legacy: struct.Struct) -> None:
-    out += write_uvarint(n + 1) if flexible else legacy.pack(n)
+def _compact_length(n: int) -> bytes:
+    return write_uvarint(n + 1)
 
 
 def encode_fetch_response(
@@ -93,31 +95,31 @@ def encode_fetch_response(
         raise LocalProtocolError(f"cannot encode a Fetch v{version} response")
     flexible = version >= FIRST_FLEXIBLE_VERSION
     tags = b"\x00" if flexible else b""
+    count = _compact_length if flexible else _INT32.pack  # array counts and records lengths
+    string_length = _compact_length if flexible else _INT16.pack
+    null = b"\x00" if flexible else b"\xff\xff\xff\xff"  # null array / null records
+    head, head_fields = (_PARTITION_HEAD_V5, 5) if version >= 5 else (_PARTITION_HEAD_V4, 4)
     pieces: list[Any] = []
     out = bytearray(8)  # size and correlation id, packed at the end
-    slice_bytes = 0
+    total = 0  # bytes in pieces, slices included
     try:
         out += tags  # response header v1
         out += _INT32.pack(throttle_ms)
         if version >= 7:
             out += _SESSION.pack(error_code, session_id)
-        _put_length(out, len(topics), flexible, _INT32)
+        out += count(len(topics))
         for topic, partitions in topics:
             name = topic.encode()
-            _put_length(out, len(name), flexible, _INT16)
+            out += string_length(len(name))
             out += name
-            _put_length(out, len(partitions), flexible, _INT32)
+            out += count(len(partitions))
             for p in partitions:
-                out += _PARTITION_HEAD.pack(
-                    p.partition_index, p.error_code, p.high_watermark, p.last_stable_offset
-                )
-                if version >= 5:
-                    out += _INT64.pack(p.log_start_offset)
+                out += head.pack(*p[:head_fields])  # the leading FetchPartitionData fields
                 aborted = p.aborted_transactions
                 if aborted is None:
-                    _put_length(out, -1, flexible, _INT32)
+                    out += null
                 else:
-                    _put_length(out, len(aborted), flexible, _INT32)
+                    out += count(len(aborted))
                     for producer_id, first_offset in aborted:
                         out += _ABORTED.pack(producer_id, first_offset)
                         out += tags
@@ -125,29 +127,28 @@ def encode_fetch_response(
                     out += _INT32.pack(p.preferred_read_replica)
                 records = p.records
                 if records is None:
-                    _put_length(out, -1, flexible, _INT32)
+                    out += null
                 else:
                     length = 0
                     for piece in records:
                         length += len(piece) if isinstance(piece, _BYTES_LIKE) else piece.length
-                    _put_length(out, length, flexible, _INT32)
+                    out += count(length)
                     for piece in records:
                         if isinstance(piece, _BYTES_LIKE):
                             out += piece
                         elif piece.length:
+                            total += len(out) + piece.length
                             pieces.append(out)
                             pieces.append(piece)
-                            slice_bytes += piece.length
                             out = bytearray()
                 out += tags
             out += tags
         out += tags
+        total += len(out)
         pieces.append(out)
-        size = sum(len(piece) for piece in pieces if isinstance(piece, bytearray))
-        size += slice_bytes - 4
-        if size > _MAX_SIZE:
-            raise LocalProtocolError(f"Fetch response of {size} bytes is too large to frame")
-        struct.pack_into(">ii", pieces[0], 0, size, correlation_id)
+        if total - 4 > _MAX_SIZE:
+            raise LocalProtocolError(f"Fetch response of {total} bytes is too large to frame")
+        _SIZE_CORRELATION.pack_into(pieces[0], 0, total - 4, correlation_id)
     except struct.error as exc:
         raise LocalProtocolError(f"cannot encode Fetch v{version} response: {exc}") from exc
-    return [bytes(piece) if isinstance(piece, bytearray) else piece for piece in pieces]
+    return [bytes(piece) if type(piece) is bytearray else piece for piece in pieces]

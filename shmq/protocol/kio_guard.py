@@ -87,6 +87,8 @@ def _short(pos: int) -> RemoteProtocolError:
 
 def read_uvarint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
     """An unsigned LEB128 varint of at most 5 bytes at ``pos``: ``(value, new_pos)``."""
+    if pos < end and buf[pos] < 0x80:  # one byte: every count and length below 128
+        return buf[pos], pos + 1
     value = 0
     for shift in (0, 7, 14, 21, 28):
         if pos >= end:
@@ -99,8 +101,13 @@ def read_uvarint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
     raise RemoteProtocolError(f"unsigned varint longer than 5 bytes ending at byte {pos}")
 
 
+_ONE_BYTE_UVARINTS = [bytes((i,)) for i in range(128)]
+
+
 def write_uvarint(value: int) -> bytes:
     """The unsigned LEB128 encoding of ``value`` (>= 0)."""
+    if value < 0x80:
+        return _ONE_BYTE_UVARINTS[value]
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
@@ -160,7 +167,7 @@ def _field_ops(field: Any, flexible: bool, nullable: bool) -> list[tuple]:
 
 
 @functools.cache
-def plan_for(cls: type) -> tuple:
+def plan_for(cls: Any) -> tuple:
     """The walk plan of a kio entity class (cached per class)."""
     flexible = bool(cls.__flexible__)
     ops: list[tuple] = []
@@ -225,6 +232,8 @@ def walk(plan: tuple, buf: memoryview, pos: int, end: int, edits: list) -> int:
                 pos = walk(op[1], buf, pos, end, edits)
             elif marker != -1:
                 raise RemoteProtocolError(f"invalid struct presence marker {marker}")
+        elif pos < end and buf[pos] == 0:  # _TAGS, and none sent: the common case
+            pos += 1
         else:
             pos = _walk_tags(op[1], buf, pos, end, edits)
     return pos
@@ -290,6 +299,8 @@ def _walk_tags(known: dict, buf: memoryview, pos: int, end: int, edits: list) ->
 
 def skip_tagged_fields(buf: memoryview, pos: int, end: int) -> int:
     """Skip a tagged-field section none of whose tags we read (e.g. request header v2)."""
+    if pos < end and buf[pos] == 0:
+        return pos + 1
     return _walk_tags({}, buf, pos, end, [])
 
 

@@ -185,7 +185,9 @@ def parse_produce_request(frame: memoryview, header_size: int, version: int) -> 
         topics.append(ProduceTopic(name, partitions))
     r.skip_tags()
     if r.pos != r.end:
-        raise RemoteProtocolError(f"{r.end - r.pos} unexpected bytes after a Produce v{version} body")
+        raise RemoteProtocolError(
+            f"{r.end - r.pos} unexpected bytes after a Produce v{version} body"
+        )
     return ProduceRequest(transactional_id, acks, timeout_ms, topics)
 
 

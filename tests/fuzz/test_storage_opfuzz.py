@@ -339,6 +339,7 @@ class Fuzz:
         # an unrebuilt .index must equal a rebuild byte for byte; when False (the large-segment
         # sanity path, which keeps any valid sparse index) it must only be correct
         self.strict_offset_index = True
+        self.damaged_indexes: set[int] = set()   # segments whose index files were garbled or cut
         self.k = 0                           # batches 0..k-1 were appended (some may be retained away)
         self.start = 0                       # expected log start offset
         self.hw = 0
@@ -661,12 +662,15 @@ class Fuzz:
         shutil.rmtree(ref_dir)
         return out
 
-    def live_index_bytes(self, path: Path, entries: int, entry_size: int, active: bool) -> bytes:
+    def live_index_bytes(self, path: Path, entries: int, entry_size: int, active: bool,
+                         damaged: bool) -> bytes:
         data = path.read_bytes()
         valid = data[: entries * entry_size]
         self.check(len(valid) == entries * entry_size,
                    f"{path.name} is {len(data)} bytes, shorter than its {entries} entries")
-        if active:
+        if damaged:
+            pass    # a damaged index the loader kept: only its entries matter
+        elif active:
             self.check(data[len(valid):].count(0) == len(data) - len(valid),
                        f"{path.name}: non-zero bytes after the {entries} valid entries")
         else:
@@ -678,12 +682,15 @@ class Fuzz:
     def check_indexes(self, segs: list[DiskSegment], rebuilt: set[int]) -> None:
         log = self.log
         assert log is not None
+        live_bases = {s.base_offset for s in log.segments}
+        self.damaged_indexes = (self.damaged_indexes - rebuilt) & live_bases
         for n, (seg, dseg) in enumerate(zip(log.segments, segs, strict=True)):
             active = n == len(segs) - 1
+            damaged = seg.base_offset in self.damaged_indexes
             ref_idx, ref_tidx = self.reference_indexes(seg.log_path)
             oi, ti = seg.offset_index, seg.time_index
-            idx = self.live_index_bytes(oi.path, oi.entries, 8, active)
-            tidx = self.live_index_bytes(ti.path, ti.entries, 12, active)
+            idx = self.live_index_bytes(oi.path, oi.entries, 8, active, damaged)
+            tidx = self.live_index_bytes(ti.path, ti.entries, 12, active, damaged)
             if not self.strict_offset_index and seg.base_offset not in rebuilt:
                 self.check_offset_index_semantics(seg.base_offset, dseg, _entries(idx, ">ii"))
                 ref_idx = idx
@@ -696,7 +703,10 @@ class Fuzz:
                 self.check(tidx == ref_tidx,
                            f"rebuilt segment {seg.base_offset}: .timeindex differs from a clean "
                            f"rebuild: live {_entries(tidx, '>qi')} vs {_entries(ref_tidx, '>qi')}")
-            self.check_time_index_semantics(seg.base_offset, dseg, _entries(tidx, ">qi"))
+            # a kept damaged time index may have lost entries (a cut keeps a valid prefix): it
+            # must still be right, not complete
+            self.check_time_index_semantics(seg.base_offset, dseg, _entries(tidx, ">qi"),
+                                            complete=not damaged)
 
     def check_offset_index_semantics(self, base: int, dseg: DiskSegment,
                                      entries: list[tuple[int, int]]) -> None:
@@ -711,7 +721,7 @@ class Fuzz:
             prev = (rel, pos)
 
     def check_time_index_semantics(self, base: int, dseg: DiskSegment,
-                                   entries: list[tuple[int, int]]) -> None:
+                                   entries: list[tuple[int, int]], complete: bool = True) -> None:
         first_reach: dict[int, int] = {}    # running max timestamp -> last offset where first reached
         running = -1
         for b in dseg.batches:
@@ -729,7 +739,7 @@ class Fuzz:
                 assert prev_off is not None
                 self.check(ts > prev_ts and off >= prev_off, f"{where}: entries out of order")
             prev_ts, prev_off = ts, off
-        if dseg.batches:
+        if dseg.batches and complete:
             self.check(bool(entries) and entries[-1] == (running, first_reach[running] - base),
                        f"{where}: last entry is not the segment's max ({running}, "
                        f"{first_reach[running]})")
@@ -1129,6 +1139,7 @@ class Fuzz:
                 f.write(junk)
             exp.notes.append(f"garbled {path.name} bytes {at}..{at + n} of {size}: "
                              f"{old.hex()} -> {junk.hex()}")
+            self.damaged_indexes.add(base)
         else:
             path = self.rng.choice([idx, tidx])
             size = path.stat().st_size if path.exists() else 0
@@ -1141,6 +1152,7 @@ class Fuzz:
                 with open(path, "ab") as f:
                     f.write(bytes(grow))
                 exp.notes.append(f"appended {grow} zero bytes to {path.name} ({size} bytes)")
+            self.damaged_indexes.add(base)
         self.count("damage_" + kind)
 
     # -- driver -----------------------------------------------------------------------------------

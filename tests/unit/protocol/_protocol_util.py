@@ -59,7 +59,9 @@ def frame(payload: bytes) -> bytes:
     return struct.pack(">i", len(payload)) + payload
 
 
-def kio_request_frame_payload(req: Any, correlation_id: int = 7, client_id: str | None = "t") -> bytes:
+def kio_request_frame_payload(
+    req: Any, correlation_id: int = 7, client_id: str | None = "t"
+) -> bytes:
     """Header + body encoded by kio (no size prefix)."""
     header = req.__header_schema__(
         request_api_key=req.__api_key__, request_api_version=req.__version__,
@@ -70,7 +72,9 @@ def kio_request_frame_payload(req: Any, correlation_id: int = 7, client_id: str 
 
 def batch(n: int = 2, seed: int = 0, **kw: Any) -> bytes:
     rnd = random.Random(seed)
-    recs = [(b"k%d" % i, rnd.randbytes(rnd.randint(0, 40)), 1_700_000_000_000 + i) for i in range(n)]
+    recs = [
+        (b"k%d" % i, rnd.randbytes(rnd.randint(0, 40)), 1_700_000_000_000 + i) for i in range(n)
+    ]
     return bytes(encode_batch(recs, **kw))
 
 
@@ -117,7 +121,9 @@ def generate(cls: type, rnd: random.Random, depth: int = 0) -> Any:
             kwargs[f.name] = generate(kind.type_, rnd, depth + 1)
         elif isinstance(kind, PrimitiveTupleField):
             kafka_type = get_schema_field_type(f)
-            kwargs[f.name] = tuple(_primitive(kafka_type, f.name, rnd) for _ in range(rnd.randint(0, 3)))
+            kwargs[f.name] = tuple(
+                _primitive(kafka_type, f.name, rnd) for _ in range(rnd.randint(0, 3))
+            )
         else:
             kwargs[f.name] = _primitive(get_schema_field_type(f), f.name, rnd)
     return cls(**kwargs)

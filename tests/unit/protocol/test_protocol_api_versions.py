@@ -101,8 +101,10 @@ def test_unknown_api_versions_version(version):
 def test_unsupported_answer_matches_kio_v0_encoding():
     cls = load_response_schema(18, 0)
     mod = __import__(cls.__module__, fromlist=["ApiVersion"])
-    body = cls(error_code=ErrorCode.unsupported_version,
-               api_keys=(mod.ApiVersion(api_key=18, min_version=0, max_version=4),))
+    body = cls(
+        error_code=ErrorCode.unsupported_version,
+        api_keys=(mod.ApiVersion(api_key=18, min_version=0, max_version=4),),
+    )
     expected = struct.pack(">i", 7) + kio_encode(body)
     assert encode_api_versions_unsupported(7) == struct.pack(">i", len(expected)) + expected
     assert encode_api_versions_unsupported(7) == encode_response(18, 0, 7, body)

@@ -60,8 +60,16 @@ def test_header_matches_kio(api_key, version):
     cls = request_class(api_key, version)
     payload = kio_request_frame_payload(generate(cls, random.Random(1)), 42, "cid")
     header, size = decode_request_header(memoryview(payload))
-    kio_header_size = len(kio_encode(cls.__header_schema__(
-        request_api_key=api_key, request_api_version=version, correlation_id=42, client_id="cid")))
+    kio_header_size = len(
+        kio_encode(
+            cls.__header_schema__(
+                request_api_key=api_key,
+                request_api_version=version,
+                correlation_id=42,
+                client_id="cid",
+            )
+        )
+    )
     assert size == kio_header_size
     assert header == RequestHeader(api_key, version, 42, "cid")
 
@@ -89,7 +97,9 @@ def test_encode_responses_decoded_by_kafka_python(api_key, version):
 def test_kafka_python_reads_every_api_versions_error_as_v0():
     """Client quirk: kafka-python parses an ApiVersions body whose error_code is not 0 as v0,
     whatever version it asked for; an error answer must therefore be v0-shaped for it."""
-    body = dataclasses.replace(api_versions.api_versions_response(3), error_code=ErrorCode.invalid_request)
+    body = dataclasses.replace(
+        api_versions.api_versions_response(3), error_code=ErrorCode.invalid_request
+    )
     wire = encode_response(18, 3, 1, body)
     with pytest.raises(struct.error):  # the v3 body misread as v0
         kafka_python_class(18, "response")[3].decode(wire, header=True, framed=True)
@@ -200,14 +210,23 @@ def test_unknown_tagged_fields_in_flexible_request_are_skipped():
 def test_unknown_tagged_fields_in_nested_struct_and_header():
     cls = load_request_schema(3, 12)
     mod = __import__(cls.__module__, fromlist=["MetadataRequestTopic"])
-    req = cls(topics=(mod.MetadataRequestTopic(topic_id=None, name="ab"),),
-              allow_auto_topic_creation=True, include_topic_authorized_operations=False)
+    req = cls(
+        topics=(mod.MetadataRequestTopic(topic_id=None, name="ab"),),
+        allow_auto_topic_creation=True,
+        include_topic_authorized_operations=False,
+    )
     header = struct.pack(">hhih", 3, 12, 8, 1) + b"c"
     body = kio_encode(req)
     # body: topics count(2) | uuid(16) | name(1+2) | topic tags(0) | bool | bool | tags(0)
     topic_tags_at = 1 + 16 + 3
     assert body[topic_tags_at] == 0
-    body2 = body[:topic_tags_at] + bytes([2, 5, 1]) + b"!" + bytes([200, 1, 0]) + body[topic_tags_at + 1 :]
+    body2 = (
+        body[:topic_tags_at]
+        + bytes([2, 5, 1])
+        + b"!"
+        + bytes([200, 1, 0])
+        + body[topic_tags_at + 1 :]
+    )
     for header_tags in (b"\x00", bytes([1, 0, 2]) + b"hi"):
         h, decoded = decode_request(memoryview(header + header_tags + body2))
         assert decoded == req and h == RequestHeader(3, 12, 8, "c")

@@ -80,7 +80,9 @@ def _expected_partitions(topics, records):
 @pytest.mark.parametrize("version", VERSIONS)
 def test_decodes_with_kafka_python(segment, version):
     topics, records = _topics(*segment)
-    pieces = encode_fetch_response(version, 4242, topics, throttle_ms=17, error_code=0, session_id=0)
+    pieces = encode_fetch_response(
+        version, 4242, topics, throttle_ms=17, error_code=0, session_id=0
+    )
     wire = _concat(pieces)
     assert struct.unpack_from(">i", wire)[0] == len(wire) - 4
     decoded = kafka_python_class(1, "response")[version].decode(wire, header=True, framed=True)
@@ -90,7 +92,9 @@ def test_decodes_with_kafka_python(segment, version):
         assert (decoded.error_code, decoded.session_id) == (0, 0)
     got = [(t.topic, p) for t in decoded.responses for p in t.partitions]
     assert [t.topic for t in decoded.responses] == [name for name, _ in topics]
-    for (name, p), (exp_name, exp, exp_records) in zip(got, _expected_partitions(topics, records), strict=True):
+    for (name, p), (exp_name, exp, exp_records) in zip(
+        got, _expected_partitions(topics, records), strict=True
+    ):
         assert name == exp_name
         assert p.partition_index == exp.partition_index
         assert p.error_code == exp.error_code
@@ -102,7 +106,8 @@ def test_decodes_with_kafka_python(segment, version):
             assert p.aborted_transactions is None
         else:
             assert [(a.producer_id, a.first_offset) for a in p.aborted_transactions] == list(
-                exp.aborted_transactions)
+                exp.aborted_transactions
+            )
         if version >= 11:
             assert p.preferred_read_replica == exp.preferred_read_replica
         assert bytes(p.records) == exp_records  # empty partitions: zero-length, not null
@@ -117,15 +122,26 @@ def test_decodes_with_kio(segment, version):
     assert header_size + size == len(wire)
     assert body.throttle_time.total_seconds() == 0.005
     got = [(t.topic, p) for t in body.responses for p in t.partitions]
-    for (name, p), (exp_name, exp, exp_records) in zip(got, _expected_partitions(topics, records), strict=True):
+    for (name, p), (exp_name, exp, exp_records) in zip(
+        got, _expected_partitions(topics, records), strict=True
+    ):
         assert name == exp_name
         assert (p.partition_index, p.error_code, p.high_watermark, p.last_stable_offset) == (
-            exp.partition_index, exp.error_code, exp.high_watermark, exp.last_stable_offset)
+            exp.partition_index,
+            exp.error_code,
+            exp.high_watermark,
+            exp.last_stable_offset,
+        )
         if version >= 5:
             assert p.log_start_offset == exp.log_start_offset
-        aborted = None if p.aborted_transactions is None else [
-            (a.producer_id, a.first_offset) for a in p.aborted_transactions]
-        assert aborted == (None if exp.aborted_transactions is None else list(exp.aborted_transactions))
+        aborted = (
+            None
+            if p.aborted_transactions is None
+            else [(a.producer_id, a.first_offset) for a in p.aborted_transactions]
+        )
+        assert aborted == (
+            None if exp.aborted_transactions is None else list(exp.aborted_transactions)
+        )
         if version >= 11:
             assert p.preferred_read_replica == exp.preferred_read_replica
         assert p.records == exp_records
@@ -157,12 +173,16 @@ def test_null_records(version):
 
 def test_size_prefix_counts_slices_without_reading_them():
     huge = FakeSlice(-1, 0, 1_000_000_000)
-    pieces = encode_fetch_response(12, 1, [("t", [FetchPartitionData(0, 0, 0, 0, 0, records=[huge])])])
+    pieces = encode_fetch_response(
+        12, 1, [("t", [FetchPartitionData(0, 0, 0, 0, 0, records=[huge])])]
+    )
     assert pieces[1] is huge
     total = sum(len(p) if isinstance(p, bytes) else p.length for p in pieces)
     assert struct.unpack_from(">i", pieces[0])[0] == total - 4
     with pytest.raises(LocalProtocolError, match="too large"):
-        encode_fetch_response(12, 1, [("t", [FetchPartitionData(0, 0, 0, 0, 0, records=[huge, huge, huge])])])
+        encode_fetch_response(
+            12, 1, [("t", [FetchPartitionData(0, 0, 0, 0, 0, records=[huge, huge, huge])])]
+        )
 
 
 def test_bad_version_and_values():

@@ -61,7 +61,9 @@ def test_random_splits(cuts):
 @pytest.mark.parametrize("kind", [bytes, bytearray, memoryview])
 def test_input_types(kind):
     decoder = FrameDecoder()
-    assert _feed_all(decoder, [kind(STREAM[:7]), kind(STREAM[7:300]), kind(STREAM[300:])]) == PAYLOADS
+    assert (
+        _feed_all(decoder, [kind(STREAM[:7]), kind(STREAM[7:300]), kind(STREAM[300:])]) == PAYLOADS
+    )
 
 
 def test_whole_frames_are_views_of_the_input():

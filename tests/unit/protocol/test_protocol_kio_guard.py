@@ -24,7 +24,12 @@ from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader
 
 from shmq.errors import RemoteProtocolError
-from shmq.protocol.codec import UnsupportedVersionError, decode_request, request_class, response_class
+from shmq.protocol.codec import (
+    UnsupportedVersionError,
+    decode_request,
+    request_class,
+    response_class,
+)
 from shmq.protocol.kio_guard import plan_for, read_entity, read_uvarint, walk, write_uvarint
 
 
@@ -109,7 +114,9 @@ def test_random_bytes(data):
 def test_random_bodies_behind_valid_headers(target, body):
     api_key, version = target
     flexible_header = request_class(api_key, version).__header_schema__.__version__ >= 2
-    header = struct.pack(">hhih", api_key, version, 1, 1) + b"c" + (b"\x00" if flexible_header else b"")
+    header = (
+        struct.pack(">hhih", api_key, version, 1, 1) + b"c" + (b"\x00" if flexible_header else b"")
+    )
     try:
         decode_request(memoryview(header + body))
     except RemoteProtocolError:
@@ -135,7 +142,9 @@ def test_mutated_requests(target, seed, mutation):
     elif mutation == "insert":
         payload[pos:pos] = rnd.randbytes(rnd.randint(1, 6))
     else:  # a huge uvarint or int32 count dropped anywhere
-        payload[pos:pos] = rnd.choice([b"\xff\xff\xff\xff\x0f", b"\x7f\xff\xff\xff", b"\xfe\xff\xff\xff\x0f"])
+        payload[pos:pos] = rnd.choice(
+            [b"\xff\xff\xff\xff\x0f", b"\x7f\xff\xff\xff", b"\xfe\xff\xff\xff\x0f"]
+        )
     try:
         decode_request(memoryview(bytes(payload)))
     except (RemoteProtocolError, UnsupportedVersionError):

@@ -76,7 +76,9 @@ def _check_against_kio(payload: bytes, version: int) -> ProduceRequest:
     assert ours.timeout_ms == theirs.timeout.total_seconds() * 1000
     assert [t.name for t in ours.topics] == [t.name for t in theirs.topic_data]
     for topic, kio_topic in zip(ours.topics, theirs.topic_data, strict=True):
-        assert [p.partition_index for p in topic.partitions] == [p.index for p in kio_topic.partition_data]
+        assert [p.partition_index for p in topic.partitions] == [
+            p.index for p in kio_topic.partition_data
+        ]
         for p, kio_p in zip(topic.partitions, kio_topic.partition_data, strict=True):
             if kio_p.records is None:
                 assert p.records is None
@@ -150,7 +152,14 @@ def test_every_truncation_is_a_remote_protocol_error(version):
         (9, b"\x00" + struct.pack(">hi", 1, 1000) + bytes([0xFF, 0xFF, 0xFF, 0xFF, 0x0F])),
         (9, b"\x00" + struct.pack(">hi", 1, 1000) + bytes([0xFF] * 6)),  # 6-byte varint
         (9, b"\x00" + struct.pack(">hi", 1, 1000) + bytes([0])),  # null topics
-        (9, b"\x00" + struct.pack(">hi", 1, 1000) + bytes([2, 2]) + b"t" + bytes([2, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0x7F])),
+        (
+            9,
+            b"\x00"
+            + struct.pack(">hi", 1, 1000)
+            + bytes([2, 2])
+            + b"t"
+            + bytes([2, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0x7F]),
+        ),
         (9, b"\x00" + struct.pack(">hi", 1, 1000) + bytes([1, 1, 5, 200])),  # tag past the end
     ],
 )
@@ -194,7 +203,13 @@ def test_mutated_requests_only_raise_remote_protocol_error(version, seed, flips)
 
 RESULTS = [
     ("orders", [(0, 0, 42, -1, 0, None), (7, 0, 100, 1_700_000_000_123, 5, None)]),
-    ("é", [(1, 6, -1, -1, -1, "not leader"), (2, 87, -1, -1, 0, "bad batch", [(0, "crc"), (3, None)])]),
+    (
+        "é",
+        [
+            (1, 6, -1, -1, -1, "not leader"),
+            (2, 87, -1, -1, 0, "bad batch", [(0, "crc"), (3, None)]),
+        ],
+    ),
     ("empty", []),
 ]
 
@@ -220,7 +235,9 @@ def _kio_response(version: int, throttle_ms: int, results) -> object:
                     for i, m in (p[6] if len(p) > 6 else ())
                 ) if "record_errors" in names else (),
             }  # fmt: skip
-            presps.append(mod.PartitionProduceResponse(**{k: v for k, v in kw.items() if k in names}))
+            presps.append(
+                mod.PartitionProduceResponse(**{k: v for k, v in kw.items() if k in names})
+            )
         topics.append(mod.TopicProduceResponse(name=name, partition_responses=tuple(presps)))
     return cls(responses=tuple(topics), throttle_time=datetime.timedelta(milliseconds=throttle_ms))
 
