@@ -81,7 +81,6 @@ from shmq._fast._reference import (  # noqa: E402  (constants are shared)
     SCAN_FULL,
     SCAN_PARTIAL,
 )
-
 from shmq._fast._seqlock_reference import DEFAULT_MAX_SPINS, SLOT_SIZE  # noqa: E402
 
 __all__ = [

@@ -133,12 +133,9 @@ def decode_request(frame: memoryview) -> tuple[RequestHeader, Any]:
         frame = memoryview(frame)
     header, pos = decode_request_header(frame)
     cls = request_class(header.api_key, header.api_version)
-    body, size = read_entity(cls, frame, pos)
-    if pos + size != len(frame):
-        raise RemoteProtocolError(
-            f"{len(frame) - pos - size} unexpected bytes after a {cls.__name__} "
-            f"v{header.api_version} body"
-        )
+    # Bytes after the body are ignored, as Kafka's parser does: librdkafka 2.16 sends Metadata
+    # v12 requests with three of them (captured: "... 00 00 00 00 | 01 00 00").
+    body, _ = read_entity(cls, frame, pos)
     return header, body
 
 

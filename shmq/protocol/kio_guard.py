@@ -106,6 +106,8 @@ _ONE_BYTE_UVARINTS = [bytes((i,)) for i in range(128)]
 
 def write_uvarint(value: int) -> bytes:
     """The unsigned LEB128 encoding of ``value`` (>= 0)."""
+    if value < 0:
+        raise ValueError(f"unsigned varint of negative value {value}")
     if value < 0x80:
         return _ONE_BYTE_UVARINTS[value]
     out = bytearray()

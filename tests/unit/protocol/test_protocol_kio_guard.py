@@ -97,7 +97,7 @@ def test_kio_native_reader_still_aborts_on_hostile_counts():
         """
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
-    assert proc.returncode < 0 or b"memory allocation" in proc.stderr, proc
+    assert proc.returncode < 0 and b"memory allocation" in proc.stderr, proc
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
