@@ -27,7 +27,11 @@ from collections.abc import Sequence
 from types import ModuleType
 
 # Module names of the subcommands, in the order ``shmq --help`` lists them.
-COMMANDS = ["broker", "demo", "dump_log"]
+COMMANDS = [
+    "broker",
+    "dump_log",
+    "demo",
+]
 
 EXIT_OK = 0
 EXIT_ERROR = 1

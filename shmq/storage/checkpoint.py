@@ -21,16 +21,19 @@ from pathlib import Path
 VERSION = 0
 
 
-def write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str, *, sync: bool = True) -> None:
+    """Replace ``path`` with ``text`` (tmp + rename); ``sync`` makes it durable first."""
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.write(fd, text.encode())
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.rename(tmp, path)
-    fsync_directory(path.parent)
+    if sync:
+        fsync_directory(path.parent)
 
 
 def fsync_directory(directory: Path) -> None:

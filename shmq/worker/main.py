@@ -80,7 +80,7 @@ async def run(args: argparse.Namespace) -> int:
     from shmq.broker.metadata import ClusterMetadata
     from shmq.broker.router import Router
     from shmq.net.connection import serve
-    from shmq.storage import LogConfig, LogManager
+    from shmq.storage import LogConfig, LogManager, checkpoint
     from shmq.supervisor.control import ControlChannel
 
     settings = json.loads(args.config)
@@ -139,11 +139,16 @@ async def run(args: argparse.Namespace) -> int:
                 stop.set()
                 return
 
+    stats_path = config.data_dir / "run" / f"worker-{args.node_id}.stats.json"
+
     async def housekeeping() -> None:
         last_retention = last_checkpoint = time.monotonic()
         while True:
             await asyncio.sleep(1.0)
             manager.flush_due()
+            # counters for local tools and tests (e.g. bytes sent with sendfile)
+            checkpoint.write_atomically(stats_path, json.dumps(
+                {"node_id": args.node_id, "pid": os.getpid(), **ctx.stats}) + "\n", sync=False)
             now = time.monotonic()
             if now - last_retention >= RETENTION_CHECK_S:
                 manager.run_retention()

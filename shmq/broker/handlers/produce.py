@@ -30,7 +30,7 @@ async def handle(ctx: BrokerContext, frame: memoryview, header_size: int, api_ve
         out = []
         info = ctx.metadata.topics.get(topic)
         for index, records in partitions:
-            code, base, start, message = NONE, -1, -1, None
+            code, base, start, message, append_time = NONE, -1, -1, None, -1
             log = ctx.log_for(topic, index)
             if api_version < 3:
                 code = UNSUPPORTED_VERSION
@@ -53,12 +53,13 @@ async def handle(ctx: BrokerContext, frame: memoryview, header_size: int, api_ve
                     code, message = exc.code, str(exc)
                 else:
                     base = appended.first_offset
+                    append_time = appended.log_append_time
                     log.update_high_watermark(log.log_end_offset)
                     ctx.notify_data(topic, index)
                     if request.acks == -1 and ctx.config.flush_on_ack:
                         to_flush.append((log, appended.last_offset + 1))
                 start = log.log_start_offset
-            out.append((index, code, base, -1, start, message))
+            out.append((index, code, base, append_time, start, message))
         results.append((topic, out))
     if to_flush:
         loop = asyncio.get_running_loop()
