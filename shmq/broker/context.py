@@ -55,6 +55,18 @@ class BrokerContext:
     _pid_block: list[int] = field(default_factory=lambda: [0, 0])   # next, end
     stats: dict[str, int] = field(default_factory=lambda: {"sendfile_bytes": 0,
                                                             "sendfile_calls": 0})
+    state_table: Any = None              # shmq.ipc.StateTable attached read-write (workers)
+
+    def publish_state(self, topic: str, partition: int, log: PartitionLog) -> None:
+        """Write the partition's offsets to its shared-memory slot (seqlock, ~1 us)."""
+        table = self.state_table
+        if table is None:
+            return
+        info = self.metadata.topics[topic].partitions[partition]
+        if 0 <= info.slot < table.slot_count:
+            table.write(info.slot, self.node_id, info.leader_epoch, log.log_start_offset,
+                        log.high_watermark, log.high_watermark, log.log_end_offset,
+                        len(log.segments))
 
     def log_for(self, topic: str, partition: int) -> PartitionLog | None:
         """The local log of a partition this node leads (created on first use), else None."""
@@ -67,6 +79,7 @@ class BrokerContext:
             configs = self.metadata.topics[topic].configs
             config = LogConfig.from_kafka(configs, self.config.log) if configs else self.config.log
             log = self.logs.get_or_create_log(topic, partition, config)
+            self.publish_state(topic, partition, log)
         return log
 
     def data_event(self, topic: str, partition: int) -> asyncio.Event:

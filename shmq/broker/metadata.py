@@ -44,6 +44,7 @@ class PartitionInfo:
     replicas: list[int]
     isr: list[int]
     leader_epoch: int = 0
+    slot: int = -1          # this partition's slot in the shared state table
 
 
 @dataclass
@@ -89,6 +90,14 @@ class ClusterMetadata:
                    next_producer_id=data.get("next_producer_id", 1000),
                    generation=data.get("generation", 0))
 
+    def slot_directory(self) -> dict[str, int]:
+        """"topic/partition" -> state table slot (listed in broker.json for local readers)."""
+        return {f"{t.name}/{p.partition}": p.slot for t in self.topics.values()
+                for p in t.partitions}
+
+    def slots_needed(self) -> int:
+        return 1 + max((p.slot for t in self.topics.values() for p in t.partitions), default=0)
+
     def partitions_led_by(self, node: int) -> list[tuple[str, int]]:
         return [(t.name, p.partition) for t in self.topics.values() for p in t.partitions
                 if p.leader == node]
@@ -119,10 +128,13 @@ class MetadataStore:
     def create_topic(self, name: str, partitions: int, workers: list[int],
                      configs: dict[str, str] | None = None) -> TopicInfo:
         start = sum(len(t.partitions) for t in self.metadata.topics.values())
+        used = {p.slot for t in self.metadata.topics.values() for p in t.partitions}
+        free = (i for i in range(1 << 30) if i not in used)
         parts = []
         for p in range(partitions):
             node = workers[(start + p) % len(workers)]
-            parts.append(PartitionInfo(partition=p, leader=node, replicas=[node], isr=[node]))
+            parts.append(PartitionInfo(partition=p, leader=node, replicas=[node], isr=[node],
+                                       slot=next(free)))
         topic = TopicInfo(name=name, topic_id=str(uuid.uuid4()), partitions=parts,
                           configs=dict(configs or {}))
         self.metadata.topics[name] = topic

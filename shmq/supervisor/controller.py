@@ -31,6 +31,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from shmq.broker.config import BrokerConfig
@@ -76,6 +77,8 @@ class Controller:
         self.halt_reason: str | None = None
         self.store: MetadataStore | None = None
         self.port = 0
+        self.state_table: Any = None
+        self.shm_tracker: Any = None
 
     # -- ControllerApi ----------------------------------------------------------------------
 
@@ -154,8 +157,25 @@ class Controller:
 
         if live:
             await asyncio.wait_for(asyncio.gather(*(acked(w) for w in live)), 10)
+        if self.port:
+            self.write_run_file()  # the slot directory changed
 
     # -- workers ----------------------------------------------------------------------------
+
+    def _open_state_table(self, run: Path) -> None:
+        """The shared state table: stale objects of a crashed predecessor are removed first."""
+        from shmq.ipc.state_table import ShmTracker, StateTable, remove_stale, stale_names
+
+        old = run / "broker.json"
+        if old.exists():
+            try:
+                remove_stale(stale_names(json.loads(old.read_text()).get("shm", [])))
+            except (ValueError, OSError):
+                log.warning("could not read %s to remove stale shared memory", old)
+        assert self.store is not None
+        slots = max(4096, 2 * self.store.metadata.slots_needed())
+        self.shm_tracker = ShmTracker()
+        self.state_table = StateTable.create(slots, tracker=self.shm_tracker)
 
     def _worker_settings(self) -> str:
         c = self.config
@@ -166,7 +186,8 @@ class Controller:
             "message_max_bytes": c.message_max_bytes,
             "socket_request_max_bytes": c.socket_request_max_bytes,
             "flush_on_ack": c.flush_on_ack, "log": asdict(c.log),
-            "cluster_id": self.store.metadata.cluster_id})
+            "cluster_id": self.store.metadata.cluster_id,
+            "state_table": self.state_table.name if self.state_table else None})
 
     async def spawn(self, w: WorkerHandle) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -251,10 +272,12 @@ class Controller:
             "bootstrap": f"{self.config.host}:{self.port}",
             "controller_pid": os.getpid(),
             "cluster_id": self.store.metadata.cluster_id if self.store else "",
+            "state_table": self.state_table.name if self.state_table else None,
+            "slots": self.store.metadata.slot_directory() if self.store else {},
             "workers": [{"node_id": w.node_id, "port": w.port,
                          "pid": w.proc.pid if w.proc else None}
                         for w in self.workers.values()],
-            "shm": [],
+            "shm": self.shm_tracker.to_json() if self.shm_tracker else [],
         }
         checkpoint.write_atomically(run / "broker.json", json.dumps(info, indent=2) + "\n")
 
@@ -268,6 +291,7 @@ class Controller:
         except BlockingIOError:
             raise BootError(f"another shmq broker is using {self.data_dir}") from None
         self.store = MetadataStore(self.data_dir)
+        self._open_state_table(run)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.stop_event.set)
@@ -328,3 +352,6 @@ class Controller:
             (self.data_dir / "run" / "broker.json").unlink()
         except FileNotFoundError:
             pass
+        if self.state_table is not None:
+            self.state_table.unlink()
+            self.state_table.close()

@@ -103,6 +103,10 @@ async def run(args: argparse.Namespace) -> int:
         ctx = BrokerContext(node_id=args.node_id, config=config,
                             metadata=ClusterMetadata(cluster_id=config.cluster_id),
                             controller=rpc, logs=manager)
+        if settings.get("state_table"):
+            from shmq.ipc.state_table import StateTable
+
+            ctx.state_table = StateTable.attach(settings["state_table"], readonly=False)
         server = await serve(Router(ctx), config.host, args.port, config.socket_request_max_bytes,
                              ctx.stats)
     except Exception as exc:  # noqa: BLE001 - report any boot failure, then halt the broker
@@ -130,6 +134,9 @@ async def run(args: argparse.Namespace) -> int:
                     for p in range(len(ctx.metadata.topics[name].partitions)):
                         manager.delete_log(name, p)
                 ctx.metadata = new
+                for (topic, partition), plog in list(manager.logs.items()):
+                    if topic in new.topics:
+                        ctx.publish_state(topic, partition, plog)
                 channel.send({"type": "metadata_ack", "generation": new.generation})
             elif kind == "rpc_reply":
                 rpc.reply(msg)
@@ -163,6 +170,8 @@ async def run(args: argparse.Namespace) -> int:
     for t in tasks:
         t.cancel()
     manager.shutdown()
+    if ctx.state_table is not None:
+        ctx.state_table.close()
     return 0
 
 

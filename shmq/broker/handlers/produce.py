@@ -55,6 +55,7 @@ async def handle(ctx: BrokerContext, frame: memoryview, header_size: int, api_ve
                     base = appended.first_offset
                     append_time = appended.log_append_time
                     log.update_high_watermark(log.log_end_offset)
+                    ctx.publish_state(topic, index, log)
                     ctx.notify_data(topic, index)
                     if request.acks == -1 and ctx.config.flush_on_ack:
                         to_flush.append((log, appended.last_offset + 1))
