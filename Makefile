@@ -11,6 +11,9 @@ PYTEST := $(PY) -m pytest
 
 # A virtualenv with shmq installed editable, Cython extensions compiled with the system compiler.
 $(STAMP): pyproject.toml setup.py
+	@command -v kcat >/dev/null || { echo "installing kcat (Debian) for the client tests"; \
+	  (apt-get update -qq && apt-get install -y -qq kcat) >/dev/null || \
+	  echo "warning: could not install kcat; its tests will be skipped" >&2; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "setuptools>=68" wheel "Cython>=3.0,<3.4"
@@ -27,7 +30,7 @@ build: $(STAMP)
 debug: $(STAMP)
 	SHMQ_DEBUG=1 $(PY) setup.py -q build_ext --inplace --force
 
-# The main job: drive real traffic through shmq (storage demo until the broker lands).
+# The main job: start a broker and drive real Kafka traffic through it (shmq demo).
 run demo: build
 	$(VENV)/bin/shmq demo
 
