@@ -20,6 +20,8 @@ from typing import Any
 from shmq.storage import checkpoint
 
 _LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
+# Kafka's internal topics: created by their coordinators only, never by clients
+INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
 MAX_TOPIC_NAME = 249
 
 

@@ -31,6 +31,9 @@ COMMANDS = [
     "broker",
     "dump_log",
     "demo",
+    "topics",
+    "console_producer",
+    "console_consumer",
 ]
 
 EXIT_OK = 0

@@ -332,6 +332,8 @@ def read_entity(cls: type, buf: Any, offset: int = 0) -> tuple[Any, int]:
     Raises ``RemoteProtocolError`` for anything malformed, never another exception type.
     """
     mv = buf if isinstance(buf, memoryview) else memoryview(buf)
+    if not mv.readonly:
+        mv = mv.toreadonly()  # kio's native reader refuses writable buffers (reassembled frames)
     end = len(mv)
     edits: list = []
     stop = walk(plan_for(cls), mv, offset, end, edits)

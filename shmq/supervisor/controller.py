@@ -36,7 +36,7 @@ from typing import Any
 
 from shmq.broker.config import BrokerConfig
 from shmq.broker.context import BrokerContext, TopicRequest, TopicResult
-from shmq.broker.metadata import MetadataStore, validate_topic_name
+from shmq.broker.metadata import INTERNAL_TOPICS, MetadataStore, validate_topic_name
 from shmq.broker.router import Router
 from shmq.net.connection import serve
 from shmq.storage import checkpoint
@@ -48,6 +48,7 @@ log = logging.getLogger("shmq.controller")
 
 TOPIC_ALREADY_EXISTS, INVALID_TOPIC, INVALID_PARTITIONS = 36, 17, 37
 INVALID_REPLICATION_FACTOR, INVALID_CONFIG, UNKNOWN_TOPIC_OR_PARTITION = 38, 40, 3
+INVALID_REQUEST = 42
 MAX_PARTITIONS = 10_000
 
 
@@ -92,6 +93,9 @@ class Controller:
             partitions = self.config.num_partitions if t.num_partitions == -1 else t.num_partitions
             if reason:
                 results.append(TopicResult(t.name, INVALID_TOPIC, reason))
+            elif t.name in INTERNAL_TOPICS:
+                results.append(TopicResult(t.name, INVALID_REQUEST,
+                                           f"'{t.name}' is an internal topic of the coordinators"))
             elif t.name in self.store.metadata.topics:
                 results.append(TopicResult(t.name, TOPIC_ALREADY_EXISTS,
                                            f"Topic '{t.name}' already exists."))
@@ -309,6 +313,7 @@ class Controller:
             done, _ = await asyncio.wait([halt, all_ready], timeout=120,
                                          return_when=asyncio.FIRST_COMPLETED)
             all_ready.cancel()
+            await asyncio.gather(all_ready, return_exceptions=True)  # retrieve the cancellation
             if halt in done or not all(w.ready.is_set() for w in self.workers.values()):
                 raise BootError(self.halt_reason or "workers did not start within 120 s")
             halt.cancel()

@@ -110,7 +110,7 @@ async def run(args: argparse.Namespace) -> int:
         server = await serve(Router(ctx), config.host, args.port, config.socket_request_max_bytes,
                              ctx.stats)
     except Exception as exc:  # noqa: BLE001 - report any boot failure, then halt the broker
-        log.exception("worker %d failed to start", args.node_id)
+        log.error("worker %d failed to start: %s", args.node_id, exc, exc_info=log.isEnabledFor(logging.DEBUG))
         channel.send({"type": "boot_error", "error": f"{type(exc).__name__}: {exc}"})
         await channel.writer.drain()
         return BOOT_ERROR

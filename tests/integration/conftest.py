@@ -37,6 +37,8 @@ class RunningBroker:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.proc.stdout is not None and not self.proc.stdout.closed:
+            self.proc.stdout.close()
         return self.proc.returncode
 
 

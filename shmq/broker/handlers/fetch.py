@@ -22,6 +22,8 @@ FENCED_EPOCH, UNKNOWN_EPOCH = 73, 74
 
 
 def _read_all(ctx: BrokerContext, request: Any, committed: bool) -> tuple[list, int, bool]:
+    # replica_id >= 0 claims to be a follower: no client may read as one (CVE-2018-1288 pattern)
+    follower = getattr(request, "replica_id", -1) >= 0
     budget = request.max_bytes if request.max_bytes > 0 else 0x7FFFFFFF
     total, errors, topics = 0, False, []
     for t in request.topics:
@@ -32,7 +34,7 @@ def _read_all(ctx: BrokerContext, request: Any, committed: bool) -> tuple[list, 
             log = ctx.log_for(t.topic, p.partition)
             if info is None or not 0 <= p.partition < len(info.partitions):
                 code = UNKNOWN_TOPIC_OR_PARTITION
-            elif log is None:
+            elif log is None or follower:
                 code = NOT_LEADER
             else:
                 epoch = info.partitions[p.partition].leader_epoch

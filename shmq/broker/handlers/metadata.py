@@ -12,7 +12,7 @@ from typing import Any
 
 from shmq.broker.context import BrokerContext, TopicRequest
 from shmq.broker.handlers._build import build, response_module
-from shmq.broker.metadata import validate_topic_name
+from shmq.broker.metadata import INTERNAL_TOPICS, validate_topic_name
 
 NONE, UNKNOWN_TOPIC_OR_PARTITION, LEADER_NOT_AVAILABLE, INVALID_TOPIC = 0, 3, 5, 17
 NO_AUTHORIZED_OPS = -2147483648
@@ -28,7 +28,7 @@ async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
         names = [t.name for t in request.topics]
     auto = ctx.config.auto_create_topics and (version < 4 or request.allow_auto_topic_creation)
     missing = [n for n in names if n is not None and n not in meta.topics
-               and validate_topic_name(n) is None]
+               and validate_topic_name(n) is None and n not in INTERNAL_TOPICS]
     if missing and auto:
         await ctx.controller.create_topics(
             [TopicRequest(n, ctx.config.num_partitions, 1, {}) for n in missing], False)

@@ -14,11 +14,12 @@ import asyncio
 
 from shmq import _fast
 from shmq.broker.context import BrokerContext
+from shmq.broker.metadata import INTERNAL_TOPICS
 from shmq.errors import CorruptRecordError, KafkaApiError
 from shmq.protocol.produce_request import encode_produce_response, parse_produce_request
 
 NONE, CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER = 0, 2, 3, 6
-MESSAGE_TOO_LARGE, UNSUPPORTED_VERSION, INVALID_RECORD = 10, 35, 87
+MESSAGE_TOO_LARGE, UNSUPPORTED_VERSION, INVALID_RECORD, INVALID_TOPIC = 10, 35, 87, 17
 
 
 async def handle(ctx: BrokerContext, frame: memoryview, header_size: int, api_version: int,
@@ -34,6 +35,8 @@ async def handle(ctx: BrokerContext, frame: memoryview, header_size: int, api_ve
             log = ctx.log_for(topic, index)
             if api_version < 3:
                 code = UNSUPPORTED_VERSION
+            elif topic in INTERNAL_TOPICS:
+                code, message = INVALID_TOPIC, f"Cannot append to internal topic {topic}"
             elif info is None or not 0 <= index < len(info.partitions):
                 code = UNKNOWN_TOPIC_OR_PARTITION
             elif log is None:
