@@ -238,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
     extra_props = parse_key_values(args.command_property)
     bootstrap = resolve_bootstrap(args, {**file_props, **extra_props})
     conf, group = consumer_config(args, bootstrap, file_props, extra_props)
-    out = getattr(sys.stdout, "buffer", None) or sys.stdout
+    out: IO[bytes] = getattr(sys.stdout, "buffer", None) or sys.stdout  # type: ignore[assignment]
     consumer = ConsoleConsumer(conf, formatter, out, args.skip_message_on_error)
     try:
         return consumer.run(args, group, start)
@@ -325,8 +325,9 @@ class ConsoleConsumer:
             if args.partition not in partitions[args.topic]:
                 raise CommandError(f"partition {args.partition} of topic {args.topic} does not "
                                    f"exist (it has {len(partitions[args.topic])} partitions)")
+            position = OFFSET_LATEST if start is None else start
             where = {OFFSET_EARLIEST: OFFSET_BEGINNING, OFFSET_LATEST: OFFSET_END}.get(
-                start if start is not None else OFFSET_LATEST, start)
+                position, position)
             self.consumer.assign([TopicPartition(args.topic, args.partition, where)])
             return
         beginning = self.conf.get("auto.offset.reset") in ("earliest", "smallest", "beginning")
@@ -351,9 +352,10 @@ class ConsoleConsumer:
             messages = self.consumer.consume(want, poll)
             if not messages:
                 if _reader_gone(self.out):
-                    return self._write([])  # reports the closed stdout
+                    self._write([])  # reports the closed stdout
+                    return 0
                 continue
-            chunks = []
+            chunks: list[bytes] = []
             for msg in messages:
                 err = msg.error()
                 if err is not None:

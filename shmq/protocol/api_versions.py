@@ -70,6 +70,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     DELETE_TOPICS: (1, 6),
     INIT_PRODUCER_ID: (0, 5),  # 6 is 2PC (KIP-939)
     OFFSET_FOR_LEADER_EPOCH: (2, 4),
+    FIND_COORDINATOR: (0, 6),  # librdkafka enables LZ4 only when FindCoordinator v0 is offered
 }
 
 # Versions advertised but rejected with UNSUPPORTED_VERSION when used.

@@ -88,7 +88,14 @@ class Controller:
         assert self.store is not None
         results = []
         changed = False
+        names = [t.name for t in topics]
+        duplicated = {n for n in names if names.count(n) > 1}
+        for name in sorted(duplicated):  # Kafka: one INVALID_REQUEST result, nothing created
+            results.append(TopicResult(name, INVALID_REQUEST,
+                                       f"Found multiple entries for topic {name}"))
         for t in topics:
+            if t.name in duplicated:
+                continue
             reason = validate_topic_name(t.name)
             partitions = self.config.num_partitions if t.num_partitions == -1 else t.num_partitions
             if reason:

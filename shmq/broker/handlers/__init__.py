@@ -7,6 +7,7 @@ from shmq.broker.handlers import (
     create_topics,
     delete_topics,
     fetch,
+    find_coordinator,
     init_producer_id,
     list_offsets,
     metadata,
@@ -22,4 +23,5 @@ HANDLERS = {
     19: create_topics.handle,
     20: delete_topics.handle,
     23: offset_for_leader_epoch.handle,
+    10: find_coordinator.handle,
 }

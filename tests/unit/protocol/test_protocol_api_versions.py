@@ -28,7 +28,7 @@ from shmq.protocol.codec import (
 # protocol.md §6.1, for the APIs implemented now
 EXPECTED = {
     18: (0, 4), 3: (0, 12), 0: (0, 11), 1: (4, 12), 2: (1, 8),
-    23: (2, 4), 22: (0, 5), 19: (2, 7), 20: (1, 6),
+    23: (2, 4), 22: (0, 5), 19: (2, 7), 20: (1, 6), 10: (0, 6),
 }  # fmt: skip
 
 
@@ -37,7 +37,7 @@ def test_table_is_protocol_md():
     assert all(lo <= hi for lo, hi in SUPPORTED.values())  # aiokafka asserts this
     names = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 18: "ApiVersions",
              19: "CreateTopics", 20: "DeleteTopics", 22: "InitProducerId",
-             23: "OffsetForLeaderEpoch"}  # fmt: skip
+             23: "OffsetForLeaderEpoch", 10: "FindCoordinator"}  # fmt: skip
     assert {k: API_NAMES[k] for k in SUPPORTED} == names
     assert api_versions.PRODUCE == 0 and api_versions.FETCH == 1 and api_versions.API_VERSIONS == 18
 
