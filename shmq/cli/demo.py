@@ -122,14 +122,15 @@ def _broker_demo(args: argparse.Namespace) -> int:
         consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "demo", "log_level": 0,
                              "enable.auto.commit": False})
         consumer.assign([TopicPartition("demo", p, 0) for p in range(6)])
-        seen = set()
+        seen: set[bytes] = set()
         t0 = time.perf_counter()
         while len(seen) < n and time.perf_counter() - t0 < 60:
             for msg in consumer.consume(10000, 1.0):
-                if msg.error() is None:
-                    if msg.value() != b"value-" + msg.key()[4:]:
+                key = msg.key()
+                if msg.error() is None and key is not None:
+                    if msg.value() != b"value-" + key[4:]:
                         raise CommandError(f"corrupt message at offset {msg.offset()}")
-                    seen.add(msg.key())
+                    seen.add(key)
         dt = time.perf_counter() - t0
         consumer.close()
         if len(seen) != n:
@@ -160,8 +161,8 @@ def _broker_demo(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         while total < n + len(acked) and time.perf_counter() - t0 < 60:
             for msg in consumer.consume(10000, 1.0):
-                if msg.error() is None:
-                    k = int(msg.key()[4:])
+                if msg.error() is None and msg.key() is not None:
+                    k = int(msg.key()[4:])  # type: ignore[index]
                     counts[k] = counts.get(k, 0) + 1
                     total += 1
         consumer.close()

@@ -40,8 +40,10 @@ class IndexFile:
         self.missing = not existed  # a missing index is rebuilt by the loader
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         length = os.fstat(self._fd).st_size
-        # AbstractIndex: an existing index holds floor(length / entry) entries
+        # AbstractIndex: an existing index holds floor(length / entry) entries; a length that is
+        # not a whole number of entries is corrupt (Kafka's sanityCheck rebuilds it)
         self.entries = length // self.ENTRY_SIZE if existed else 0
+        self.misaligned = length % self.ENTRY_SIZE != 0
         self.writable = writable
         if writable:
             self._resize(max(self.max_entries, self.entries) * self.ENTRY_SIZE)

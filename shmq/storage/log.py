@@ -104,6 +104,31 @@ class PartitionLog:
         self.closed = False
         self.producer_state = ProducerStateManager(directory)
         self._rebuild_producer_state()
+        # leader-epoch-checkpoint (LeaderEpochFileCache): (epoch, start offset), one per epoch
+        self._epoch_path = directory / layout.LEADER_EPOCH_CHECKPOINT
+        self.epoch_entries = [(e, o) for e, o in
+                              checkpoint.read_leader_epochs(self._epoch_path) or []
+                              if o < self.log_end_offset or (e, o) == (leader_epoch, o)]
+        if leader_epoch >= 0 and (not self.epoch_entries or self.epoch_entries[-1][0] < leader_epoch):
+            self.epoch_entries.append((leader_epoch, self._first_offset_of_epoch(leader_epoch)))
+            checkpoint.write_leader_epochs(self._epoch_path, self.epoch_entries)
+        if self.epoch_entries:
+            self.leader_epoch = max(self.leader_epoch, self.epoch_entries[-1][0])
+
+    def _first_offset_of_epoch(self, epoch: int) -> int:
+        for e, o in self.epoch_entries:
+            if e == epoch:
+                return o
+        return self.log_start_offset
+
+    def _assign_epoch(self, epoch: int, start_offset: int) -> None:
+        """A batch with a newer epoch starts that epoch: record it before its data is acked
+        (``LeaderEpochFileCache.assign``, written and fsynced at once; rare)."""
+        if epoch < 0 or (self.epoch_entries and self.epoch_entries[-1][0] >= epoch):
+            return
+        self.epoch_entries.append((epoch, start_offset))
+        checkpoint.write_leader_epochs(self._epoch_path, self.epoch_entries)
+        self.leader_epoch = max(self.leader_epoch, epoch)
 
     def _rebuild_producer_state(self) -> None:
         """Latest snapshot at or below the LEO, then replay the batch headers after it
@@ -205,6 +230,7 @@ class PartitionLog:
                 if duplicate is not None:
                     return duplicate
             first = self.log_end_offset
+            self._assign_epoch(epoch, first)
             segment = self.active_segment
             if segment.should_roll(len(mv), len(spans), incoming_max_ts, now,
                                    first + n_records - 1):
@@ -437,6 +463,10 @@ class PartitionLog:
             self.recovery_point = min(self.recovery_point, leo)
         self.producer_state.clear()
         self._rebuild_producer_state()
+        kept = [(e, o) for e, o in self.epoch_entries if o < self.log_end_offset]
+        if kept != self.epoch_entries:
+            self.epoch_entries = kept
+            checkpoint.write_leader_epochs(self._epoch_path, kept)
 
     # -- durability ---------------------------------------------------------------------------
 
@@ -499,7 +529,8 @@ class PartitionLog:
             self.closed = True
 
     def write_leader_epoch_checkpoint(self, entries: list[tuple[int, int]]) -> None:
-        checkpoint.write_leader_epochs(self.directory / layout.LEADER_EPOCH_CHECKPOINT, entries)
+        self.epoch_entries = list(entries)
+        checkpoint.write_leader_epochs(self._epoch_path, self.epoch_entries)
 
     def __repr__(self) -> str:
         return (f"PartitionLog({self.directory.name}, start={self.log_start_offset}, "

@@ -96,6 +96,14 @@ class LogManager:
         os.rename(log.directory, doomed)
         shutil.rmtree(doomed, ignore_errors=True)
 
+    def truncate_to(self, topic: str, partition: int, offset: int) -> None:
+        """Truncate a log and checkpoint at once (Kafka's ``LogManager.truncateTo``): the old,
+        higher recovery point must not survive in the checkpoint file, or a crash after new
+        appends would skip validating bytes that were never fsynced."""
+        log = self.logs[(topic, partition)]
+        log.truncate_to(offset)
+        self.checkpoint()
+
     # -- periodic work ----------------------------------------------------------------------------
 
     def checkpoint(self) -> None:

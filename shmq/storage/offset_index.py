@@ -76,6 +76,8 @@ class OffsetIndex(IndexFile):
 
     def sanity_check(self, log_size: int) -> None:
         """Kafka's checks plus order and bounds of every entry (a garbled file fails them)."""
+        if self.misaligned:
+            raise CorruptIndexError(f"index {self.path} is not a whole number of entries")
         if self.entries == 0:
             return
         with memoryview(self.buffer) as view:

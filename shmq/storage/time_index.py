@@ -79,6 +79,10 @@ class TimeIndex(IndexFile):
             self.truncate_entries(slot)
 
     def sanity_check(self, max_offset: int) -> None:
+        """Order and bounds of every entry; timestamps are never negative (an entry is only
+        appended when the timestamp exceeds -1)."""
+        if self.misaligned:
+            raise CorruptIndexError(f"time index {self.path} is not a whole number of entries")
         if self.entries == 0:
             return
         with memoryview(self.buffer) as view:
@@ -86,6 +90,6 @@ class TimeIndex(IndexFile):
                                   count=self.entries)
             ts, rel = table["ts"].astype(np.int64), table["rel"].astype(np.int64)
             del table  # no view of the mapping may outlive this block (it is remapped later)
-        if (rel[0] < 0 or rel[-1] > max_offset - self.base_offset
+        if (rel[0] < 0 or ts[0] < 0 or rel[-1] > max_offset - self.base_offset
                 or (self.entries > 1 and (np.any(np.diff(ts) <= 0) or np.any(np.diff(rel) < 0)))):
             raise CorruptIndexError(f"corrupt time index {self.path}: entries out of order")

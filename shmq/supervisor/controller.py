@@ -134,7 +134,13 @@ class Controller:
         assert self.store is not None
         results = []
         changed = False
+        duplicated = {n for n in names if list(names).count(n) > 1}
+        for name in sorted(duplicated):  # Kafka: one INVALID_REQUEST result, nothing deleted
+            results.append(TopicResult(name, INVALID_REQUEST,
+                                       f"Duplicate topic name {name} in the request"))
         for name in names:
+            if name in duplicated:
+                continue
             info = self.store.delete_topic(name)
             if info is None:
                 results.append(TopicResult(name, UNKNOWN_TOPIC_OR_PARTITION,

@@ -9,14 +9,16 @@ LogAppendTime topics: ``append`` is given ``now_ms = append_time(first batch of 
 every record of batch ``i`` must read back with the timestamp of the call that wrote it.
 
 Run as a script (``python _writer.py '<json args>'``) it is the victim of the SIGKILL test: it
-opens the log (which the test closed cleanly), appends batches from ``start_batch`` on forever,
-and reports on stdout, flushing after every line:
+opens the log (which the test closed cleanly), appends batches from ``start_batch`` on until
+it is killed (or reaches a batch or time limit), and reports on stdout, flushing after every
+line:
 
     R <leo> <rp> <epoch>       opened (LEO, recovery point, the log's leader epoch)
     W <first> <last> <bytes>   about to append batches first..last in one call
     A <last>                   that append returned (acknowledged)
     F <recovery point>         a flush returned
     O                          rolled
+    D                          stopped by itself (batch or time limit; the test kills it before)
 
 Everything acknowledged is in the page cache and must survive the SIGKILL.
 """
@@ -27,6 +29,7 @@ import bisect
 import json
 import random
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -143,8 +146,9 @@ def main(argv: list[str]) -> int:
         _say("E", log.log_end_offset, model.base_offset(i))
         return 2
     _say("R", log.log_end_offset, log.recovery_point, log.leader_epoch)
-    stop = i + args.get("max_batches", 100_000)
-    while i < stop:
+    stop = i + args.get("max_batches", 20_000)
+    deadline = time.monotonic() + args.get("max_seconds", 60)   # never outlive a lost parent
+    while i < stop and time.monotonic() < deadline:
         r = rng.random()
         if r < 0.04:
             log.roll()

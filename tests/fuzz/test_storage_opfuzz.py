@@ -1205,14 +1205,14 @@ def _seeds(count: int, salt: int) -> list[int]:
     return [salt * 1000 + i for i in range(count)]
 
 
-@pytest.mark.parametrize("seed", _seeds(24, 1))
+@pytest.mark.parametrize("seed", _seeds(20, 1))
 def test_storage_op_fuzz(seed: int, tmp_path: Path) -> None:
     stats = Fuzz(seed, tmp_path).run(_env_int("SHMQ_FUZZ_OPS") or 100)
     assert stats.get("append", 0) > 0
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", _seeds(100, 7))
+@pytest.mark.parametrize("seed", _seeds(40, 7))
 def test_storage_op_fuzz_soak(seed: int, tmp_path: Path) -> None:
     Fuzz(seed, tmp_path).run(_env_int("SHMQ_FUZZ_OPS") or 300)
 
@@ -1290,8 +1290,11 @@ def _large_segment_sanity_path() -> Iterator[None]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", _seeds(40, 8))
+@pytest.mark.parametrize("seed", _seeds(30, 8))
 def test_storage_op_fuzz_large_segment_sanity_path(seed: int, tmp_path: Path) -> None:
+    """The whole fuzzer with every segment checked as a large one.  A kept offset index then
+    only has to be correct (every entry names a batch), not equal to a rebuild: a cut index is
+    a valid sparse one."""
     fz = Fuzz(seed, tmp_path)
     fz.strict_offset_index = False
     with _large_segment_sanity_path():
@@ -1301,6 +1304,7 @@ def test_storage_op_fuzz_large_segment_sanity_path(seed: int, tmp_path: Path) ->
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", _seeds(4, 4))
 def test_garbled_index_large_segment_sanity_path(seed: int, tmp_path: Path) -> None:
+    """``test_garbled_index_after_clean_shutdown`` with every segment checked as a large one."""
     with _large_segment_sanity_path():
         for trial in range(50):
             fz_root = tmp_path / str(trial)
@@ -1345,7 +1349,8 @@ def _run_writer_round(fz: Fuzz, round_no: int, rng: random.Random) -> tuple[int,
                 acks += line.startswith("A ")
             time.sleep(rng.choice([0, 0, rng.uniform(0, 0.002), rng.uniform(0, 0.02)]))
         elif mode < 0.75:   # inside a multi-megabyte append, to tear its pwritev
-            while True:
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline:
                 line = proc.stdout.readline().decode()
                 if not line:
                     break
@@ -1432,6 +1437,6 @@ def test_sigkill_writer(seed: int, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", _seeds(8, 9))
+@pytest.mark.parametrize("seed", _seeds(6, 9))
 def test_sigkill_writer_soak(seed: int, tmp_path: Path) -> None:
-    _sigkill_rounds(seed, tmp_path, rounds=10)
+    _sigkill_rounds(seed, tmp_path, rounds=8)
