@@ -15,20 +15,14 @@ OS failures stay ``OSError``.
 
 from __future__ import annotations
 
-# The compiled leaf raises these two, and it may not import shmq: it owns them, we re-export.
-from shmq._fast._errors import CorruptRecordError, ShmqError
-
-
-class ProtocolError(ShmqError):
-    """The Kafka wire protocol was violated; the connection must end."""
-
-
-class LocalProtocolError(ProtocolError):
-    """We were about to send bytes that break the protocol."""
-
-
-class RemoteProtocolError(ProtocolError):
-    """The peer sent bytes that break the protocol."""
+# The compiled leaf raises these, and it may not import shmq: it owns them, we re-export.
+from shmq._fast._errors import (
+    CorruptRecordError,
+    LocalProtocolError,
+    ProtocolError,
+    RemoteProtocolError,
+    ShmqError,
+)
 
 
 class KafkaApiError(ShmqError):
