@@ -34,6 +34,7 @@ COMMANDS = [
     "topics",
     "console_producer",
     "console_consumer",
+    "consumer_groups",
 ]
 
 EXIT_OK = 0
