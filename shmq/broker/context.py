@@ -43,6 +43,12 @@ class ControllerApi(Protocol):
 
     async def allocate_producer_ids(self, count: int) -> int: ...
 
+    async def create_partitions(self, topics: list[dict[str, Any]],
+                                validate_only: bool) -> list[dict[str, Any]]: ...
+
+    async def alter_configs(self, resources: list[dict[str, Any]], validate_only: bool,
+                            incremental: bool) -> list[dict[str, Any]]: ...
+
 
 @dataclass
 class BrokerContext:
@@ -74,10 +80,9 @@ class BrokerContext:
             return None
         log = self.logs.get_log(topic, partition)
         if log is None:
-            from shmq.storage.log_config import LogConfig
+            from shmq.broker.dynamic_configs import effective_log_config
 
-            configs = self.metadata.topics[topic].configs
-            config = LogConfig.from_kafka(configs, self.config.log) if configs else self.config.log
+            config = effective_log_config(self.metadata, self.config.log, self.node_id, topic)
             log = self.logs.get_or_create_log(topic, partition, config)
             self.publish_state(topic, partition, log)
         return log

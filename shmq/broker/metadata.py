@@ -70,6 +70,8 @@ class ClusterMetadata:
     topics: dict[str, TopicInfo] = field(default_factory=dict)
     next_producer_id: int = 1000
     generation: int = 0
+    # dynamic broker configs (kafka-configs --entity-type brokers): "" = cluster default, "1" = node 1
+    broker_configs: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -90,7 +92,8 @@ class ClusterMetadata:
         return cls(cluster_id=data["cluster_id"], controller_id=data.get("controller_id", 0),
                    brokers=brokers, topics=topics,
                    next_producer_id=data.get("next_producer_id", 1000),
-                   generation=data.get("generation", 0))
+                   generation=data.get("generation", 0),
+                   broker_configs=data.get("broker_configs", {}))
 
     def slot_directory(self) -> dict[str, int]:
         """"topic/partition" -> state table slot (listed in broker.json for local readers)."""
@@ -148,6 +151,29 @@ class MetadataStore:
         if topic is not None:
             self.save()
         return topic
+
+    def add_partitions(self, name: str, count: int, workers: list[int]) -> TopicInfo:
+        """Grow ``name`` to ``count`` partitions (CreatePartitions), leaders round-robin."""
+        topic = self.metadata.topics[name]
+        start = sum(len(t.partitions) for t in self.metadata.topics.values())
+        used = {p.slot for t in self.metadata.topics.values() for p in t.partitions}
+        free = (i for i in range(1 << 30) if i not in used)
+        for i, p in enumerate(range(len(topic.partitions), count)):
+            node = workers[(start + i) % len(workers)]
+            topic.partitions.append(PartitionInfo(partition=p, leader=node, replicas=[node],
+                                                  isr=[node], slot=next(free)))
+        self.save()
+        return topic
+
+    def set_configs(self, resource_type: int, name: str, configs: dict[str, str]) -> None:
+        """Replace a topic's overrides (type 2) or a broker's dynamic configs (type 4)."""
+        if resource_type == 2:
+            self.metadata.topics[name].configs = dict(configs)
+        elif configs:
+            self.metadata.broker_configs[name] = dict(configs)
+        else:
+            self.metadata.broker_configs.pop(name, None)
+        self.save()
 
     def reassign_missing(self, workers: list[int]) -> list[tuple[str, int, int, int]]:
         """Partitions led by workers that no longer exist move (``--workers`` shrank).

@@ -71,6 +71,13 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     INIT_PRODUCER_ID: (0, 5),  # 6 is 2PC (KIP-939)
     OFFSET_FOR_LEADER_EPOCH: (2, 4),
     FIND_COORDINATOR: (0, 6),  # librdkafka enables LZ4 only when FindCoordinator v0 is offered
+    CREATE_PARTITIONS: (0, 3),
+    DESCRIBE_CONFIGS: (1, 4),
+    ALTER_CONFIGS: (0, 2),
+    INCREMENTAL_ALTER_CONFIGS: (0, 1),
+    DELETE_RECORDS: (0, 2),
+    DESCRIBE_CLUSTER: (0, 1),
+    DESCRIBE_PRODUCERS: (0, 0),
 }
 
 # Versions advertised but rejected with UNSUPPORTED_VERSION when used.

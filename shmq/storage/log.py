@@ -382,6 +382,15 @@ class PartitionLog:
         self._directory_dirty = True  # the new file's name is durable only after a dir fsync
         return new
 
+    def update_config(self, config: LogConfig) -> None:
+        """A topic config changed at run time (AlterConfigs).  Segments share the log's config:
+        roll size and age, index interval and flush rules apply from the next append; index
+        files keep the size they were created with, like Kafka's."""
+        with self._lock:
+            self.config = config
+            for seg in self.segments:
+                seg.config = config
+
     def delete_old_segments(self, now_ms: int | None = None) -> int:
         """Kafka's retention pass: log-start breach, then retention.bytes, then retention.ms."""
         now = int(time.time() * 1000) if now_ms is None else now_ms

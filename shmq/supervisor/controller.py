@@ -36,11 +36,11 @@ from typing import Any
 
 from shmq.broker.config import BrokerConfig
 from shmq.broker.context import BrokerContext, TopicRequest, TopicResult
+from shmq.broker.dynamic_configs import validate_topic_configs
 from shmq.broker.metadata import INTERNAL_TOPICS, MetadataStore, validate_topic_name
 from shmq.broker.router import Router
 from shmq.net.connection import serve
 from shmq.storage import checkpoint
-from shmq.storage.log_config import LogConfig
 from shmq.supervisor.control import ControlChannel
 from shmq.worker.main import BOOT_ERROR
 
@@ -116,14 +116,14 @@ class Controller:
                     "shmq keeps one replica per partition for now."))
             else:
                 try:
-                    LogConfig.from_kafka(t.configs, self.config.log)
+                    configs = validate_topic_configs(t.configs, self.config.log)
                 except ValueError as exc:
                     results.append(TopicResult(t.name, INVALID_CONFIG, str(exc)))
                     continue
                 if validate_only:
                     results.append(TopicResult(t.name, 0, None, None, partitions))
                     continue
-                info = self.store.create_topic(t.name, partitions, sorted(self.workers), t.configs)
+                info = self.store.create_topic(t.name, partitions, sorted(self.workers), configs)
                 changed = True
                 results.append(TopicResult(t.name, 0, None, info.topic_id, partitions))
         if changed:
@@ -155,6 +155,31 @@ class Controller:
     async def allocate_producer_ids(self, count: int) -> int:
         assert self.store is not None
         return self.store.allocate_producer_ids(count)
+
+    async def create_partitions(self, topics: list[dict[str, Any]],
+                                validate_only: bool) -> list[dict[str, Any]]:
+        assert self.store is not None
+        from shmq.broker.admin import plan_create_partitions
+
+        results, grow = plan_create_partitions(self.store.metadata, topics, MAX_PARTITIONS)
+        if grow and not validate_only:
+            for name, count in grow.items():
+                self.store.add_partitions(name, count, sorted(self.workers))
+            await self.publish_metadata()
+        return results
+
+    async def alter_configs(self, resources: list[dict[str, Any]], validate_only: bool,
+                            incremental: bool) -> list[dict[str, Any]]:
+        assert self.store is not None
+        from shmq.broker.admin import plan_alter_configs
+
+        results, changes = plan_alter_configs(self.store.metadata, self.config.log, resources,
+                                              incremental)
+        if changes and not validate_only:
+            for (rtype, name), configs in changes.items():
+                self.store.set_configs(rtype, name, configs)
+            await self.publish_metadata()
+        return results
 
     # -- metadata to workers ----------------------------------------------------------------
 
@@ -251,6 +276,11 @@ class Controller:
                 result = [r.__dict__ for r in await self.delete_topics(args["names"])]
             elif op == "allocate_producer_ids":
                 result = await self.allocate_producer_ids(int(args["count"]))
+            elif op == "create_partitions":
+                result = await self.create_partitions(args["topics"], args["validate_only"])
+            elif op == "alter_configs":
+                result = await self.alter_configs(args["resources"], args["validate_only"],
+                                                  args["incremental"])
             else:
                 result = None
         except Exception:  # noqa: BLE001 - a failed RPC must not kill the controller

@@ -64,6 +64,33 @@ class ControllerRpc:
     async def allocate_producer_ids(self, count: int) -> int:
         return int(await self._call("allocate_producer_ids", count=count))
 
+    async def create_partitions(self, topics: list[dict[str, Any]],
+                                validate_only: bool) -> list[dict[str, Any]]:
+        return list(await self._call("create_partitions", topics=topics,
+                                     validate_only=validate_only))
+
+    async def alter_configs(self, resources: list[dict[str, Any]], validate_only: bool,
+                            incremental: bool) -> list[dict[str, Any]]:
+        return list(await self._call("alter_configs", resources=resources,
+                                     validate_only=validate_only, incremental=incremental))
+
+
+def apply_log_configs(ctx: Any, manager: Any) -> None:
+    """Give every live log the config its topic now has (AlterConfigs); a retention that got
+    shorter deletes old segments now rather than at the next retention pass."""
+    from shmq.broker.dynamic_configs import effective_log_config
+
+    deleted = 0
+    for (topic, _partition), plog in list(manager.logs.items()):
+        if topic not in ctx.metadata.topics:
+            continue
+        config = effective_log_config(ctx.metadata, ctx.config.log, ctx.node_id, topic)
+        if config != plog.config:
+            plog.update_config(config)
+            deleted += plog.delete_old_segments()
+    if deleted:
+        manager.checkpoint()
+
 
 def _die_with_parent() -> None:
     """PR_SET_PDEATHSIG: SIGTERM when the controller dies, even if EOF is missed."""
@@ -134,6 +161,7 @@ async def run(args: argparse.Namespace) -> int:
                     for p in range(len(ctx.metadata.topics[name].partitions)):
                         manager.delete_log(name, p)
                 ctx.metadata = new
+                apply_log_configs(ctx, manager)  # dynamic topic/broker configs, at once
                 for (topic, partition), plog in list(manager.logs.items()):
                     if topic in new.topics:
                         ctx.publish_state(topic, partition, plog)

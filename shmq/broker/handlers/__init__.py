@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 from shmq.broker.handlers import (
+    alter_configs,
     api_versions,
+    create_partitions,
     create_topics,
+    delete_records,
     delete_topics,
+    describe_cluster,
+    describe_configs,
+    describe_producers,
     fetch,
     find_coordinator,
+    incremental_alter_configs,
     init_producer_id,
     list_offsets,
     metadata,
@@ -24,4 +31,11 @@ HANDLERS = {
     20: delete_topics.handle,
     23: offset_for_leader_epoch.handle,
     10: find_coordinator.handle,
+    37: create_partitions.handle,
+    32: describe_configs.handle,
+    33: alter_configs.handle,
+    44: incremental_alter_configs.handle,
+    21: delete_records.handle,
+    60: describe_cluster.handle,
+    61: describe_producers.handle,
 }
