@@ -18,6 +18,7 @@ if not os.environ.get("SHMQ_PURE"):
         from shmq._fast import index as _index
         from shmq._fast import mapping as _mapping
         from shmq._fast import seqlock as _seqlock
+        from shmq._fast import wire as _wire  # noqa: F401  (used by shmq.protocol)
 
         HAVE_FAST = True
     except ImportError:  # not built: fall back to the twin

@@ -36,6 +36,11 @@ Layout, v4–v12 (flexible v12: compact strings/arrays/records, tagged fields; h
 
 Arrays and strings: int32 count / int16 length (-1 = null) before v12, uvarint(n+1) (0 = null)
 in v12.
+
+The code here is the pure-Python twin of ``shmq._fast.wire.encode_fetch_response`` (STYLE.md §4),
+which runs unless ``SHMQ_PURE=1`` or the extension is not built.  The compiled writer puts every
+non-slice byte into one ``bytearray`` and hands out memoryviews of it between the slices; this one
+returns ``bytes`` pieces.  ``tests/unit/test_wire_parity.py`` checks they send the same bytes.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ import struct
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from shmq import _fast
 from shmq.errors import LocalProtocolError
 from shmq.protocol.kio_guard import write_uvarint
 
@@ -82,7 +88,7 @@ def _compact_length(n: int) -> bytes:
     return write_uvarint(n + 1)
 
 
-def encode_fetch_response(
+def encode_fetch_response_py(
     version: int,
     correlation_id: int,
     topics: Sequence[tuple[str, Sequence[FetchPartitionData]]],
@@ -152,3 +158,11 @@ def encode_fetch_response(
     except struct.error as exc:
         raise LocalProtocolError(f"cannot encode Fetch v{version} response: {exc}") from exc
     return [bytes(piece) if type(piece) is bytearray else piece for piece in pieces]
+
+
+if _fast.HAVE_FAST:
+    from shmq._fast import wire as _wire
+
+    encode_fetch_response = _wire.encode_fetch_response
+else:
+    encode_fetch_response = encode_fetch_response_py  # type: ignore[assignment]

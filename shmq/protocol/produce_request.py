@@ -39,14 +39,20 @@ Response, v3–v11 (header v0, or v1 = + empty tagged fields from v9)::
 Hostile input: every length and count is checked against the bytes that are left before it is
 used, and lists grow by appending, so nothing is ever allocated from a count.  Any malformed
 request raises ``RemoteProtocolError``.
+
+The code here is the pure-Python twin of ``shmq._fast.wire`` (STYLE.md §4): the compiled parser
+and encoder run unless ``SHMQ_PURE=1`` or the extension is not built; the twin is their oracle in
+``tests/unit/test_wire_parity.py``.  Both build the NamedTuples of ``shmq._fast._wire_types``.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
+from shmq import _fast
+from shmq._fast._wire_types import ProducePartition, ProduceRequest, ProduceTopic
 from shmq.errors import LocalProtocolError, RemoteProtocolError
 from shmq.protocol.kio_guard import read_uvarint, skip_tagged_fields, write_uvarint
 
@@ -64,23 +70,6 @@ _SIZE_CORRELATION = struct.Struct(">ii")
 # The fewest bytes one array item can take (used to reject counts the frame cannot hold).
 _MIN_TOPIC = {False: 2 + 4, True: 1 + 1 + 1}  # name, partition count, [tags]
 _MIN_PARTITION = {False: 4 + 4, True: 4 + 1 + 1}  # index, records length, [tags]
-
-
-class ProducePartition(NamedTuple):
-    partition_index: int
-    records: memoryview | None  # a slice of the request frame, or None for null records
-
-
-class ProduceTopic(NamedTuple):
-    name: str
-    partitions: list[ProducePartition]
-
-
-class ProduceRequest(NamedTuple):
-    transactional_id: str | None
-    acks: int
-    timeout_ms: int
-    topics: list[ProduceTopic]
 
 
 def _short() -> RemoteProtocolError:
@@ -154,7 +143,7 @@ class _Reader:
             self.pos = skip_tagged_fields(self.buf, self.pos, self.end)
 
 
-def parse_produce_request(frame: memoryview, header_size: int, version: int) -> ProduceRequest:
+def parse_produce_request_py(frame: memoryview, header_size: int, version: int) -> ProduceRequest:
     """Parse the Produce body that starts at ``header_size`` in ``frame`` (v3..v11).
 
     ``records`` are memoryview slices of ``frame`` (they keep it alive).  Malformed input raises
@@ -207,7 +196,7 @@ def _put_string(out: bytearray, s: str | None, flexible: bool) -> None:
     out += data
 
 
-def encode_produce_response(
+def encode_produce_response_py(
     version: int,
     correlation_id: int,
     throttle_ms: int,
@@ -251,3 +240,13 @@ def encode_produce_response(
     except struct.error as exc:
         raise LocalProtocolError(f"cannot encode Produce v{version} response: {exc}") from exc
     return bytes(out)
+
+
+if _fast.HAVE_FAST:
+    from shmq._fast import wire as _wire
+
+    parse_produce_request = _wire.parse_produce_request
+    encode_produce_response = _wire.encode_produce_response
+else:
+    parse_produce_request = parse_produce_request_py
+    encode_produce_response = encode_produce_response_py  # type: ignore[assignment]

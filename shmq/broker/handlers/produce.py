@@ -26,10 +26,11 @@ MESSAGE_TOO_LARGE, UNSUPPORTED_VERSION, INVALID_RECORD, INVALID_TOPIC = 10, 35, 
 
 async def handle(ctx: BrokerContext, frame: memoryview, header_size: int, api_version: int,
                  correlation_id: int) -> bytes | None:
-    request = parse_produce_request(frame, header_size, api_version)
+    _transactional_id, acks, _timeout_ms, topics = parse_produce_request(frame, header_size,
+                                                                         api_version)
     results = []
     to_flush = []
-    for topic, partitions in request.topics:
+    for topic, partitions in topics:
         out = []
         info = ctx.metadata.topics.get(topic)
         for index, records in partitions:
@@ -65,7 +66,7 @@ async def handle(ctx: BrokerContext, frame: memoryview, header_size: int, api_ve
                     log.update_high_watermark(log.log_end_offset)
                     ctx.publish_state(topic, index, log)
                     ctx.notify_data(topic, index)
-                    if request.acks == -1 and ctx.config.flush_on_ack:
+                    if acks == -1 and ctx.config.flush_on_ack:
                         to_flush.append((log, appended.last_offset + 1))
                 start = log.log_start_offset
             out.append((index, code, base, append_time, start, message))
@@ -74,6 +75,6 @@ async def handle(ctx: BrokerContext, frame: memoryview, header_size: int, api_ve
         loop = asyncio.get_running_loop()
         await asyncio.gather(*(loop.run_in_executor(None, log.flush, upto)
                                for log, upto in to_flush))
-    if request.acks == 0:
+    if acks == 0:
         return None
     return encode_produce_response(api_version, correlation_id, 0, results)

@@ -43,10 +43,13 @@ def segment(tmp_path):
     os.close(fd)
 
 
+_BYTES_LIKE = (bytes, bytearray, memoryview)  # the compiled writer hands out memoryviews
+
+
 def _concat(pieces) -> bytes:
     out = bytearray()
     for piece in pieces:
-        if isinstance(piece, bytes):
+        if isinstance(piece, _BYTES_LIKE):
             out += piece
         else:
             data = os.pread(piece.fd, piece.length, piece.position)
@@ -150,7 +153,7 @@ def test_decodes_with_kio(segment, version):
 def test_pieces_alternate_and_are_merged(segment):
     topics, _ = _topics(*segment)
     pieces = encode_fetch_response(12, 1, topics)
-    kinds = [isinstance(p, bytes) for p in pieces]
+    kinds = [isinstance(p, _BYTES_LIKE) for p in pieces]
     assert kinds[0] and kinds[-1]
     assert all(a != b for a, b in zip(kinds, kinds[1:], strict=False))  # no two bytes in a row
     assert sum(not k for k in kinds) == 3  # exactly the slices, in order
@@ -177,7 +180,7 @@ def test_size_prefix_counts_slices_without_reading_them():
         12, 1, [("t", [FetchPartitionData(0, 0, 0, 0, 0, records=[huge])])]
     )
     assert pieces[1] is huge
-    total = sum(len(p) if isinstance(p, bytes) else p.length for p in pieces)
+    total = sum(len(p) if isinstance(p, _BYTES_LIKE) else p.length for p in pieces)
     assert struct.unpack_from(">i", pieces[0])[0] == total - 4
     with pytest.raises(LocalProtocolError, match="too large"):
         encode_fetch_response(

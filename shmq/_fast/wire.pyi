@@ -1,0 +1,20 @@
+from collections.abc import Sequence
+from typing import Any
+
+from shmq._fast._wire_types import ProduceRequest
+
+def parse_produce_request(frame: memoryview, header_size: int, version: int) -> ProduceRequest: ...
+def encode_produce_response(
+    version: int,
+    correlation_id: int,
+    throttle_ms: int,
+    results: Sequence[tuple[str, Sequence[Sequence[Any]]]],
+) -> bytes: ...
+def encode_fetch_response(
+    version: int,
+    correlation_id: int,
+    topics: Sequence[tuple[str, Sequence[Sequence[Any]]]],
+    throttle_ms: int = 0,
+    error_code: int = 0,
+    session_id: int = 0,
+) -> list[Any]: ...
