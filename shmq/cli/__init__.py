@@ -35,6 +35,8 @@ COMMANDS = [
     "console_producer",
     "console_consumer",
     "consumer_groups",
+    "producer_perf_test",
+    "consumer_perf_test",
 ]
 
 EXIT_OK = 0
