@@ -32,6 +32,8 @@ COMMANDS = [
     "dump_log",
     "demo",
     "topics",
+    "configs",
+    "get_offsets",
     "console_producer",
     "console_consumer",
     "consumer_groups",

@@ -7,7 +7,7 @@ Exactly one action::
     --list     [--topic REGEX] [--exclude-internal]   one name a line, sorted
     --describe [--topic REGEX] [--if-exists] [filters]
     --delete   --topic REGEX [--if-exists]            prints nothing
-    --alter    --topic REGEX --partitions N [--if-exists]
+    --alter    --topic REGEX [--partitions N] [--config k=v ...] [--if-exists]
 
 ``--topic`` is a regular expression (full match; ``,`` means ``|``) everywhere but ``--create``,
 as in Kafka.  ``--describe`` prints, TAB-separated::
@@ -15,8 +15,10 @@ as in Kafka.  ``--describe`` prints, TAB-separated::
     Topic: T<TAB>TopicId: <base64><TAB>PartitionCount: N<TAB>ReplicationFactor: R<TAB>Configs: k=v,...
     <TAB>Topic: T<TAB>Partition: P<TAB>Leader: L<TAB>Replicas: 1<TAB>Isr: 1<TAB>Elr: N/A<TAB>LastKnownElr: N/A
 
-``Configs:`` lists the topic's non-default configs, from DescribeConfigs; a broker without
-DescribeConfigs (shmq, for now) gets an empty list.
+``Configs:`` lists the topic's non-default configs, from DescribeConfigs (a broker without
+DescribeConfigs gets an empty list).  Partition counts only grow: ``--alter --partitions`` with a
+smaller count fails with the broker's INVALID_PARTITIONS message.  ``--alter --config`` (Kafka
+2's spelling) sets topic configs through IncrementalAlterConfigs, like ``shmq configs``.
 
 A failure is one line, ``Error while executing topic command : <message>``, and exit code 1.
 Two deliberate differences from Kafka 4: that line goes to stderr (Kafka prints it on stdout and
@@ -123,7 +125,7 @@ def _check_args(args: argparse.Namespace) -> str:
     action = chosen[0]
     if action not in ("list", "describe") and not args.topic:
         raise usage_error("topics", 'Missing required argument "[topic]"')
-    if action == "alter" and args.partitions is None:
+    if action == "alter" and args.partitions is None and not args.config:
         raise usage_error("topics", 'Missing required argument "[partitions]"')
     allowed = {
         "config": ("create", "alter"),
@@ -285,7 +287,18 @@ class TopicService:
 
         topics = self.get_topics(args.topic, args.exclude_internal)
         self.ensure_topic_exists(topics, args.topic, not args.if_exists)
-        if topics:
+        configs = parse_topic_configs(args.config)
+        if topics and configs:  # Kafka 2's --alter --config, done as kafka-configs.sh does it
+            from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+            self._wait(self.admin.incremental_alter_configs(
+                [ConfigResource(ConfigResource.Type.TOPIC, t, incremental_configs=[
+                    ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+                    for k, v in configs.items()]) for t in topics],
+                request_timeout=self.timeout))
+        if topics and args.partitions is not None:
+            if args.partitions < 1:
+                raise TopicCommandError("The partitions must be greater than 0")
             self._wait(self.admin.create_partitions(
                 [NewPartitions(t, args.partitions) for t in topics],
                 request_timeout=self.timeout))
