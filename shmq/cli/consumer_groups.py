@@ -56,7 +56,6 @@ from shmq.cli import CommandError
 from shmq.cli._connect import (
     add_connection_args,
     client_config,
-    kafka_error_text,
     load_properties,
     resolve_bootstrap,
     usage_error,
@@ -640,19 +639,30 @@ def run(args: argparse.Namespace) -> int:
         raise
 
 
-def kafka_message(exc: BaseException) -> str:
-    """Kafka's message for the error a confluent-kafka exception carries."""
+def kafka_message(exc: object) -> str:
+    """Kafka's message for a confluent-kafka exception or KafkaError (librdkafka's texts say
+    "Broker: Group not empty" where Kafka says "The group is not empty.")."""
     code = error_code(exc)
-    text = kafka_error_text(exc)
+    err = _kafka_error(exc)
+    text = str(err.str()) if err is not None else str(exc)
     if code in KAFKA_MESSAGES and (text.startswith("Broker: ") or not text):
         return KAFKA_MESSAGES[code]
     return text
 
 
-def error_code(exc: BaseException | None) -> int | None:
-    err = exc.args[0] if exc is not None and exc.args else None
-    code = getattr(err, "code", None)
-    return int(code()) if callable(code) else None
+def _kafka_error(exc: object) -> Any:
+    """The KafkaError of a KafkaException (or the KafkaError itself), else None."""
+    if callable(getattr(exc, "code", None)) and callable(getattr(exc, "str", None)):
+        return exc
+    args = getattr(exc, "args", None)
+    err = args[0] if args else None
+    return err if callable(getattr(err, "code", None)) and callable(getattr(err, "str", None)) \
+        else None
+
+
+def error_code(exc: object) -> int | None:
+    err = _kafka_error(exc)
+    return int(err.code()) if err is not None else None
 
 
 def _warn(line: str) -> None:
@@ -711,7 +721,10 @@ class GroupService:
 
     def list_group_listings(self) -> list[Any]:
         result = self.admin.list_consumer_groups(request_timeout=self.timeout).result()
-        for error in result.errors or ():
+        errors = list(result.errors or ())
+        if errors and not result.valid:
+            raise CommandError(FAILED + kafka_message(errors[0]))
+        for error in errors:
             _warn(f"WARN: {kafka_message(error)}")
         return sorted(result.valid or (), key=lambda listing: listing.group_id)
 
