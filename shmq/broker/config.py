@@ -27,6 +27,17 @@ class BrokerConfig:
     flush_on_ack: bool = True                       # acks=all waits for an fsync (group commit)
     log: LogConfig = field(default_factory=LogConfig)   # topic defaults (log.* / segment.* ...)
     cluster_id: str = ""
+    # group coordinator (Kafka's names; the delay is 3000 ms in Kafka: a lone consumer on a local
+    # broker would wait 3 s for its first partition, so shmq waits just long enough for consumers
+    # started together to land in one generation)
+    group_initial_rebalance_delay_ms: int = 100     # group.initial.rebalance.delay.ms
+    group_min_session_timeout_ms: int = 6000        # group.min.session.timeout.ms
+    group_max_session_timeout_ms: int = 1_800_000   # group.max.session.timeout.ms
+    offsets_retention_minutes: int = 10080          # offsets.retention.minutes (7 days)
+    offsets_retention_check_interval_ms: int = 600_000  # offsets.retention.check.interval.ms
+    offset_metadata_max_bytes: int = 4096           # offset.metadata.max.bytes
+    offsets_topic_num_partitions: int = 1           # offsets.topic.num.partitions (Kafka: 50)
+    offsets_topic_segment_bytes: int = 16 << 20     # offsets.topic.segment.bytes (Kafka: 100 MiB)
 
     KAFKA_NAMES = {
         "num.partitions": "num_partitions",
@@ -34,6 +45,14 @@ class BrokerConfig:
         "message.max.bytes": "message_max_bytes",
         "socket.request.max.bytes": "socket_request_max_bytes",
         "flush.on.ack": "flush_on_ack",
+        "group.initial.rebalance.delay.ms": "group_initial_rebalance_delay_ms",
+        "group.min.session.timeout.ms": "group_min_session_timeout_ms",
+        "group.max.session.timeout.ms": "group_max_session_timeout_ms",
+        "offsets.retention.minutes": "offsets_retention_minutes",
+        "offsets.retention.check.interval.ms": "offsets_retention_check_interval_ms",
+        "offset.metadata.max.bytes": "offset_metadata_max_bytes",
+        "offsets.topic.num.partitions": "offsets_topic_num_partitions",
+        "offsets.topic.segment.bytes": "offsets_topic_segment_bytes",
     }
     LOG_NAMES = {
         "log.segment.bytes": "segment.bytes",
@@ -89,3 +108,14 @@ class BrokerConfig:
             raise ConfigError("num.partitions must be at least 1")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port {self.port} is out of range")
+        if self.group_initial_rebalance_delay_ms < 0 or self.offsets_retention_minutes < 1 \
+                or self.offsets_retention_check_interval_ms < 1 or self.offset_metadata_max_bytes < 0:
+            raise ConfigError("group.initial.rebalance.delay.ms, offsets.retention.minutes, "
+                              "offsets.retention.check.interval.ms and offset.metadata.max.bytes "
+                              "must not be negative (retention and interval at least 1)")
+        if not 0 < self.group_min_session_timeout_ms <= self.group_max_session_timeout_ms:
+            raise ConfigError("group.min.session.timeout.ms must be positive and at most "
+                              "group.max.session.timeout.ms")
+        if not 1 <= self.offsets_topic_num_partitions <= 1000 or self.offsets_topic_segment_bytes < 1024:
+            raise ConfigError("offsets.topic.num.partitions must be 1..1000 and "
+                              "offsets.topic.segment.bytes at least 1024")

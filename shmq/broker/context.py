@@ -57,6 +57,7 @@ class BrokerContext:
     metadata: ClusterMetadata
     controller: ControllerApi
     logs: Any = None                     # LogManager in a worker, None in the controller
+    coordinator: Any = None              # GroupCoordinator in the controller, None in a worker
     _data_events: dict[tuple[str, int], asyncio.Event] = field(default_factory=dict)
     _pid_block: list[int] = field(default_factory=lambda: [0, 0])   # next, end
     stats: dict[str, int] = field(default_factory=lambda: {"sendfile_bytes": 0,

@@ -71,6 +71,16 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     INIT_PRODUCER_ID: (0, 5),  # 6 is 2PC (KIP-939)
     OFFSET_FOR_LEADER_EPOCH: (2, 4),
     FIND_COORDINATOR: (0, 6),  # librdkafka enables LZ4 only when FindCoordinator v0 is offered
+    JOIN_GROUP: (0, 9),  # group APIs: min 0 for librdkafka 2.0.2's balanced-consumer check
+    SYNC_GROUP: (0, 5),
+    HEARTBEAT: (0, 4),
+    LEAVE_GROUP: (0, 5),
+    OFFSET_COMMIT: (2, 9),  # 10 addresses topics by id
+    OFFSET_FETCH: (1, 9),
+    DESCRIBE_GROUPS: (0, 5),
+    LIST_GROUPS: (0, 5),
+    DELETE_GROUPS: (0, 2),
+    OFFSET_DELETE: (0, 0),
     CREATE_PARTITIONS: (0, 3),
     DESCRIBE_CONFIGS: (1, 4),
     ALTER_CONFIGS: (0, 2),

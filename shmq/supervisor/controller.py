@@ -150,6 +150,8 @@ class Controller:
                 results.append(TopicResult(name, 0, None, info.topic_id))
         if changed:
             await self.publish_metadata()
+            if self.ctx.coordinator is not None:  # their committed offsets go too
+                self.ctx.coordinator.on_topics_deleted([r.name for r in results if not r.error_code])
         return results
 
     async def allocate_producer_ids(self, count: int) -> int:
@@ -344,6 +346,7 @@ class Controller:
             loop.add_signal_handler(sig, self.stop_event.set)
         self.ctx = BrokerContext(node_id=0, config=self.config, metadata=self.store.metadata,
                                  controller=self)
+        self.ctx.coordinator = self._start_coordinator()
         server = await serve(Router(self.ctx), self.config.host, self.config.port,
                              self.config.socket_request_max_bytes, self.ctx.stats)
         self.port = server.sockets[0].getsockname()[1]
@@ -379,9 +382,34 @@ class Controller:
             raise BootError(self.halt_reason)
         return 0
 
+    def _start_coordinator(self) -> Any:
+        """The group coordinator, its ``__consumer_offsets`` log under ``<data dir>/controller``
+        replayed before the listener opens."""
+        from shmq.coordinator import CoordinatorConfig, GroupCoordinator
+
+        c = self.config
+
+        def topic_partitions(topic: str) -> int | None:
+            info = self.ctx.metadata.topics.get(topic)
+            return None if info is None else len(info.partitions)
+
+        coordinator = GroupCoordinator(self.data_dir / "controller", CoordinatorConfig(
+            initial_rebalance_delay_ms=c.group_initial_rebalance_delay_ms,
+            min_session_timeout_ms=c.group_min_session_timeout_ms,
+            max_session_timeout_ms=c.group_max_session_timeout_ms,
+            offsets_retention_ms=c.offsets_retention_minutes * 60_000,
+            retention_check_interval_ms=c.offsets_retention_check_interval_ms,
+            offset_metadata_max_bytes=c.offset_metadata_max_bytes,
+            offsets_partitions=c.offsets_topic_num_partitions,
+            offsets_segment_bytes=c.offsets_topic_segment_bytes), topic_partitions)
+        coordinator.load()
+        return coordinator
+
     async def shutdown(self, server: asyncio.base_events.Server) -> None:
         self.stop_event.set()
         server.close()
+        if self.ctx.coordinator is not None:
+            self.ctx.coordinator.close()
         for w in self.workers.values():
             if w.channel is not None:
                 try:

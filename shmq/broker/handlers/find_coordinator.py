@@ -1,10 +1,11 @@
 """FindCoordinator (10): where a group's or a transactional id's coordinator lives.
 
-The group and transaction coordinators are later work (they will live in the controller, node
-0).  Until then every key gets COORDINATOR_NOT_AVAILABLE, which clients treat as retriable.  The
-API must still be offered: librdkafka enables LZ4 (and, in 2.0.2, the balanced consumer) only when
-the broker advertises FindCoordinator v0 (rdkafka_feature.c), and otherwise silently sends lz4
-batches uncompressed.  v4+ carries a batch of keys (KIP-699).
+The group coordinator lives in the controller, Kafka node 0: every group key is answered with
+node 0's listener, from any node.  The transaction coordinator is later work: transactional ids
+get COORDINATOR_NOT_AVAILABLE, which clients treat as retriable.  The API must be offered in any
+case: librdkafka enables LZ4 (and, in 2.0.2, the balanced consumer) only when the broker
+advertises FindCoordinator v0 (rdkafka_feature.c).  v1+ carries a key type (0 group,
+1 transaction); v4+ a batch of keys (KIP-699).
 """
 
 from __future__ import annotations
@@ -14,17 +15,29 @@ from typing import Any
 from shmq.broker.context import BrokerContext
 from shmq.broker.handlers._build import build, response_module
 
-COORDINATOR_NOT_AVAILABLE = 15
-MESSAGE = "The coordinator is not available."
+NONE, COORDINATOR_NOT_AVAILABLE, INVALID_REQUEST = 0, 15, 42
+GROUP, TRANSACTION = 0, 1
+COORDINATOR_NODE = 0
+
+
+def _find(ctx: BrokerContext, key_type: int) -> tuple[int, str | None, int, str, int]:
+    """(error, message, node id, host, port) for one key."""
+    if key_type not in (GROUP, TRANSACTION):
+        return INVALID_REQUEST, f"Unknown coordinator type {key_type}", -1, "", -1
+    address = ctx.metadata.brokers.get(COORDINATOR_NODE)
+    if key_type == TRANSACTION or address is None:
+        return COORDINATOR_NOT_AVAILABLE, "The coordinator is not available.", -1, "", -1
+    return NONE, None, COORDINATOR_NODE, address[0], address[1]
 
 
 async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
     cls, m = response_module(10, header.api_version)
+    key_type = int(getattr(request, "key_type", GROUP))
+    error, message, node, host, port = _find(ctx, key_type)
     if header.api_version >= 4:
         coordinators = tuple(
-            build(m.Coordinator, key=key, node_id=-1, host="", port=-1,
-                  error_code=COORDINATOR_NOT_AVAILABLE, error_message=MESSAGE)
+            build(m.Coordinator, key=key, node_id=node, host=host, port=port,
+                  error_code=error, error_message=message)
             for key in request.coordinator_keys)
         return build(cls, coordinators=coordinators)
-    return build(cls, error_code=COORDINATOR_NOT_AVAILABLE, error_message=MESSAGE, node_id=-1,
-                 host="", port=-1)
+    return build(cls, error_code=error, error_message=message, node_id=node, host=host, port=port)
