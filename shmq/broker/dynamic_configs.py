@@ -303,6 +303,8 @@ def describe_topic(meta: Any, base: LogConfig, node_id: int, topic: str,
             chain.append((name, overrides[name], TOPIC_CONFIG))
         chain += _broker_chain(d, stored, base, node_id)
         value, source = (chain[0][1], chain[0][2]) if chain else (d.default, DEFAULT_CONFIG)
+        if source == DEFAULT_CONFIG:  # the synonym may be in other units (log.retention.hours)
+            value = d.default
         out.append(Entry(name, value, source, False, d.type, d.doc, chain))
     return out
 
