@@ -240,11 +240,27 @@ def run(args: argparse.Namespace) -> int:
     conf, group = consumer_config(args, bootstrap, file_props, extra_props)
     out: IO[bytes] = getattr(sys.stdout, "buffer", None) or sys.stdout  # type: ignore[assignment]
     consumer = ConsoleConsumer(conf, formatter, out, args.skip_message_on_error)
+    _stop_on_sigterm()
     try:
         return consumer.run(args, group, start)
     finally:
         if consumer.started:  # not when it could not start: then the error is the one line
             _report_count(consumer.count)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C: Kafka's tool closes its consumer in a shutdown hook, so a
+    group member leaves the group and commits what it printed instead of holding its partitions
+    until the session times out."""
+
+
+def _stop_on_sigterm() -> None:
+    import signal
+
+    def stop(signum: int, frame: object) -> None:
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def _report_count(count: int) -> None:
@@ -281,8 +297,8 @@ class ConsoleConsumer:
                 self._start(args, group, start)
                 self.started = True
                 return self._loop(args.max_messages, args.timeout_ms)
-            except KeyboardInterrupt:
-                return 130
+            except KeyboardInterrupt as exc:
+                return 143 if isinstance(exc, Terminated) else 130
             except KafkaException as exc:
                 raise CommandError(kafka_error_text(exc)) from None
         finally:

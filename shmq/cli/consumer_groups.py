@@ -96,6 +96,7 @@ KAFKA_MESSAGES = {
         "subscribed to it.",
 }
 GROUP_ID_NOT_FOUND = 69
+NOT_COORDINATOR = 16
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -721,11 +722,13 @@ class GroupService:
 
     def list_group_listings(self) -> list[Any]:
         result = self.admin.list_consumer_groups(request_timeout=self.timeout).result()
-        errors = list(result.errors or ())
+        # librdkafka asks every broker.  One that answers NOT_COORDINATOR coordinates no group
+        # (shmq's partition workers say so), so it has nothing to add to the list.
+        errors = [e for e in result.errors or () if error_code(e) != NOT_COORDINATOR]
         if errors and not result.valid:
             raise CommandError(FAILED + kafka_message(errors[0]))
-        for error in errors:
-            _warn(f"WARN: {kafka_message(error)}")
+        for text in dict.fromkeys(kafka_message(e) for e in errors):
+            _warn(f"WARN: {text}")
         return sorted(result.valid or (), key=lambda listing: listing.group_id)
 
     def target_groups(self) -> list[str]:

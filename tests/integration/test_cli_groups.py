@@ -8,6 +8,7 @@ from __future__ import annotations
 import calendar
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -428,6 +429,30 @@ def test_console_consumer_group_resumes_where_it_stopped(cluster: RunningBroker)
     assert committed(cluster, "cgc-group") == {(topic, 0): 10}
     r = shmq(*base, "--group", "cgc-group", "--consumer-property", "group.id=other")
     assert r.code == 2 and "do not match" in r.err, r
+
+
+def test_console_consumer_group_leaves_and_commits_on_sigterm(cluster: RunningBroker) -> None:
+    topic, group = "cgt-events", "cgt-group"
+    create_topic(cluster, topic)
+    produce(cluster, topic, 5)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shmq", "console-consumer", "--bootstrap-server",
+         cluster.bootstrap, "--topic", topic, "--group", group, "--from-beginning"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert [proc.stdout.readline() for _ in range(5)] == [f"m{i}\n" for i in range(5)]
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # like Kafka's shutdown hook: the consumer closed, committing what it printed and leaving
+    assert (proc.returncode, out, err) == (143, "", "Processed a total of 5 messages\n")
+    assert committed(cluster, group) == {(topic, 0): 5}
+    r = groups(cluster, "--describe", "--group", group, "--state")
+    assert r.lines[2].split()[-2:] == ["Empty", "0"], r
 
 
 # --- bad input with a broker -------------------------------------------------------------------
