@@ -97,6 +97,7 @@ KAFKA_MESSAGES = {
 }
 GROUP_ID_NOT_FOUND = 69
 NOT_COORDINATOR = 16
+TIMED_OUT = -185  # librdkafka's RD_KAFKA_RESP_ERR__TIMED_OUT
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -635,9 +636,9 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:
         from confluent_kafka import KafkaException
 
-        if isinstance(exc, KafkaException):
-            raise CommandError(FAILED + kafka_message(exc)) from None
-        raise
+        if not isinstance(exc, KafkaException):
+            raise
+        raise service.failure(exc) from None
 
 
 def kafka_message(exc: object) -> str:
@@ -718,6 +719,13 @@ class GroupService:
         except Exception as exc:
             raise CommandError(kafka_message(exc)) from None
 
+    def failure(self, exc: object) -> CommandError:
+        """The one line for a request that failed."""
+        if error_code(exc) == TIMED_OUT:  # librdkafka says only "Local: Timed out"
+            return CommandError(f"{FAILED}no answer from {self.bootstrap} within "
+                                f"{round(self.timeout * 1000)} ms (--timeout)")
+        return CommandError(FAILED + kafka_message(exc))
+
     # --- reading the cluster -------------------------------------------------------------------
 
     def list_group_listings(self) -> list[Any]:
@@ -726,7 +734,7 @@ class GroupService:
         # (shmq's partition workers say so), so it has nothing to add to the list.
         errors = [e for e in result.errors or () if error_code(e) != NOT_COORDINATOR]
         if errors and not result.valid:
-            raise CommandError(FAILED + kafka_message(errors[0]))
+            raise self.failure(errors[0])
         for text in dict.fromkeys(kafka_message(e) for e in errors):
             _warn(f"WARN: {text}")
         return sorted(result.valid or (), key=lambda listing: listing.group_id)
@@ -967,7 +975,7 @@ class GroupService:
             try:
                 result = futures[group].result()
             except KafkaException as exc:
-                raise CommandError(FAILED + kafka_message(exc)) from None
+                raise self.failure(exc) from None
             for tp in result.topic_partitions or ():
                 if tp.error is not None:
                     raise CommandError(f"{FAILED}{tp.topic}-{tp.partition}: "

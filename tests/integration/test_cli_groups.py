@@ -471,3 +471,16 @@ def test_malformed_command_lines(cluster: RunningBroker, args: list[str], messag
     r = groups(cluster, *args)
     assert (r.code, r.out) == (2, ""), r
     assert r.err.count("\n") == 1 and message in r.err, r
+
+
+def test_no_broker_is_one_line() -> None:
+    import socket
+
+    with socket.socket() as s:  # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = shmq("consumer-groups", "--bootstrap-server", f"127.0.0.1:{port}", "--timeout", "1000",
+             "--describe", "--group", "g")
+    assert (r.code, r.out) == (1, ""), r
+    assert r.err == ("Error: Executing consumer group command failed due to no answer from "
+                     f"127.0.0.1:{port} within 1000 ms (--timeout)\n")
