@@ -2,8 +2,10 @@
 
 Theory of operation
 -------------------
-``data_received`` feeds the ``FrameDecoder``; complete frames queue up and one task per
-connection handles them strictly one after another, so responses leave in request order (Kafka
+The socket reads straight into the ``FrameReceiver``'s buffers (``asyncio.BufferedProtocol``:
+no bytes object per read, no joining of frames that span reads); complete frames, read-only
+views of those buffers that stay valid for as long as they are referenced, queue up and one task
+per connection handles them strictly one after another, so responses leave in request order (Kafka
 mutes a channel while a request is in flight; kafka-python and aiokafka match responses to the
 oldest request and drop the connection otherwise).  A response is a list of pieces: bytes go to
 ``transport.write``; a ``FileSlice`` goes to ``loop.sendfile`` (``os.sendfile`` underneath: the
@@ -21,7 +23,7 @@ from collections import deque
 from typing import Any
 
 from shmq.errors import ProtocolError
-from shmq.protocol.framing import FrameDecoder
+from shmq.protocol.framing import FrameReceiver
 from shmq.storage.slices import FileSlice
 
 log = logging.getLogger(__name__)
@@ -45,10 +47,10 @@ class _FdFile:
         return offset
 
 
-class KafkaConnection(asyncio.Protocol):
+class KafkaConnection(asyncio.BufferedProtocol):
     def __init__(self, router: Any, max_frame_bytes: int, stats: dict[str, int]) -> None:
         self.router = router
-        self.decoder = FrameDecoder(max_frame_bytes)
+        self.receiver = FrameReceiver(max_frame_bytes)
         self.stats = stats
         self.queue: deque[memoryview] = deque()
         self.transport: asyncio.Transport | None = None
@@ -65,9 +67,12 @@ class KafkaConnection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.task = asyncio.ensure_future(self._serve())
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.receiver.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
         try:
-            frames = self.decoder.feed(data)
+            frames = self.receiver.buffer_updated(nbytes)
         except ProtocolError as exc:
             log.info("closing connection: %s", exc)
             self._abort()

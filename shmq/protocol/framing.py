@@ -1,7 +1,33 @@
 """Split a byte stream into Kafka frames: ``int32 size`` + ``size`` bytes of payload.
 
-Theory of operation
--------------------
+Two splitters: ``FrameReceiver`` (the broker's: the socket reads straight into its buffers) and
+``FrameDecoder`` (bytes fed in; kept for clients and tools that get bytes objects).
+
+FrameReceiver: theory of operation
+----------------------------------
+It serves ``asyncio.BufferedProtocol``: ``get_buffer()`` hands the transport a writable view to
+``recv_into``, ``buffer_updated(n)`` returns every frame those ``n`` bytes complete, as read-only
+memoryviews of the receive buffer (zero copy; kio needs read-only buffers)::
+
+    buffer   [ frames handed out | pending frame (start..end) | free space (end..capacity) ]
+
+* **Handed-out bytes are never written again.**  A buffer is only ever filled forward; when the
+  pending frame does not fit in what is left, a *new* buffer takes over and the pending bytes are
+  copied there, while the old one lives on for as long as a frame view (a queued request, a
+  produce append waiting on a flush) holds it.  Nothing has to track who still reads a frame.
+* **Buffers are anonymous private mappings** (``mmap``): a page costs memory only once bytes are
+  received into it, and the whole mapping goes back to the kernel when its last view dies.  So
+  a frame's buffer is sized from its size prefix, once the prefix is checked against
+  ``max_frame_bytes``, without a hostile prefix costing resident memory: a 100 MiB prefix
+  followed by silence maps 100 MiB of address space and touches one page.
+* **Little is ever copied.**  While a frame is pending, reads stop at most ``READ_AHEAD`` bytes
+  past its end, and with no frame pending a read takes at most ``READ_AHEAD``; so when the next
+  frame turns out not to fit, at most ``READ_AHEAD`` bytes of it move to the new buffer.  (The
+  chunk list this replaced joined every frame that spanned two reads: ~7.5 % of the produce
+  path's samples were that memmove.)
+
+FrameDecoder: theory of operation
+---------------------------------
 ``FrameDecoder.feed(data)`` returns the payloads of every frame completed by ``data``, in order,
 as memoryviews without the size prefix.  The decoder holds at most one incomplete frame:
 
@@ -19,12 +45,95 @@ above ``max_frame_bytes`` (Kafka's ``socket.request.max.bytes``, 100 MiB) raises
 
 from __future__ import annotations
 
+import mmap
 from typing import Any
 
 from shmq.errors import RemoteProtocolError
 
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024
 _SMALL_CHUNK = 4096  # pieces below this are coalesced instead of listed
+
+BUFFER_BYTES = 1024 * 1024  # the smallest receive buffer (address space; pages on first use)
+READ_AHEAD = 64 * 1024  # the most a read takes beyond the pending frame's end (see above)
+_MIN_FREE = 4096  # less free space than this: start a new buffer rather than read a sliver
+
+
+def _map(size: int) -> mmap.mmap:
+    return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+
+
+class FrameReceiver:
+    """Frames received straight into mapped buffers, for ``asyncio.BufferedProtocol``."""
+
+    __slots__ = ("max_frame_bytes", "_view", "_frames", "_start", "_end", "_need", "_failed")
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self._view: memoryview | None = None  # the current buffer, writable
+        self._frames: memoryview | None = None  # the same, read-only: frames are cut from it
+        self._start = 0  # the pending frame's first byte (its size prefix)
+        self._end = 0  # bytes received into the current buffer
+        self._need = -1  # 4 + size of the pending frame once its prefix is in, else -1
+        self._failed: RemoteProtocolError | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of an incomplete frame held by the receiver."""
+        return self._end - self._start
+
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Where the next read goes (never empty)."""
+        if self._failed is not None:
+            raise self._failed
+        view = self._view
+        need = self._need
+        if need >= 0:
+            if view is None or self._start + need > len(view):
+                view = self._renew(max(BUFFER_BYTES, need))
+            stop = self._start + need + READ_AHEAD
+        else:
+            if view is None or len(view) - self._end < _MIN_FREE:
+                view = self._renew(BUFFER_BYTES)
+            stop = self._end + READ_AHEAD
+        return view[self._end : min(stop, len(view))]
+
+    def buffer_updated(self, nbytes: int) -> list[memoryview]:
+        """``nbytes`` were read into the last ``get_buffer()``; the frames they complete."""
+        self._end += nbytes
+        frames: list[memoryview] = []
+        frames_view = self._frames
+        assert frames_view is not None
+        start, end, need = self._start, self._end, self._need
+        while True:
+            if need < 0:
+                if end - start < 4:
+                    break
+                size = int.from_bytes(frames_view[start : start + 4], "big", signed=True)
+                if size < 1 or size > self.max_frame_bytes:
+                    self._failed = RemoteProtocolError(
+                        f"frame size {size} outside [1, {self.max_frame_bytes}]")
+                    raise self._failed
+                need = 4 + size
+            if end - start < need:
+                break
+            frames.append(frames_view[start + 4 : start + need])
+            start += need
+            need = -1
+        self._start, self._need = start, need
+        return frames
+
+    def _renew(self, size: int) -> memoryview:
+        """A fresh buffer of ``size`` bytes holding the pending bytes; the old one is left to
+        the frame views that still use it."""
+        view = memoryview(_map(size))
+        pending = self._end - self._start
+        if pending:
+            assert self._view is not None
+            view[:pending] = self._view[self._start : self._end]
+        self._view = view
+        self._frames = view.toreadonly()
+        self._start, self._end = 0, pending
+        return view
 
 
 class FrameDecoder:
