@@ -20,8 +20,10 @@ Where reading starts::
 
 Without ``--group`` Kafka's tool joins a throwaway group; shmq's tool assigns the partitions
 itself instead (no group coordinator needed), which reads the same records.  It stops after
-``--max-messages`` records, after ``--timeout-ms`` without one, on Ctrl-C (exit code 130), or
-when stdout is closed.
+``--max-messages`` records, after ``--timeout-ms`` without one, on Ctrl-C (exit code 130) or
+SIGTERM (143), or when stdout is closed.  A member of a group (``--group`` or ``group.id`` in the
+consumer properties) commits as Kafka's tool does: every ``auto.commit.interval.ms`` and when it
+stops, so the next member continues after the last record printed.
 """
 
 from __future__ import annotations
