@@ -82,9 +82,9 @@ def test_topics_create_list_describe_delete(cluster: RunningBroker) -> None:
     r = topics(cluster, "--describe", "--topic", "lc-events")
     assert r.code == 0 and r.err == "", r
     head, *parts = r.lines
-    # no DescribeConfigs in the broker yet: no overrides to show
+    # Configs: the topic's overrides, from DescribeConfigs
     assert re.fullmatch(rf"Topic: lc-events\tTopicId: {TOPIC_ID}\tPartitionCount: 3\t"
-                        r"ReplicationFactor: 1\tConfigs: ", head), head
+                        r"ReplicationFactor: 1\tConfigs: retention.ms=3600000", head), head
     assert len(parts) == 3
     for p, line in enumerate(parts):
         m = re.fullmatch(rf"\tTopic: lc-events\tPartition: {p}\tLeader: (\d+)\tReplicas: (\d+)"
