@@ -66,13 +66,16 @@ class ControllerRpc:
 
     async def create_partitions(self, topics: list[dict[str, Any]],
                                 validate_only: bool) -> list[dict[str, Any]]:
-        return list(await self._call("create_partitions", topics=topics,
-                                     validate_only=validate_only))
+        out = await self._call("create_partitions", topics=topics, validate_only=validate_only)
+        failed = {"error_code": -1, "error_message": "the controller could not do it"}
+        return out if out is not None else [{"name": t["name"], **failed} for t in topics]
 
     async def alter_configs(self, resources: list[dict[str, Any]], validate_only: bool,
                             incremental: bool) -> list[dict[str, Any]]:
-        return list(await self._call("alter_configs", resources=resources,
-                                     validate_only=validate_only, incremental=incremental))
+        out = await self._call("alter_configs", resources=resources,
+                               validate_only=validate_only, incremental=incremental)
+        failed = {"error_code": -1, "error_message": "the controller could not do it"}
+        return out if out is not None else [dict(failed) for _ in resources]
 
 
 def apply_log_configs(ctx: Any, manager: Any) -> None:
