@@ -384,6 +384,28 @@ def test_reset_offsets_clamps_exports_and_needs_an_inactive_group(cluster: Runni
     assert committed(cluster, group) == {(topic, 0): 10, (topic, 1): 0}
 
 
+def test_reset_offsets_from_an_exported_plan(cluster: RunningBroker, tmp_path: Any) -> None:
+    topic, group = "cgf-events", "cgf-group"
+    create_topic(cluster, topic, partitions=2)
+    produce(cluster, topic, 8, partition=0)
+    produce(cluster, topic, 8, partition=1)
+    commit(cluster, group, {(topic, 0): 1, (topic, 1): 2})
+
+    r = groups(cluster, "--reset-offsets", "--group", group, "--all-topics", "--shift-by", "3",
+               "--export")
+    assert (r.code, r.out) == (0, f"{topic},0,4\n{topic},1,5\n\n"), r
+    plan = tmp_path / "plan.csv"
+    plan.write_text(r.out.replace(f"{topic},1,5", f"{topic},1,7"))
+    assert committed(cluster, group) == {(topic, 0): 1, (topic, 1): 2}  # a dry run
+
+    r = groups(cluster, "--reset-offsets", "--group", group, "--from-file", str(plan),
+               "--execute")
+    assert (r.code, r.err) == (0, ""), r
+    assert [line.split() for line in r.lines[2:]] == [[group, topic, "0", "4"],
+                                                      [group, topic, "1", "7"]]
+    assert committed(cluster, group) == {(topic, 0): 4, (topic, 1): 7}
+
+
 # --- --delete-offsets --------------------------------------------------------------------------
 
 
