@@ -730,8 +730,8 @@ class GroupService:
 
     def list_group_listings(self) -> list[Any]:
         result = self.admin.list_consumer_groups(request_timeout=self.timeout).result()
-        # librdkafka asks every broker.  One that answers NOT_COORDINATOR coordinates no group
-        # (shmq's partition workers say so), so it has nothing to add to the list.
+        # librdkafka asks every broker; one that answers NOT_COORDINATOR coordinates no group
+        # and has nothing to add to the list (Kafka brokers answer an empty list instead).
         errors = [e for e in result.errors or () if error_code(e) != NOT_COORDINATOR]
         if errors and not result.valid:
             raise self.failure(errors[0])
