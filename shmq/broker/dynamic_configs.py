@@ -25,7 +25,7 @@ shmq appends batches as the producer compressed them, so only ``producer`` is ac
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -218,7 +218,7 @@ def topic_def(name: str) -> ConfigDef:
     return d
 
 
-def validate_topic_configs(configs: dict[str, str | None], base: LogConfig) -> dict[str, str]:
+def validate_topic_configs(configs: Mapping[str, str | None], base: LogConfig) -> dict[str, str]:
     """CreateTopics / AlterConfigs: every name known, every value valid, and the LogConfig they
     make over ``base`` consistent.  Returns the normalized overrides."""
     out = {name: validate_value(topic_def(name), value) for name, value in configs.items()}

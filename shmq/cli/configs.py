@@ -289,9 +289,10 @@ class ConfigService:
             DescribeConfigsRequest,
             DescribeConfigsResource,
         )
+        from kio.static.primitive import i8
 
         request = DescribeConfigsRequest(resources=(DescribeConfigsResource(
-            resource_type=TOPIC if etype == "topics" else BROKER, resource_name=name,
+            resource_type=i8(TOPIC if etype == "topics" else BROKER), resource_name=name,
             configuration_keys=None),), include_synonyms=True)
         response = kafka_call(self._address(etype, name), request, self.timeout)
         (result,) = response.results
@@ -329,6 +330,7 @@ class ConfigService:
             AlterConfigsResource,
             IncrementalAlterConfigsRequest,
         )
+        from kio.static.primitive import i8
 
         if etype == "topics" and name not in self.metadata.topics:
             raise ConfigCommandError(f"The topic '{name}' does not exist.")
@@ -341,10 +343,11 @@ class ConfigService:
             invalid = [k for k in deleted if k not in known]
             if invalid:
                 raise ConfigCommandError(f"Invalid config(s): {','.join(invalid)}")
-        ops = [AlterableConfig(name=k, config_operation=SET, value=v) for k, v in added.items()]
-        ops += [AlterableConfig(name=k, config_operation=DELETE, value=None) for k in deleted]
+        ops = [AlterableConfig(name=k, config_operation=i8(SET), value=v)
+               for k, v in added.items()]
+        ops += [AlterableConfig(name=k, config_operation=i8(DELETE), value=None) for k in deleted]
         request = IncrementalAlterConfigsRequest(resources=(AlterConfigsResource(
-            resource_type=TOPIC if etype == "topics" else BROKER, resource_name=name,
+            resource_type=i8(TOPIC if etype == "topics" else BROKER), resource_name=name,
             configs=tuple(ops)),), validate_only=False)
         response = kafka_call(self._address(etype, name), request, self.timeout)
         for result in response.responses:

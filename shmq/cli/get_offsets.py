@@ -106,7 +106,7 @@ def build_filters(args: argparse.Namespace) -> list[Filter]:
         if args.topic is not None or args.partitions is not None:
             raise usage_error("get-offsets",
                               "--topic-partitions cannot be used with --topic or --partitions")
-        filters = []
+        filters: list[Filter] = []
         for item in args.topic_partitions.split(","):
             m = re.fullmatch(r"([^:]*)(?::(\d*)(-)?(\d*))?", item.strip())
             if m is None or (m.group(2) == "" and not m.group(3)):
