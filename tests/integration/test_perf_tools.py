@@ -287,3 +287,39 @@ def test_group_reads_every_record(cluster: RunningBroker) -> None:
     assert row, r
     assert int(row.group(5)) == len(read_back(cluster, "pt-group")) == 900
     assert r.err == "" or "no group coordinator answers for group perf-g" in r.err
+
+
+def test_progress_bar_only_on_a_terminal(cluster: RunningBroker) -> None:
+    """On a terminal rich draws a bar (cursor movement, then erased: transient); the report
+    lines are still printed.  The pipe case is every other test here: Kafka's lines only."""
+    import pty
+
+    create(cluster, "pt-tty", 1)
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "shmq", "producer-perf-test", "--bootstrap-server",
+             cluster.bootstrap, "--topic", "pt-tty", "--num-records", "600", "--record-size",
+             "10", "--throughput", "300"],
+            stdin=subprocess.DEVNULL, stdout=follower, stderr=subprocess.PIPE,
+            env={**os.environ, "TERM": "xterm", "COLUMNS": "100"})
+        os.close(follower)
+        chunks = []
+        while True:
+            try:
+                data = os.read(leader, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        assert proc.wait(timeout=60) == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        os.close(leader)
+        if proc.stderr is not None:
+            proc.stderr.close()
+    screen = b"".join(chunks).decode("utf-8", "replace")
+    assert "acknowledged" in screen and "\x1b[" in screen  # the bar, drawn with escapes
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen).replace("\r", "\n")
+    finals = [line for line in plain.splitlines() if TOTAL.match(line.strip())]
+    assert finals and finals[-1].startswith("600 records sent, "), plain
