@@ -8,6 +8,7 @@ from __future__ import annotations
 import calendar
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -44,13 +45,15 @@ def shmq(*args: str, timeout: float = 90) -> Result:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningBroker]:
-    b = start_broker(tmp_path_factory.mktemp("cli-groups") / "data")
+    home = tmp_path_factory.mktemp("cli-groups")
+    b = start_broker(home / "data")
     try:
         yield b
     finally:
         _ADMINS.pop(b.bootstrap, None)  # before the broker goes: no reconnect noise
         code = b.stop()
         assert code == 0, b.log_path.read_text()
+        shutil.rmtree(home)
 
 
 def groups(b: RunningBroker, *args: str) -> Result:
@@ -384,7 +387,7 @@ def test_reset_offsets_clamps_exports_and_needs_an_inactive_group(cluster: Runni
     assert committed(cluster, group) == {(topic, 0): 10, (topic, 1): 0}
 
 
-def test_reset_offsets_from_an_exported_plan(cluster: RunningBroker, tmp_path: Any) -> None:
+def test_reset_offsets_from_an_exported_plan(cluster: RunningBroker) -> None:
     topic, group = "cgf-events", "cgf-group"
     create_topic(cluster, topic, partitions=2)
     produce(cluster, topic, 8, partition=0)
@@ -394,7 +397,7 @@ def test_reset_offsets_from_an_exported_plan(cluster: RunningBroker, tmp_path: A
     r = groups(cluster, "--reset-offsets", "--group", group, "--all-topics", "--shift-by", "3",
                "--export")
     assert (r.code, r.out) == (0, f"{topic},0,4\n{topic},1,5\n\n"), r
-    plan = tmp_path / "plan.csv"
+    plan = cluster.data_dir.parent / "plan.csv"
     plan.write_text(r.out.replace(f"{topic},1,5", f"{topic},1,7"))
     assert committed(cluster, group) == {(topic, 0): 1, (topic, 1): 2}  # a dry run
 
