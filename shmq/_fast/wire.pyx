@@ -10,6 +10,9 @@ Produce requests come out as the NamedTuples of ``_wire_types`` (shared with the
   Each partition's records are a memoryview slice of the frame (zero copy).  Any malformed
   request raises ``RemoteProtocolError``.
 * ``encode_produce_response`` writes the framed response into one growing C buffer.
+* ``ReceiveBuffer`` is the memory ``shmq.protocol.framing.FrameReceiver`` reads frames into; it
+  counts its buffer exports, so the receiver knows when no frame view is left and the buffer can
+  be filled again (see there).
 * ``encode_fetch_response`` writes the size prefix, the header and every partition header into
   one ``bytearray`` and returns ``[view, slice, view, slice, ..., view]``: memoryviews of that
   bytearray between the file slices, which stay objects for ``os.sendfile``.  The record bytes
@@ -25,7 +28,11 @@ from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
+from libc.errno cimport errno
 from libc.string cimport memcpy
+from posix.mman cimport MAP_ANONYMOUS, MAP_FAILED, MAP_PRIVATE, PROT_READ, PROT_WRITE, mmap, munmap
+
+import os
 
 from shmq._fast._errors import LocalProtocolError, RemoteProtocolError
 from shmq._fast._wire_types import ProducePartition, ProduceRequest, ProduceTopic
@@ -519,3 +526,52 @@ def encode_fetch_response(int version, correlation_id, topics, throttle_ms=0, er
         start = offset
     pieces.append(view[start:])
     return pieces
+
+
+# --- receive buffers ----------------------------------------------------------------------------
+
+cdef class ReceiveBuffer:
+    """``size`` bytes of anonymous private memory (pages cost memory once written) that counts
+    the buffer views taken of it: ``exports`` is the number of live ``memoryview(buffer)`` calls
+    (each shared by every slice cut from it)."""
+    cdef char *addr
+    cdef readonly Py_ssize_t size
+    cdef readonly Py_ssize_t exports
+    cdef Py_ssize_t shape[1]
+    cdef Py_ssize_t strides[1]
+
+    def __cinit__(self, Py_ssize_t size):
+        cdef void *p
+        if size <= 0:
+            raise ValueError("a receive buffer needs at least one byte")
+        p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+        if p == MAP_FAILED:
+            raise OSError(errno, os.strerror(errno))
+        self.addr = <char *>p
+        self.size = size
+
+    def __dealloc__(self):
+        if self.addr != NULL:
+            munmap(self.addr, self.size)
+
+    def __len__(self):
+        return self.size
+
+    def __getbuffer__(self, Py_buffer *view, int flags):
+        self.shape[0] = self.size
+        self.strides[0] = 1
+        view.buf = self.addr
+        view.obj = self
+        view.len = self.size
+        view.readonly = 0
+        view.itemsize = 1
+        view.format = "B"
+        view.ndim = 1
+        view.shape = self.shape
+        view.strides = self.strides
+        view.suboffsets = NULL
+        view.internal = NULL
+        self.exports += 1
+
+    def __releasebuffer__(self, Py_buffer *view):
+        self.exports -= 1

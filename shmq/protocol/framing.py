@@ -11,10 +11,15 @@ memoryviews of the receive buffer (zero copy; kio needs read-only buffers)::
 
     buffer   [ frames handed out | pending frame (start..end) | free space (end..capacity) ]
 
-* **Handed-out bytes are never written again.**  A buffer is only ever filled forward; when the
-  pending frame does not fit in what is left, a *new* buffer takes over and the pending bytes are
-  copied there, while the old one lives on for as long as a frame view (a queued request, a
-  produce append waiting on a flush) holds it.  Nothing has to track who still reads a frame.
+* **Handed-out bytes are never written while a view of them lives.**  A buffer is filled
+  forward; when the pending frame does not fit in what is left, the receiver drops its own
+  read-only view and asks the buffer how many views of it remain (``ReceiveBuffer.exports``,
+  counted by the compiled leaf: a frame, or any slice cut from one, keeps its buffer export
+  alive).  None left: the pending bytes move to the front and the same buffer is filled again
+  (its pages are already mapped: no page faults).  Some frame still in use (a queued request,
+  a produce append waiting on a flush): a *new* buffer takes over and the old one lives on until
+  its last view dies.  Without the compiled leaf (``SHMQ_PURE=1``) there is no count, so every
+  renewal takes a new buffer.
 * **Buffers are anonymous private mappings** (``mmap``): a page costs memory only once bytes are
   received into it, and the whole mapping goes back to the kernel when its last view dies.  So
   a frame's buffer is sized from its size prefix, once the prefix is checked against
@@ -48,6 +53,7 @@ from __future__ import annotations
 import mmap
 from typing import Any
 
+from shmq import _fast
 from shmq.errors import RemoteProtocolError
 
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024
@@ -58,23 +64,31 @@ READ_AHEAD = 64 * 1024  # the most a read takes beyond the pending frame's end (
 _MIN_FREE = 4096  # less free space than this: start a new buffer rather than read a sliver
 
 
-def _map(size: int) -> mmap.mmap:
+def _map(size: int) -> Any:
+    if _fast.HAVE_FAST:
+        from shmq._fast.wire import ReceiveBuffer
+
+        return ReceiveBuffer(size)
     return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
 
 class FrameReceiver:
     """Frames received straight into mapped buffers, for ``asyncio.BufferedProtocol``."""
 
-    __slots__ = ("max_frame_bytes", "_view", "_frames", "_start", "_end", "_need", "_failed")
+    __slots__ = ("max_frame_bytes", "_buffer", "_view", "_frames", "_start", "_end", "_need",
+                 "_failed", "renewed", "reused")
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         self.max_frame_bytes = max_frame_bytes
+        self._buffer: Any = None  # a ReceiveBuffer (or, pure Python, an mmap)
         self._view: memoryview | None = None  # the current buffer, writable
         self._frames: memoryview | None = None  # the same, read-only: frames are cut from it
         self._start = 0  # the pending frame's first byte (its size prefix)
         self._end = 0  # bytes received into the current buffer
         self._need = -1  # 4 + size of the pending frame once its prefix is in, else -1
         self._failed: RemoteProtocolError | None = None
+        self.renewed = 0  # buffers mapped (counters for tests and profiles)
+        self.reused = 0  # buffers filled again from the front
 
     @property
     def buffered(self) -> int:
@@ -123,15 +137,25 @@ class FrameReceiver:
         return frames
 
     def _renew(self, size: int) -> memoryview:
-        """A fresh buffer of ``size`` bytes holding the pending bytes; the old one is left to
-        the frame views that still use it."""
-        view = memoryview(_map(size))
+        """A buffer of at least ``size`` bytes that starts with the pending bytes: the current
+        one if no view of it is left (and it is large enough), else a new one."""
         pending = self._end - self._start
-        if pending:
-            assert self._view is not None
-            view[:pending] = self._view[self._start : self._end]
+        old = self._view
+        self._frames = None  # our own read-only view: now only frames count as exports
+        if old is not None and len(old) >= size and getattr(self._buffer, "exports", 0) == 1:
+            if pending:
+                old[:pending] = old[self._start : self._end]  # memmove; nothing reads there
+            view = old
+            self.reused += 1
+        else:
+            self._buffer = _map(size)
+            view = memoryview(self._buffer)
+            if pending:
+                assert old is not None
+                view[:pending] = old[self._start : self._end]
+            self.renewed += 1
         self._view = view
-        self._frames = view.toreadonly()
+        self._frames = memoryview(self._buffer).toreadonly()  # a second export: frames only
         self._start, self._end = 0, pending
         return view
 

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import shmq._fast as fast
 from shmq.errors import RemoteProtocolError
 from shmq.protocol.framing import BUFFER_BYTES, DEFAULT_MAX_FRAME_BYTES, READ_AHEAD, FrameReceiver
 
@@ -63,6 +64,33 @@ def test_frames_are_read_only_and_never_overwritten():
     assert all(f.readonly for f in frames)
     assert [bytes(f) for f in frames] == payloads
     assert len({id(f.obj) for f in frames}) > 2  # went through several buffers
+    assert receiver.reused == 0  # every buffer still had a live frame
+
+
+@pytest.mark.skipif(not fast.HAVE_FAST, reason="buffer reuse needs the compiled export count")
+def test_buffers_are_reused_once_no_frame_is_left():
+    rnd = random.Random(3)
+    payloads = [rnd.randbytes(rnd.choice([10, 3000, 70_000])) for _ in range(300)]
+    data = _stream(payloads)
+    receiver = FrameReceiver()
+    kept = []
+    pos = 0
+    got = []
+    while pos < len(data):
+        buf = receiver.get_buffer(-1)
+        n = min(len(buf), len(data) - pos, 50_000)
+        buf[:n] = data[pos : pos + n]
+        pos += n
+        frames = receiver.buffer_updated(n)
+        while frames:
+            frame = frames.pop(0)
+            got.append(bytes(frame))
+            if len(got) % 50 == 0:
+                kept.append((frame, bytes(frame)))  # a few frames stay in use
+            del frame
+    assert got == payloads
+    assert receiver.reused > 0
+    assert all(bytes(view) == copy for view, copy in kept)  # never overwritten
 
 
 def test_big_frames_are_not_copied_whole():
