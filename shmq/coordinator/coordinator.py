@@ -170,6 +170,8 @@ class GroupCoordinator:
             for key, value in self.log.replay(p):
                 self._replay(key, value)
                 count += 1
+        for gid in [g.group_id for g in self.groups.values() if not g.persisted and not g.offsets]:
+            del self.groups[gid]  # every record of the group was a tombstone
         for group in self.groups.values():
             if group.members:
                 group.state = group.previous_state = GroupState.STABLE
