@@ -32,11 +32,17 @@ and 1 KiB x 200,000) and partition count (1 and 6), on fresh topics created with
   (output counted through a pipe); wall time of the kcat process.  ``-c N`` ends kcat at the
   last message instead of after the final empty fetch, which a broker holds for
   fetch.wait.max.ms (500 ms) when there is nothing more to send.
-* Both consumers run with ``fetch.queue.backoff.ms=0`` (``--fetch-queue-backoff-ms``): with
+* Both consumers run with ``fetch.queue.backoff.ms=10`` (``--fetch-queue-backoff-ms``): with
   librdkafka's default (1000 ms) a partition whose local queue reached queued.min.messages
   (100,000) is not fetched again for up to 1 s, and those pauses were about half of the consume
   time on either broker (1 M x 100 B, 1 partition: 5.8-6.7 s with the default, 2.5-3.5 s
-  without).
+  without).  With 0 (this script's default until 2026-11-22 07:30 UTC) each librdkafka broker
+  thread whose partitions' queues are full re-checks them in a busy loop: perf showed the
+  client's CPU per 1 M consumed 100 B messages at 3.1-3.5 s against shmq (two worker nodes,
+  two spinning threads) and 1.9-2.2 s against Tansu (one node), in clock_gettime and mutex
+  calls; with 10 ms both fall to 1.2-1.6 s and both brokers' consume rates go up (6 partitions,
+  same run: Tansu median 210 k -> 278 k msg/s, shmq 126 k -> 321 k).  On the 2-core box that
+  spin starves the consuming thread, so 0 measured the clients' spin, not the brokers.
 * ``latency``: a Producer (linger.ms=5) sends 100 B messages at a fixed --latency-rate for
   --latency-seconds after a 1 s warm-up; per-message latency is librdkafka's own
   ``Message.latency()`` (``produce()`` call to broker acknowledgement, measured in librdkafka's
@@ -570,11 +576,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--partitions", default="1,6", help="comma-separated partition counts")
     p.add_argument("--latency-rate", type=int, default=10_000, help="msg/s of the latency run")
     p.add_argument("--latency-seconds", type=float, default=5.0, help="measured latency window")
-    p.add_argument("--fetch-queue-backoff-ms", type=int, default=0,
+    p.add_argument("--fetch-queue-backoff-ms", type=int, default=10,
                    help="consumers' (confluent-kafka and kcat) fetch.queue.backoff.ms; -1 leaves "
                         "librdkafka's default (1000): once the client's local queue holds "
                         "queued.min.messages (100,000) it postpones that partition's next fetch "
-                        "by up to 1 s, which then dominates the consume time of both brokers")
+                        "by up to 1 s, which then dominates the consume time of both brokers; "
+                        "0 makes every librdkafka broker thread busy-wait while its queues are "
+                        "full (see the module docstring)")
     p.add_argument("--no-kcat", action="store_true", help="skip the kcat rows")
     p.add_argument("--kcat", default=shutil.which("kcat") or "/usr/bin/kcat")
     p.add_argument("--kcat-librdkafka", choices=("wheel", "system"), default="wheel",
