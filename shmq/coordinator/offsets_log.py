@@ -82,13 +82,11 @@ class OffsetsLog:
         loop = asyncio.get_running_loop()
         while plog.recovery_point < end_offset and not self.closed:
             running = self._flushing[partition]
-            if running is None:
+            # a finished flush may predate our append: start the next one (awaiting a done
+            # future does not yield, so reusing it here would spin the event loop)
+            if running is None or running.done():
                 running = self._flushing[partition] = loop.run_in_executor(None, plog.flush)
-                running.add_done_callback(lambda _f, p=partition: self._flush_done(p))
             await asyncio.shield(running)
-
-    def _flush_done(self, partition: int) -> None:
-        self._flushing[partition] = None
 
     def needs_snapshot(self, partition: int) -> bool:
         size = self.logs[partition].size_in_bytes

@@ -399,3 +399,27 @@ def test_group_apis_are_advertised() -> None:
     assert {k: SUPPORTED[k] for k in (10, 11, 14, 12, 13, 8, 9, 15, 16, 42, 47)} == {
         10: (0, 6), 11: (0, 9), 14: (0, 5), 12: (0, 4), 13: (0, 5), 8: (2, 9), 9: (1, 9),
         15: (0, 5), 16: (0, 5), 42: (0, 2), 47: (0, 0)}
+
+
+def test_concurrent_commits_share_flushes_and_all_return(tmp_path: Path) -> None:
+    """Commits that arrive while a flush runs wait for the next one (a regression: the waiter
+    re-awaited the finished flush, which does not yield, and spun the event loop forever)."""
+
+    async def main() -> None:
+        c = make(tmp_path)
+        results = await asyncio.wait_for(asyncio.gather(*(
+            c.commit_offsets(f"g{i % 7}", -1, "", None, [("t", [(i % 4, i, -1, "")])], 8)
+            for i in range(300))), 30)
+        assert all(r == [[0]] for r in results)
+        assert c.log.logs[0].recovery_point == c.log.logs[0].log_end_offset
+        # the finished flush is still recorded when a new commit waits (its completion callbacks
+        # have not run yet): the waiter must start another flush, not spin on the old one
+        end = c.log.append(0, [(rec.group_metadata_key("x"), None)])
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(False)
+        c.log._flushing[0] = done
+        await c.log.durable(0, end)
+        assert c.log.logs[0].recovery_point == end
+        c.close()
+
+    run(main)
