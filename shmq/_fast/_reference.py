@@ -265,6 +265,25 @@ def decode_records(
     return out
 
 
+def decode_sections(bodies: list[Any], meta: Any, record_type: type | None = None) -> list[Any]:
+    if len(meta) < 4 * len(bodies):
+        raise ValueError("meta holds fewer than 4 values per section")
+    if record_type is not None and not (
+        issubclass(record_type, tuple) and len(getattr(record_type, "_fields", ())) == 5
+    ):
+        raise TypeError("record_type must be a tuple subclass with 5 fields")
+    for b, body in enumerate(bodies):
+        count = int(meta[4 * b])
+        # a record takes at least 7 bytes: a lying count must not size the list
+        if count < 0 or 7 * count > len(body):
+            raise CorruptRecordError(f"record count {count} cannot fit in {len(body)} bytes")
+    out: list[Any] = []
+    for b, body in enumerate(bodies):
+        count, base_offset, base_ts, lat = (int(x) for x in meta[4 * b : 4 * b + 4])
+        out += decode_records(body, count, base_offset, base_ts, lat, record_type)
+    return out
+
+
 def _as_bytes(obj: Any) -> bytes | None:
     if obj is None:
         return None

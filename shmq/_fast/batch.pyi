@@ -27,6 +27,9 @@ def decode_records(
     log_append_time: int = ...,
     record_type: type | None = None,
 ) -> list[Any]: ...
+def decode_sections(
+    bodies: list[Any], meta: Any, record_type: type | None = None
+) -> list[Any]: ...
 def encode_records(records: Sequence[tuple[Any, Any, int, Any]], base_timestamp: int) -> bytes: ...
 def build_batch(
     records: Buffer,

@@ -281,11 +281,14 @@ def encode_batch(
 
 def decode_batches(buf: Any, *, max_decompressed: int = codecs.DEFAULT_MAX_DECOMPRESSED_BYTES,
                    verify_crc: bool = True) -> list[Record]:
-    """Every record of every batch in ``buf`` (control batches included)."""
-    out: list[Record] = []
-    for batch in iter_batches(buf, verify_crc=verify_crc):
-        out.extend(batch.records(max_decompressed))
-    return out
+    """Every record of every batch in ``buf`` (control batches included).
+
+    One Cython pass over the headers (sizes, magic, CRC), then one call that decodes every
+    records section into a single list (no list per batch to build and extend).
+    """
+    bodies, meta = _records_sections(buf, verify_crc=verify_crc,
+                                     max_decompressed=max_decompressed)
+    return _fast.decode_sections(bodies, meta, Record)
 
 
 def scan_headers(buf: Any, start: int = 0, end: int = -1, *, verify_crc: bool = True) -> Any:
@@ -312,6 +315,47 @@ def scan_headers(buf: Any, start: int = 0, end: int = -1, *, verify_crc: bool = 
         return np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
 
 
+def _records_sections(buf: Any, *, verify_crc: bool, max_decompressed: int,
+                      min_offset: int | None = None, max_offset: int | None = None,
+                      skip_control: bool = False) -> tuple[list[Any], Any]:
+    """The uncompressed records sections of the batches in ``buf`` and their ``meta`` (count,
+    base offset, base timestamp, log append time per section), as ``_fast.decode_sections``
+    and ``_fast.fill_columns`` take them.
+
+    Batches wholly outside ``[min_offset, max_offset)`` and, with ``skip_control``, control
+    batches are left out.  A bad batch (size, magic, CRC) raises CorruptRecordError, as does a
+    records count that cannot fit in its section (a record takes at least 7 bytes: a lying
+    count must not size the allocations that follow).
+    """
+    import numpy as np
+
+    mv = buf if isinstance(buf, memoryview) else memoryview(buf)
+    table = scan_headers(mv, verify_crc=verify_crc)
+    if min_offset is not None or max_offset is not None or skip_control:
+        lo = -0x7FFFFFFFFFFFFFFF if min_offset is None else min_offset
+        hi = 0x7FFFFFFFFFFFFFFF if max_offset is None else max_offset
+        keep = (table[:, _fast.COL_LAST_OFFSET] >= lo) & (table[:, _fast.COL_BASE_OFFSET] < hi)
+        if skip_control:
+            keep &= (table[:, _fast.COL_ATTRIBUTES] & CONTROL_FLAG) == 0
+        table = table[keep]
+    attrs = table[:, _fast.COL_ATTRIBUTES]
+    lat = np.where(attrs & TIMESTAMP_TYPE_MASK, table[:, _fast.COL_MAX_TIMESTAMP],
+                   _fast.NO_LOG_APPEND_TIME)
+    meta = np.column_stack([table[:, _fast.COL_RECORDS_COUNT], table[:, _fast.COL_BASE_OFFSET],
+                            table[:, _fast.COL_BASE_TIMESTAMP], lat]).ravel()
+    positions = table[:, _fast.COL_POSITION].tolist()
+    sizes = table[:, _fast.COL_SIZE].tolist()
+    bodies = []
+    for pos, size, attr in zip(positions, sizes, attrs.tolist(), strict=True):
+        raw = mv[pos + HEADER_SIZE : pos + size]
+        codec = attr & COMPRESSION_MASK
+        bodies.append(raw if codec == codecs.NONE else codecs.decompress(codec, raw, max_decompressed))
+    for count, body in zip(table[:, _fast.COL_RECORDS_COUNT].tolist(), bodies, strict=True):
+        if count < 0 or 7 * count > len(body):
+            raise CorruptRecordError(f"record count {count} cannot fit in {len(body)} bytes")
+    return bodies, np.ascontiguousarray(meta, dtype=np.int64)
+
+
 ARROW_FIELDS = ("offset", "timestamp", "key", "value")
 
 
@@ -333,41 +377,20 @@ def batches_to_arrow(
     the decode time with plain ``malloc``).  Offsets outside ``[min_offset, max_offset)`` are
     dropped (a fetch may start mid-batch).  ``timestamp_unit`` is "ms" or "us" (Spark's unit).
     """
-    import numpy as np
     import pyarrow as pa
 
     lo = -0x7FFFFFFFFFFFFFFF if min_offset is None else min_offset
     hi = 0x7FFFFFFFFFFFFFFF if max_offset is None else max_offset
-    mv_in = buf if isinstance(buf, memoryview) else memoryview(buf)
-    table = scan_headers(mv_in, verify_crc=verify_crc)
-    keep = (table[:, _fast.COL_LAST_OFFSET] >= lo) & (table[:, _fast.COL_BASE_OFFSET] < hi)
-    if skip_control:
-        keep &= (table[:, _fast.COL_ATTRIBUTES] & CONTROL_FLAG) == 0
-    table = table[keep]
-    attrs = table[:, _fast.COL_ATTRIBUTES]
-    lat = np.where(attrs & TIMESTAMP_TYPE_MASK, table[:, _fast.COL_MAX_TIMESTAMP],
-                   _fast.NO_LOG_APPEND_TIME)
-    meta = np.column_stack([table[:, _fast.COL_RECORDS_COUNT], table[:, _fast.COL_BASE_OFFSET],
-                            table[:, _fast.COL_BASE_TIMESTAMP], lat]).ravel()
-    bodies: list[Any] = []
-    for pos, size, attr in zip(table[:, _fast.COL_POSITION].tolist(),
-                               table[:, _fast.COL_SIZE].tolist(), attrs.tolist(), strict=True):
-        raw = mv_in[pos + HEADER_SIZE : pos + size]
-        codec = attr & COMPRESSION_MASK
-        body = raw if codec == codecs.NONE else codecs.decompress(codec, raw, max_decompressed)
-        bodies.append(body)
-    # a record takes at least 7 bytes: a lying recordsCount must not size the allocations below
-    for count, body in zip(table[:, _fast.COL_RECORDS_COUNT].tolist(), bodies, strict=True):
-        if count < 0 or 7 * count > len(body):
-            raise CorruptRecordError(f"record count {count} cannot fit in {len(body)} bytes")
-    meta = np.ascontiguousarray(meta, dtype=np.int64)
+    bodies, meta = _records_sections(buf, verify_crc=verify_crc, max_decompressed=max_decompressed,
+                                     min_offset=lo, max_offset=hi, skip_control=skip_control)
     rows = int(meta[0::4].sum())
-    data = sum(len(b) for b in bodies)
+    # fill_columns copies fields in blocks that may run up to 32 bytes past the last one
+    data = sum(len(b) for b in bodies) + 64
     scale = {"ms": 1, "us": 1000}[timestamp_unit]
     alloc = pa.allocate_buffer
     offsets, stamps = alloc(8 * rows), alloc(8 * rows)
     koff, voff = alloc(4 * (rows + 1)), alloc(4 * (rows + 1))
-    kdata, vdata = alloc(max(data, 1)), alloc(max(data, 1))
+    kdata, vdata = alloc(data), alloc(data)
     kvalid, vvalid = alloc(rows // 8 + 1), alloc(rows // 8 + 1)
     mv = memoryview
     n, klen, vlen, knulls, vnulls = _fast.fill_columns(
