@@ -22,8 +22,8 @@ The matrix (``--scale`` multiplies the record counts; the whole matrix runs ``--
   batch.size=1 MiB, acks=1, no compression, null keys) and kcat (``kcat -P -l`` of a file of
   lines, same settings; wall time of the processes).  3 x 3 x 2 x 2 = 36 cells per broker.
 * **consume**: each topic the single producer filled is read back once by the same client
-  (confluent-kafka: ``assign`` every partition from the beginning, fetch.queue.backoff.ms=0;
-  kcat: ``kcat -C -e -o beginning -c N``).  3 x 3 x 2 = 18 cells per broker: reading does not
+  (confluent-kafka: ``assign`` every partition from the beginning; kcat: ``kcat -C -e -o
+  beginning -c N``; both with fetch.queue.backoff.ms=10, see ``suite_load.py``).  3 x 3 x 2 = 18 cells per broker: reading does not
   depend on how many processes wrote, so the 4-producer topics are not read again.
 * **latency** at a fixed rate (``--latency-rate`` records/s, 1 s warm-up, then
   ``--latency-seconds`` measured): one producer process stamps each value with its
@@ -82,7 +82,7 @@ LATENCY_CASES = [("100 B", 100, 1), ("1 KiB", 1024, 1), ("10 KiB", 10240, 1),
                  ("1 KiB", 1024, 6), ("1 KiB", 1024, 64)]
 KCAT_X = ["-X", "linger.ms=5", "-X", "batch.size=1048576", "-X", "acks=1",
           "-X", "compression.codec=none"]
-KCAT_CONSUME_X = ["-X", "fetch.queue.backoff.ms=0"]
+KCAT_CONSUME_X = ["-X", "fetch.queue.backoff.ms=10"]  # why 10: suite_load.CONSUMER_CONF
 
 
 # -- brokers ------------------------------------------------------------------------------------

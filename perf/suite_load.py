@@ -33,9 +33,12 @@ import sys
 import time
 
 CLIENT_CONF = {"linger.ms": 5, "batch.size": 1048576, "acks": 1, "compression.type": "none"}
-# librdkafka postpones a partition's next fetch by up to 1 s once its local queue is full
-# (fetch.queue.backoff.ms); bench_broker.py measured those pauses at half the consume time.
-CONSUMER_CONF = {"fetch.queue.backoff.ms": 0, "enable.auto.commit": False,
+# fetch.queue.backoff.ms: librdkafka's default (1000) postpones a partition's next fetch by up to
+# 1 s once its local queue is full, about half the consume time of either broker; 0 makes every
+# librdkafka broker thread busy-wait on full queues, which on 2 cores measures the client's spin
+# (one thread per broker node: shmq has two, Tansu one).  10 ms avoids both (bench_broker.py's
+# measurements, commit a28a29f).
+CONSUMER_CONF = {"fetch.queue.backoff.ms": 10, "enable.auto.commit": False,
                  "enable.auto.offset.store": False}
 STAMP = struct.Struct(">qB")  # monotonic ns at produce(), 1 = warm-up record
 
