@@ -773,7 +773,7 @@ class GroupCoordinator:
             return [[error] * len(parts) for _, parts in topics]
         now = _now_ms()
         out: list[list[int]] = []
-        records = []
+        records: list[tuple[bytes, bytes | None]] = []
         committed: list[tuple[str, int, OffsetAndMetadata]] = []
         for topic, parts in topics:
             n = self.topic_partitions(topic)
