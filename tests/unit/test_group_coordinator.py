@@ -423,3 +423,23 @@ def test_concurrent_commits_share_flushes_and_all_return(tmp_path: Path) -> None
         c.close()
 
     run(main)
+
+
+def test_several_offsets_partitions_and_a_changed_count(tmp_path: Path) -> None:
+    """Groups spread over partitions by Kafka's hash; the count on disk wins over the config."""
+
+    async def main() -> None:
+        c = make(tmp_path, offsets_partitions=3)
+        for i in range(12):
+            assert await c.commit_offsets(f"grp-{i}", -1, "", None,
+                                          [("t", [(0, i, -1, "")])], 8) == [[0]]
+        used = {c.partition_for(f"grp-{i}") for i in range(12)}
+        assert len(used) > 1 and all(c.log.logs[p].log_end_offset > 0 for p in used)
+        c.close()
+        again = make(tmp_path, offsets_partitions=50)
+        assert again.log.partitions == 3
+        assert [again.fetch_offsets(f"grp-{i}", [("t", [0])], False)[1][0][1][0].offset
+                for i in range(12)] == list(range(12))
+        again.close()
+
+    run(main)
