@@ -433,8 +433,33 @@ def test_kafka_python_admin_client(cluster: RunningBroker) -> None:
         cluster_info = k.describe_cluster()
         assert cluster_info["cluster_id"] == cluster.run_info["cluster_id"]
         assert cluster_info["controller_id"] == 0
+        # a retention change through kafka-python deletes old segments
+        k.create_topics([KNewTopic("kp-retained", 1, 1,
+                                   topic_configs={"segment.bytes": "2048"})])
+        produce(cluster, "kp-retained", 30, size=200,
+                timestamp=int(time.time() * 1000) - 2 * HOUR_MS)
+        produce(cluster, "kp-retained", 10, size=200)
+        before = segment_files(cluster, "kp-retained")
+        k.alter_configs([KConfigResource(ConfigResourceType.TOPIC, "kp-retained",
+                                         configs={"retention.ms": str(HOUR_MS)})])
+        low, high = watermarks(cluster, "kp-retained")
+        assert 20 <= low <= 30 and high == 40
+        assert len(segment_files(cluster, "kp-retained")) < len(before)
     finally:
         k.close()
+    # a kafka-python consumer below the log start offset resets (auto_offset_reset)
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(bootstrap_servers=cluster.bootstrap, auto_offset_reset="earliest",
+                             enable_auto_commit=False, consumer_timeout_ms=15000)
+    try:
+        tp = KTopicPartition("kp-admin", 0)
+        consumer.assign([tp])
+        consumer.seek(tp, 3)
+        first = next(iter(consumer))
+        assert first.offset == 15
+    finally:
+        consumer.close()
 
 
 # --- DescribeProducers, and what survives a restart ------------------------------------------
