@@ -4,6 +4,7 @@ IncrementalAlterConfigs, DeleteRecords, DescribeCluster, DescribeProducers)."""
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,12 +27,15 @@ HOUR_MS = 3600 * 1000
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningBroker]:
-    b = start_broker(tmp_path_factory.mktemp("admin") / "data")
+    home = tmp_path_factory.mktemp("admin")
+    b = start_broker(home / "data")
     try:
         yield b
     finally:
         code = b.stop()
-        assert code == 0, b.log_path.read_text()
+        log = b.log_path.read_text()
+        shutil.rmtree(home)
+        assert code == 0, log
 
 
 @pytest.fixture(scope="module")
@@ -517,3 +521,4 @@ def test_configs_and_partitions_survive_a_restart(tmp_path: Path) -> None:
         assert high == 43 and low > 0
     finally:
         assert b.stop() == 0
+        shutil.rmtree(tmp_path)

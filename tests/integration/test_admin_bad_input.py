@@ -9,6 +9,7 @@ After the battery no worker was restarted and every record produced before it re
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import struct
@@ -50,7 +51,8 @@ RECORDS = 50
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningBroker]:
-    b = start_broker(tmp_path_factory.mktemp("admin-bad") / "data")
+    home = tmp_path_factory.mktemp("admin-bad")
+    b = start_broker(home / "data")
     try:
         p = Producer({"bootstrap.servers": b.bootstrap, "log_level": 0})
         for i in range(RECORDS):
@@ -59,7 +61,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningBroker]
         yield b
     finally:
         code = b.stop()
-        assert code == 0, b.log_path.read_text()
+        log = b.log_path.read_text()
+        shutil.rmtree(home)
+        assert code == 0, log
 
 
 def call(b: RunningBroker, request: object) -> object:
@@ -289,3 +293,4 @@ def test_a_config_change_survives_a_killed_broker(tmp_path: Path) -> None:
         assert len(a.list_topics(TOPIC, timeout=10).topics[TOPIC].partitions) == 4
     finally:
         assert b.stop() == 0
+        shutil.rmtree(tmp_path)

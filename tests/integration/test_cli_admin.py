@@ -5,6 +5,7 @@ formats of Kafka's tools (reference/ecosystem.md §4, ConfigCommand, GetOffsetSh
 from __future__ import annotations
 
 import re
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,12 +25,15 @@ CONFIG_LINE = re.compile(r"  ([a-z0-9.]+)=(\S*) sensitive=(true|false) "
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningBroker]:
-    b = start_broker(tmp_path_factory.mktemp("cli-admin") / "data")
+    home = tmp_path_factory.mktemp("cli-admin")
+    b = start_broker(home / "data")
     try:
         yield b
     finally:
         code = b.stop()
-        assert code == 0, b.log_path.read_text()
+        log = b.log_path.read_text()
+        shutil.rmtree(home)
+        assert code == 0, log
 
 
 def run(b: RunningBroker, command: str, *args: str, stdin: str | None = None) -> Result:
