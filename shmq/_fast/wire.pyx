@@ -19,8 +19,9 @@ Produce requests come out as the NamedTuples of ``_wire_types`` (shared with the
   never enter this process.
 
 Only the varint and tagged-field scans run without the GIL: every other step builds or reads a
-Python object (measured: a 3-partition Produce v9 parses in ~1 us here against ~9 us for the
-twin; see perf/README.md).
+Python object.  Measured on the loaded 2-core box (timeit, best of 5): a 3-partition Produce v9
+request parses in 2.2 us (twin 22 us), its response encodes in 0.6 us (4.9 us), a 3-partition
+Fetch v12 response with file slices in 7.3 us (44 us).
 """
 
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
