@@ -37,6 +37,7 @@ exactly Kafka's.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import re
@@ -321,6 +322,14 @@ class ProducerPerfTest:
         self.steady: Stats | None = None
 
     def _delivered(self, err: Any, msg: Any) -> None:
+        self._record(err, msg, False)
+
+    def _delivered_steady(self, err: Any, msg: Any) -> None:
+        """A record sent after the warm-up (Kafka's PerfCallback holds the steady-state stats
+        of the moment it was sent, so earlier records never count there)."""
+        self._record(err, msg, True)
+
+    def _record(self, err: Any, msg: Any, steady: bool) -> None:
         if err is not None:
             self.failed += 1
             text = err.str()
@@ -336,7 +345,7 @@ class ProducerPerfTest:
         size = len(msg)
         assert self.stats is not None
         self.stats.record(latency_ms, size, now)
-        if self.steady is not None:
+        if steady and self.steady is not None:
             self.steady.record(latency_ms, size, now)
 
     def _stats_cb(self, text: str) -> None:
@@ -412,6 +421,7 @@ class ProducerPerfTest:
             if warmup and i == warmup:
                 self.steady = Stats(n - warmup, args.reporting_interval, True, self.report.line)
                 self.stats.suppress = True
+                produce = functools.partial(producer.produce, on_delivery=self._delivered_steady)
             while True:
                 try:
                     produce(topic, payload)

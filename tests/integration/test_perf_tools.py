@@ -23,6 +23,7 @@ WINDOW = re.compile(r"^(\d+) records sent, (\d+\.\d) records/sec \((\d+\.\d\d) M
 TOTAL = re.compile(r"^(\d+) records sent, (\d+\.\d{6}) records/sec \((\d+\.\d\d) MB/sec\), "
                    r"(\d+\.\d\d|NaN) ms avg latency, (\d+\.\d\d) ms max latency, "
                    r"(\d+) ms 50th, (\d+) ms 95th, (\d+) ms 99th, (\d+) ms 99\.9th\.$")
+STEADY = re.compile(TOTAL.pattern.replace("records sent", "steady state records sent", 1))
 # ConsumerPerformance: header, then "%s, %s, %.4f, %.4f, %d, %.4f, %d, %d, %.4f, %.4f"
 HEADER = ("start.time, end.time, data.consumed.in.MB, MB.sec, data.consumed.in.nMsg, nMsg.sec, "
           "rebalance.time.ms, fetch.time.ms, fetch.MB.sec, fetch.nMsg.sec")
@@ -233,6 +234,18 @@ def test_flag_spellings_and_config_file(cluster: RunningBroker, tmp_path: Path) 
              "--consumer.config", str(consumer_config), "--timeout", "5000")
     assert r.code == 0, r
     assert int(ROW.match(r.lines[-1]).group(5)) == 40  # type: ignore[union-attr]
+
+
+def test_warmup_records_print_a_steady_state_line(cluster: RunningBroker) -> None:
+    create(cluster, "pt-warm", 1)
+    r = producer_perf(cluster, "pt-warm", "--num-records", "500", "--record-size", "10",
+                      "--throughput", "-1", "--warmup-records", "200")
+    assert r.code == 0, r
+    assert r.lines[0] == ("Warmup first 200 records. Steady state results will print after the "
+                          "complete test summary.")
+    assert TOTAL.match(r.lines[-2]) and r.lines[-2].startswith("500 records sent, "), r.lines
+    steady = STEADY.match(r.lines[-1])
+    assert steady and int(steady.group(1)) == 300, r.lines  # only records sent after warm-up
 
 
 @pytest.mark.parametrize("args, message", [
