@@ -380,6 +380,52 @@ cdef inline PyObject *_bytes_or_none(const unsigned char *p, Py_ssize_t n) noexc
     return shmq_bytes(<const char *>p, n)
 
 
+# Fresh pymalloc arenas (1 MiB mmaps) are faulted in page by page as the records fill them;
+# with 1 M records kept (~290 MB) the page faults were 44 % of the decoding time (perf).  While
+# a large decode_sections / decode_records runs, the arena allocator is wrapped so that each
+# new arena is populated by one madvise(MADV_POPULATE_WRITE) (the decoding fills every arena it
+# takes anyway; measured 1.42x -> 1.55x over the previous decoder, 1 M records kept), and the
+# previous allocator is restored afterwards (also on errors).  The wrapper asks the previous
+# allocator for the memory, so arenas stay compatible with whichever allocator frees them.  The
+# GIL is held throughout; another thread that runs meanwhile (a finalizer released the GIL)
+# only gets populated arenas too.
+cdef extern from *:
+    """
+    #include <sys/mman.h>
+    #ifndef MADV_POPULATE_WRITE
+    #define MADV_POPULATE_WRITE 23
+    #endif
+    static PyObjectArenaAllocator shmq_arena_prev;
+    static int shmq_arena_depth = 0;
+    static void *shmq_arena_alloc(void *ctx, size_t size) {
+        void *p = shmq_arena_prev.alloc(shmq_arena_prev.ctx, size);
+        if (p != NULL)
+            (void)madvise(p, size, MADV_POPULATE_WRITE);  /* best effort (Linux >= 5.14) */
+        return p;
+    }
+    static void shmq_arena_free(void *ctx, void *p, size_t size) {
+        shmq_arena_prev.free(shmq_arena_prev.ctx, p, size);
+    }
+    static void shmq_populate_arenas_begin(void) {
+        if (shmq_arena_depth++ == 0) {
+            PyObjectArenaAllocator a = {NULL, shmq_arena_alloc, shmq_arena_free};
+            PyObject_GetArenaAllocator(&shmq_arena_prev);
+            PyObject_SetArenaAllocator(&a);
+        }
+    }
+    static void shmq_populate_arenas_end(void) {
+        if (--shmq_arena_depth == 0)
+            PyObject_SetArenaAllocator(&shmq_arena_prev);
+    }
+    """
+    void shmq_populate_arenas_begin() noexcept
+    void shmq_populate_arenas_end() noexcept
+
+# below this many records the arenas a decode takes are few: leave the allocator alone
+cdef enum:
+    POPULATE_MIN_RECORDS = 4096
+
+
 cdef void _fill_none(list out, Py_ssize_t start, Py_ssize_t stop) noexcept:
     """Put None in the slots of out[start:stop] still NULL, so the list is valid to free."""
     cdef PyObject **slots = shmq_list_items(out)
@@ -486,8 +532,15 @@ def decode_records(const unsigned char[::1] body not None, int64_t count, int64_
         raise CorruptRecordError(f"record count {count} cannot fit in {end} bytes")
     cdef int alloc = _record_alloc(record_type)
     out = PyList_New(count)
-    _decode_section(out, 0, &body[0] if end else NULL, end, count, base_offset, base_timestamp,
-                    log_append_time, <PyTypeObject *>record_type, alloc)
+    cdef bint populate = count >= POPULATE_MIN_RECORDS
+    if populate:
+        shmq_populate_arenas_begin()
+    try:
+        _decode_section(out, 0, &body[0] if end else NULL, end, count, base_offset,
+                        base_timestamp, log_append_time, <PyTypeObject *>record_type, alloc)
+    finally:
+        if populate:
+            shmq_populate_arenas_end()
     return out
 
 
@@ -515,6 +568,9 @@ def decode_sections(list bodies not None, const int64_t[::1] meta not None,
             raise CorruptRecordError(f"record count {count} cannot fit in {end} bytes")
         total += count
     out = PyList_New(total)
+    cdef bint populate = total >= POPULATE_MIN_RECORDS
+    if populate:
+        shmq_populate_arenas_begin()
     try:
         for b in range(nb):
             body = bodies[b]
@@ -526,6 +582,9 @@ def decode_sections(list bodies not None, const int64_t[::1] meta not None,
     except BaseException:
         _fill_none(out, at, total)
         raise
+    finally:
+        if populate:
+            shmq_populate_arenas_end()
     return out
 
 

@@ -301,3 +301,37 @@ def test_fill_columns_nulls_clear_only_their_bits() -> None:
     cols_t.pop("tail_bits")
     assert (got_c, cols_c) == (got_t, cols_t)
     assert cols_c["key_valid"] == [int(i % 3 != 0) for i in range(21)]
+
+
+def _arena_allocator() -> tuple[int, int, int]:
+    import ctypes
+
+    class Allocator(ctypes.Structure):
+        _fields_ = [("ctx", ctypes.c_void_p), ("alloc", ctypes.c_void_p), ("free", ctypes.c_void_p)]
+
+    a = Allocator()
+    ctypes.pythonapi.PyObject_GetArenaAllocator(ctypes.byref(a))
+    return a.ctx or 0, a.alloc or 0, a.free or 0
+
+
+@pytest.mark.parametrize("fn", ["decode_records", "decode_sections"])
+def test_large_decodes_restore_the_arena_allocator(fn: str) -> None:
+    # Large decodes wrap pymalloc's arena allocator (arenas populated up front) for their
+    # duration only, errors included.
+    n = 5000
+    body = ref.encode_records([(b"k", b"v" * 90, 0, [])] * n, 0)
+    before = _arena_allocator()
+
+    def call(data: bytes) -> list:
+        if fn == "decode_records":
+            return batch.decode_records(data, n, 0, 0, NO_LAT, Rec)
+        return batch.decode_sections([data], np.array([n, 0, 0, NO_LAT], np.int64), Rec)
+
+    got = call(body)
+    assert len(got) == n and got[-1] == Rec(n - 1, 0, b"k", b"v" * 90, ())
+    assert _arena_allocator() == before
+    with pytest.raises(CorruptRecordError):
+        call(body[:-1])
+    assert _arena_allocator() == before
+    del got
+    gc.collect()
