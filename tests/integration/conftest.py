@@ -39,7 +39,20 @@ class RunningBroker:
                 self.proc.wait()
         if self.proc.stdout is not None and not self.proc.stdout.closed:
             self.proc.stdout.close()
+        _remove_stale_shm(self.data_dir)
         return self.proc.returncode
+
+
+def _remove_stale_shm(data_dir: Path) -> None:
+    """Unlink the shared memory a killed broker left behind (its broker.json lists it; only
+    objects whose creator is dead are removed).  A clean stop has already unlinked them."""
+    from shmq.ipc.state_table import remove_stale, stale_names
+
+    try:
+        records = json.loads((data_dir / "run" / "broker.json").read_text()).get("shm", [])
+    except (OSError, ValueError):
+        return
+    remove_stale(stale_names(records))
 
 
 def start_broker(data_dir: Path, *args: str, workers: int = 2,
@@ -61,6 +74,7 @@ def start_broker(data_dir: Path, *args: str, workers: int = 2,
     if not line.startswith("shmq broker ready"):
         proc.kill()
         proc.wait()
+        _remove_stale_shm(data_dir)
         raise RuntimeError(f"broker did not start: {line!r}\n{log_path.read_text()}")
     bootstrap = line.split("bootstrap ", 1)[1].split(" ", 1)[0]
     return RunningBroker(proc, data_dir, bootstrap, log_path)
