@@ -40,9 +40,10 @@ and 1 KiB x 200,000) and partition count (1 and 6), on fresh topics created with
   thread whose partitions' queues are full re-checks them in a busy loop: perf showed the
   client's CPU per 1 M consumed 100 B messages at 3.1-3.5 s against shmq (two worker nodes,
   two spinning threads) and 1.9-2.2 s against Tansu (one node), in clock_gettime and mutex
-  calls; with 10 ms both fall to 1.2-1.6 s and both brokers' consume rates go up (6 partitions,
-  same run: Tansu median 210 k -> 278 k msg/s, shmq 126 k -> 321 k).  On the 2-core box that
-  spin starves the consuming thread, so 0 measured the clients' spin, not the brokers.
+  calls; with 10 ms both fall to 1.2-1.6 s and both brokers' consume rates go up (1 M x 100 B,
+  6 partitions, medians of two A/B runs of 4 repeats on the loaded box: Tansu 210 k -> 278 k
+  msg/s, shmq 126 k -> 321 k).  On the 2-core box that spin starves the consuming thread, so 0
+  measured the clients' spin, not the brokers.
 * ``latency``: a Producer (linger.ms=5) sends 100 B messages at a fixed --latency-rate for
   --latency-seconds after a 1 s warm-up; per-message latency is librdkafka's own
   ``Message.latency()`` (``produce()`` call to broker acknowledgement, measured in librdkafka's
