@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,12 +33,14 @@ FAST = {"session.timeout.ms": 3000, "heartbeat.interval.ms": 300}
 
 @pytest.fixture(scope="module")
 def gbroker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningBroker]:
-    b = start_broker(tmp_path_factory.mktemp("groups") / "data", *GROUP_OVERRIDES)
+    home = tmp_path_factory.mktemp("groups")
+    b = start_broker(home / "data", *GROUP_OVERRIDES)
     try:
         yield b
     finally:
         code = b.stop()
         log = b.log_path.read_text()
+        shutil.rmtree(home)
         assert code == 0, log
         assert "Traceback" not in log and " ERROR " not in log, log[-5000:]
 
@@ -194,6 +197,7 @@ def test_kill_9_member_loses_partitions_after_session_timeout(gbroker: RunningBr
         if proc.stdout is not None:
             proc.stdout.close()
         g.close()
+        shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 def test_static_member_restart_keeps_partitions_without_rebalance(gbroker: RunningBroker) -> None:
@@ -468,7 +472,9 @@ def test_committed_offsets_survive_clean_restart_and_kill_9(tmp_path: Path) -> N
         latest.close()
         assert offsets == {(0, 20), (1, 20), (2, 20)}
     finally:
-        assert b.stop() == 0
+        code = b.stop()
+        shutil.rmtree(tmp_path)
+        assert code == 0
 
 
 # -- wire-level: bad input and a leader that never syncs ------------------------------------
