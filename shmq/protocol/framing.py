@@ -62,6 +62,9 @@ _SMALL_CHUNK = 4096  # pieces below this are coalesced instead of listed
 BUFFER_BYTES = 1024 * 1024  # the smallest receive buffer (address space; pages on first use)
 READ_AHEAD = 64 * 1024  # the most a read takes beyond the pending frame's end (see above)
 _MIN_FREE = 4096  # less free space than this: start a new buffer rather than read a sliver
+# Larger buffers (made for one large frame) are not refilled: their touched pages would stay
+# resident for the connection's life; they are unmapped when their last frame view dies.
+MAX_REUSED_BYTES = 8 * BUFFER_BYTES
 
 
 def _map(size: int) -> Any:
@@ -142,7 +145,8 @@ class FrameReceiver:
         pending = self._end - self._start
         old = self._view
         self._frames = None  # our own read-only view: now only frames count as exports
-        if old is not None and len(old) >= size and getattr(self._buffer, "exports", 0) == 1:
+        if (old is not None and size <= len(old) <= MAX_REUSED_BYTES
+                and getattr(self._buffer, "exports", 0) == 1):
             if pending:
                 old[:pending] = old[self._start : self._end]  # memmove; nothing reads there
             view = old

@@ -12,7 +12,13 @@ from hypothesis import strategies as st
 
 import shmq._fast as fast
 from shmq.errors import RemoteProtocolError
-from shmq.protocol.framing import BUFFER_BYTES, DEFAULT_MAX_FRAME_BYTES, READ_AHEAD, FrameReceiver
+from shmq.protocol.framing import (
+    BUFFER_BYTES,
+    DEFAULT_MAX_FRAME_BYTES,
+    MAX_REUSED_BYTES,
+    READ_AHEAD,
+    FrameReceiver,
+)
 
 PAYLOADS = [b"\x00\x12\x00\x03abcdefgh", b"x", bytes(range(256)) * 3, b"\x00\x00\x00\x00tail"]
 
@@ -142,3 +148,17 @@ def test_a_huge_valid_prefix_costs_no_resident_memory():
         assert len(receiver.get_buffer(-1)) > 0
         receivers.append(receiver)
     assert _rss_kib() - before < 20 * 1024  # 20 x ~2 MiB of address space touched at most
+
+
+def test_a_buffer_made_for_a_huge_frame_is_not_kept():
+    """After a frame larger than MAX_REUSED_BYTES the receiver goes back to normal buffers (the
+    huge one is unmapped with its last frame view)."""
+    huge = b"h" * (MAX_REUSED_BYTES + 1)
+    receiver = FrameReceiver()
+    frames = _receive(receiver, _stream([huge] + [b"s" * 100] * 3), [1 << 20])
+    assert [len(f) for f in frames] == [len(huge), 100, 100, 100]
+    del frames
+    data = _stream([b"t" * 5000] * 400)  # 2 MB of small frames: forces renewals
+    for frame in _receive(receiver, data, [65536]):
+        assert bytes(frame) == b"t" * 5000
+    assert len(receiver.get_buffer(-1).obj) <= MAX_REUSED_BYTES
