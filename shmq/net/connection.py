@@ -18,6 +18,7 @@ answers cannot grow our memory without bound.  A protocol error closes this conn
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import os
 import socket
@@ -27,6 +28,10 @@ from typing import Any
 from shmq.errors import ProtocolError
 from shmq.protocol.framing import FrameReceiver
 from shmq.storage.slices import FileSlice
+
+# The client's IP address while a request of its connection is handled (each connection's serving
+# task has its own context): the group coordinator records it as a member's client host.
+PEER: contextvars.ContextVar[str] = contextvars.ContextVar("shmq_peer", default="")
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +109,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self.transport.abort()
 
     async def _serve(self) -> None:
+        peer = self.transport.get_extra_info("peername") if self.transport else None
+        PEER.set(str(peer[0]) if isinstance(peer, tuple) else "")
         try:
             while not self.closed:
                 if not self.queue:

@@ -222,6 +222,11 @@ def test_static_member_restart_keeps_partitions_without_rebalance(gbroker: Runni
         wait_until(lambda: covers(g.assignments()), 30, g.poll, "two static members")
         before = g.assignments()[0]
         assigns_before = rebalances["b_assign"]
+        admin = AdminClient({"bootstrap.servers": gbroker.bootstrap})
+        desc = admin.describe_consumer_groups([group])[group].result(20)
+        assert str(desc.state).endswith("STABLE") and desc.partition_assignor == "range"
+        assert sorted((m.group_instance_id, m.host) for m in desc.members) == [
+            ("a", "/127.0.0.1"), ("b", "/127.0.0.1")]
         g.consumers.remove(a)
         a.close()  # a static member sends no LeaveGroup: its partitions wait for it
         a2 = g.add(**{"group.instance.id": "a", "session.timeout.ms": 10000})

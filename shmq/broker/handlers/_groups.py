@@ -27,5 +27,7 @@ def millis(value: Any) -> int:
 
 
 def client_host(ctx: BrokerContext) -> str:
-    # The peer address does not reach handlers; every listener is loopback unless configured.
-    return f"/{ctx.config.host}"
+    """Kafka's ``clientHost`` of a member: ``/`` and the client's IP address."""
+    from shmq.net.connection import PEER
+
+    return f"/{PEER.get() or ctx.config.host}"
