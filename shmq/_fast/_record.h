@@ -189,11 +189,14 @@ enum { SHMQ_FILL_OK, SHMQ_FILL_MALFORMED, SHMQ_FILL_TRAILING, SHMQ_FILL_FULL, SH
 
 static inline __attribute__((always_inline)) void
 shmq_copy_blocks(unsigned char *dst, const unsigned char *src, int64_t n) {
-    int64_t i = 0;
-    do {
+    int64_t i;
+    if (n <= 16) {  /* keys: one move */
+        memcpy(dst, src, 16);
+        return;
+    }
+    memcpy(dst, src, SHMQ_BLOCK);
+    for (i = SHMQ_BLOCK; i < n; i += SHMQ_BLOCK)
         memcpy(dst + i, src + i, SHMQ_BLOCK);
-        i += SHMQ_BLOCK;
-    } while (i < n);
 }
 
 static inline __attribute__((always_inline)) void
@@ -243,26 +246,29 @@ shmq_fill_loop(shmq_columns *c, const unsigned char *p, const unsigned char *e, 
         }
         c->offsets[rows] = off;
         c->timestamps[rows] = (int64_t)((ts_base + ((uint64_t)r.timestamp_delta & ts_mask)) * scale);
-        if (r.key != NULL) {
-            if (roomy && r.key_len + SHMQ_BLOCK <= e - r.key)
-                shmq_copy_blocks(kdata + klen, r.key, r.key_len);
-            else
-                shmq_copy_field(kdata + klen, r.key, r.key_len, e, c->key_data + c->cap_key);
+        /* a roomy section whose record is followed by a block's worth of bytes: both fields
+           can be copied in blocks with no further check (they end at or before the record's) */
+        if (roomy && SHMQ_BLOCK <= e - r.end && r.key != NULL && r.value != NULL) {
+            shmq_copy_blocks(kdata + klen, r.key, r.key_len);
             klen += r.key_len;
-        } else {
-            c->key_valid[rows >> 3] &= (unsigned char)~(1u << (rows & 7));
-            c->knulls++;
-        }
-        if (r.value != NULL) {
-            if (roomy && r.value_len + SHMQ_BLOCK <= e - r.value)
-                shmq_copy_blocks(vdata + vlen, r.value, r.value_len);
-            else
-                shmq_copy_field(vdata + vlen, r.value, r.value_len, e,
-                                c->value_data + c->cap_value);
+            shmq_copy_blocks(vdata + vlen, r.value, r.value_len);
             vlen += r.value_len;
         } else {
-            c->value_valid[rows >> 3] &= (unsigned char)~(1u << (rows & 7));
-            c->vnulls++;
+            if (r.key != NULL) {
+                shmq_copy_field(kdata + klen, r.key, r.key_len, e, c->key_data + c->cap_key);
+                klen += r.key_len;
+            } else {
+                c->key_valid[rows >> 3] &= (unsigned char)~(1u << (rows & 7));
+                c->knulls++;
+            }
+            if (r.value != NULL) {
+                shmq_copy_field(vdata + vlen, r.value, r.value_len, e,
+                                c->value_data + c->cap_value);
+                vlen += r.value_len;
+            } else {
+                c->value_valid[rows >> 3] &= (unsigned char)~(1u << (rows & 7));
+                c->vnulls++;
+            }
         }
         rows++;
         if (!roomy && (klen > 0x7fffffff || vlen > 0x7fffffff)) {
