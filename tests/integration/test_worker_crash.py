@@ -302,11 +302,12 @@ def _run_worker_kill(b: RunningBroker, client: str) -> None:
         start = time.monotonic()
         for n in range(total):
             stream.send(topic, n, n % PARTITIONS)
-            if n in kill_at:
+            if len(killed) < len(kill_at) and n >= kill_at[len(killed)] and n % 25 == 0:
+                # the restart takes ~1 s on a quiet box, a few on a loaded one: the stream goes
+                # on, and the next kill waits until the restarted worker is up
                 pid = b.worker_pids()[victim]
-                assert pid not in killed and _alive(pid), (
-                    f"worker {victim} not restarted {(n - kill_at[0]) / rate:.1f} s after "
-                    f"SIGKILL: broker.json lists pid {pid}")
+                if pid in killed or not _alive(pid):
+                    continue
                 in_flight_at_kill.append(stream.in_flight())
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
@@ -321,6 +322,9 @@ def _run_worker_kill(b: RunningBroker, client: str) -> None:
             remaining = -1
     finally:
         stream.close()
+    assert len(killed) == len(kill_at), (
+        f"worker {victim} was not restarted in time for kill {len(killed) + 1}: "
+        f"broker.json lists {b.worker_pids()}")
     assert min(in_flight_at_kill) > 0, f"nothing in flight at a kill: {in_flight_at_kill}"
     assert not fatal, f"producer hit a fatal error across the worker restart: {fatal}"
     assert remaining == 0, f"{remaining} messages neither acknowledged nor failed after 90 s"
