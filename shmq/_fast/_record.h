@@ -101,15 +101,41 @@ shmq_parse_record(const unsigned char *p, const unsigned char *end, shmq_record 
     if (v.p == NULL || v.v < 6 || v.v > end - v.p)
         return NULL;
     rend = v.p + v.v;
-    v = shmq_varint2(v.p + 1, rend, 10); /* after the attributes byte */
-    if (v.p == NULL)
-        return NULL;
-    r->timestamp_delta = v.v;
-    v = shmq_varint2(v.p, rend, 5);
+    p = v.p; /* the attributes byte */
+    /* A record holds at least 6 bytes, so p[0..5] lie before rend: a timestamp delta and an
+       offset delta of 1-2 bytes each end by p + 5 and are read with no bounds check. */
+    if (p[1] < 0x80) {
+        r->timestamp_delta = shmq_unzigzag(p[1]);
+        p += 2;
+    } else if (p[2] < 0x80) {
+        r->timestamp_delta = shmq_unzigzag((uint64_t)(p[1] & 0x7f) | ((uint64_t)p[2] << 7));
+        p += 3;
+    } else {
+        v = shmq_varint_long(p + 1, rend, 10);
+        if (v.p == NULL)
+            return NULL;
+        r->timestamp_delta = v.v;
+        p = v.p;
+        goto offset_checked;
+    }
+    if (p[0] < 0x80) {
+        r->offset_delta = shmq_unzigzag(p[0]);
+        p += 1;
+        goto key;
+    }
+    if (p[1] < 0x80) {
+        r->offset_delta = shmq_unzigzag((uint64_t)(p[0] & 0x7f) | ((uint64_t)p[1] << 7));
+        p += 2;
+        goto key;
+    }
+offset_checked:
+    v = shmq_varint2(p, rend, 5);
     if (v.p == NULL)
         return NULL;
     r->offset_delta = v.v;
-    v = shmq_varint2(v.p, rend, 5);
+    p = v.p;
+key:
+    v = shmq_varint2(p, rend, 5);
     if (v.p == NULL || v.v < -1 || v.v > rend - v.p)
         return NULL;
     p = v.p;
