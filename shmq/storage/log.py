@@ -53,6 +53,10 @@ def _add_seq(seq: int, delta: int) -> int:
     """baseSequence + lastOffsetDelta, wrapping at Int.MAX (DefaultRecordBatch)."""
     return seq + delta - 0x80000000 if seq > 0x7FFFFFFF - delta else seq + delta
 _I32 = struct.Struct(">i")
+# header bytes 23..51 in one unpack: lastOffsetDelta, baseTimestamp, maxTimestamp, producerId
+_FIELDS = struct.Struct(">iqqq")
+# header bytes 0..16 as append writes them: baseOffset, batchLength, partitionLeaderEpoch
+_PREFIX = struct.Struct(">qii")
 
 
 class RecordTooLargeError(KafkaApiError):
@@ -200,25 +204,27 @@ class PartitionLog:
             raise CorruptRecordError("no record batches to append")
         epoch = self.leader_epoch if leader_epoch is None else leader_epoch
         now = int(time.time() * 1000) if now_ms is None else now_ms
-        log_append = self.config.log_append_time
-        limit = self.config.max_message_bytes
+        config = self.config
+        log_append = config.log_append_time
+        limit = config.max_message_bytes
         # pass 1: validate everything before touching the file
-        spans: list[tuple[int, int, int]] = []
+        spans: list[tuple[int, int, int, int]] = []
         producers: list[tuple[int, int, int, int, int, bool]] = []
-        pos, n_records, incoming_max_ts = 0, 0, -1
-        while pos < len(mv):
-            size = _fast.validate_batch(mv, pos, -1, True, validate)
+        pos, end, n_records, incoming_max_ts = 0, len(mv), 0, -1
+        validate_batch, unpack_fields = _fast.validate_batch, _FIELDS.unpack_from
+        while pos < end:
+            size = validate_batch(mv, pos, -1, True, validate)
             if size > limit:
                 raise RecordTooLargeError(size, limit)
-            delta = _I32.unpack_from(mv, pos + 23)[0]
-            pid = _I64.unpack_from(mv, pos + 43)[0]
+            delta, _, batch_max, pid = unpack_fields(mv, pos + 23)
             if pid >= 0:
                 producers.append((len(spans), pid, _I16.unpack_from(mv, pos + 51)[0],
                                   _I32.unpack_from(mv, pos + 53)[0], delta,
                                   bool(_I16.unpack_from(mv, pos + 21)[0] & 0x10)))
-            spans.append((pos, size, delta))
+            spans.append((pos, size, delta, batch_max))
             n_records += delta + 1
-            incoming_max_ts = max(incoming_max_ts, _I64.unpack_from(mv, pos + 35)[0])
+            if batch_max > incoming_max_ts:
+                incoming_max_ts = batch_max
             pos += size
         if log_append:
             incoming_max_ts = now
@@ -229,29 +235,37 @@ class PartitionLog:
                 duplicate = self._check_producers(producers, validate)
                 if duplicate is not None:
                     return duplicate
-            first = self.log_end_offset
-            self._assign_epoch(epoch, first)
-            segment = self.active_segment
-            if segment.should_roll(len(mv), len(spans), incoming_max_ts, now,
-                                   first + n_records - 1):
+            segment = self.segments[-1]
+            first = segment.next_offset
+            entries = self.epoch_entries
+            if epoch >= 0 and (not entries or entries[-1][0] < epoch):
+                self._assign_epoch(epoch, first)
+            if segment.should_roll(end, len(spans), incoming_max_ts, now, first + n_records - 1):
                 segment = self._roll_locked(now)
-            # pass 2: stamp headers and build the iovec
+            # pass 2: the iovec.  The header's first 16 bytes are replaced (baseOffset stamped,
+            # batchLength as validated, partitionLeaderEpoch stamped: all outside the CRC) and
+            # the client's bytes follow from the magic byte on; LogAppendTime also rewrites
+            # attributes, maxTimestamp and CRC, so it copies the whole header.
             iov: list[Any] = []
             meta = []
             offset, position = first, segment.size
             max_ts, offset_of_max = -1, first
-            for pos, size, delta in spans:
-                header = bytearray(mv[pos : pos + 61])
-                _fast.stamp_batch(header, 0, offset, epoch)
-                body = mv[pos + 61 : pos + size]
+            pack_prefix = _PREFIX.pack
+            for pos, size, delta, batch_max in spans:
                 if log_append:
+                    header = bytearray(mv[pos : pos + 61])
+                    _PREFIX.pack_into(header, 0, offset, size - 12, epoch)
+                    body = mv[pos + 61 : pos + size]
                     self._set_log_append_time(header, body, now)
-                batch_max = now if log_append else struct.unpack_from(">q", header, 35)[0]
+                    batch_max = now
+                    iov.append(header)
+                else:
+                    iov.append(pack_prefix(offset, size - 12, epoch))
+                    body = mv[pos + 16 : pos + size]
+                iov.append(body)
                 last = offset + delta
                 if batch_max > max_ts:
                     max_ts, offset_of_max = batch_max, last
-                iov.append(header)
-                iov.append(body)
                 meta.append((position, last, batch_max, size))
                 offset = last + 1
                 position += size
@@ -262,8 +276,10 @@ class PartitionLog:
                 self.producer_state.update(pid, pepoch, seq, _add_seq(seq, delta),
                                            last - delta, last, batch_max, txn)
         info = AppendInfo(first, offset - 1, max_ts, offset_of_max, now if log_append else -1,
-                          len(spans), len(mv))
-        self._flush_if_due(now)
+                          len(spans), end)
+        if (self.unflushed_messages >= config.flush_messages
+                or now - self.last_flush_ms >= config.flush_ms):
+            self.flush()
         return info
 
     def _check_producers(self, producers: list, validate: bool) -> AppendInfo | None:

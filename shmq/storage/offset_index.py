@@ -33,7 +33,11 @@ class OffsetIndex(IndexFile):
 
     @property
     def last_entry(self) -> tuple[int, int]:
-        return self.entry(self.entries - 1) if self.entries else (self.base_offset, 0)
+        last = self._last
+        if last is None:
+            last = self.entry(self.entries - 1) if self.entries else (self.base_offset, 0)
+            self._last = last
+        return last
 
     def append(self, offset: int, position: int) -> None:
         rel = offset - self.base_offset
@@ -43,7 +47,8 @@ class OffsetIndex(IndexFile):
             raise CorruptIndexError(
                 f"offset {offset} is not larger than the last index entry {self.last_entry[0]}"
             )
-        self._append_raw(_ENTRY.pack(rel, position))
+        self._append_entry(_ENTRY, rel, position)
+        self._last = (offset, position)
 
     def append_many(self, offsets: np.ndarray, positions: np.ndarray) -> None:
         """``append`` for many entries at once (recovery), as far as the index has room."""

@@ -151,44 +151,66 @@ class LogSegment:
         return last_offset - self.base_offset > 0x7FFFFFFF
 
     def append(self, iov: list, batches: list[tuple[int, int, int, int]]) -> None:
-        """Write ``iov`` at the end of the log; ``batches`` = (position, last, max ts, size)."""
+        """Write ``iov`` at the end of the log; ``batches`` = (position, last, max ts, size).
+
+        ``iov`` must hold exactly the batches' bytes.  Up to ``_IOV_MAX`` buffers (every produce)
+        go out in one ``pwritev`` whose expected length is the batches' total, so the buffers'
+        lengths are only summed when a write comes back short."""
         start = self.size
-        total = sum(b[3] for b in batches)
-        written = 0
+        fd = self.handle.fd
+        total = 0
+        for b in batches:
+            total += b[3]
         try:
-            for i in range(0, len(iov), _IOV_MAX):
-                chunk = iov[i : i + _IOV_MAX]
-                want = sum(len(v) for v in chunk)
-                n = os.pwritev(self.handle.fd, chunk, start + written)
-                while n < want:  # short write: finish this chunk byte-exactly
-                    rest = b"".join(bytes(v) for v in chunk)[n:]
-                    n += os.pwrite(self.handle.fd, rest, start + written + n)
-                written += want
+            if len(iov) <= _IOV_MAX:
+                n = os.pwritev(fd, iov, start)
+                if n != total:
+                    self._finish_write(iov, n, start, total)
+            else:
+                written = 0
+                for i in range(0, len(iov), _IOV_MAX):
+                    chunk = iov[i : i + _IOV_MAX]
+                    want = sum(len(v) for v in chunk)
+                    n = os.pwritev(fd, chunk, start + written)
+                    if n != want:
+                        self._finish_write(chunk, n, start + written, want)
+                    written += want
+                assert written == total
         except OSError:
-            os.ftruncate(self.handle.fd, start)  # never leave half a batch behind
+            os.ftruncate(fd, start)  # never leave half a batch behind
             raise
-        assert written == total
         if self.rolling_base_timestamp is None:
             self.rolling_base_timestamp = batches[0][2]
+        index_batch = self._index_batch
         for position, last_offset, max_ts, size in batches:
-            self._index_batch(position, last_offset, max_ts, size)
+            index_batch(position, last_offset, max_ts, size)
         self.size = start + total
         self.next_offset = batches[-1][1] + 1
+
+    def _finish_write(self, iov: list, n: int, position: int, want: int) -> None:
+        """A short ``pwritev`` of ``iov`` at ``position``: write the rest byte-exactly."""
+        data = b"".join(bytes(v) for v in iov)
+        assert len(data) == want, "iovec and batch sizes disagree"
+        while n < want:
+            n += os.pwrite(self.handle.fd, data[n:], position + n)
 
     def _index_batch(self, position: int, last_offset: int, max_ts: int, size: int) -> None:
         """The one indexing rule, shared by append and recovery (``LogSegment.append``)."""
         if max_ts > self.max_timestamp_so_far:
             self.max_timestamp_so_far = max_ts
             self.offset_of_max_timestamp = last_offset
-        if self.bytes_since_last_index_entry > self.config.index_interval_bytes:
+        since = self.bytes_since_last_index_entry
+        if since > self.config.index_interval_bytes:
             # a full index only happens inside one multi-batch append (should_roll leaves room
             # otherwise); the index is sparse, so skipping an entry costs a longer scan, no more
-            if not self.offset_index.is_full:
-                self.offset_index.append(last_offset, position)
-            if not self.time_index.is_full:
-                self.time_index.maybe_append(self.max_timestamp_so_far, self.offset_of_max_timestamp)
-            self.bytes_since_last_index_entry = 0
-        self.bytes_since_last_index_entry += size
+            index = self.offset_index
+            if index.entries < index.max_entries:
+                index.append(last_offset, position)
+            time_index = self.time_index
+            if time_index.entries < time_index.max_entries:
+                time_index.maybe_append(self.max_timestamp_so_far, self.offset_of_max_timestamp)
+            since = 0
+        self.bytes_since_last_index_entry = since + size
 
     def _index_table(self, table: np.ndarray) -> None:
         """``_index_batch`` over a table of contiguous batches at once (recovery)."""

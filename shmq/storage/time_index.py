@@ -32,7 +32,11 @@ class TimeIndex(IndexFile):
 
     @property
     def last_entry(self) -> tuple[int, int]:
-        return self.entry(self.entries - 1) if self.entries else (-1, self.base_offset)
+        last = self._last
+        if last is None:
+            last = self.entry(self.entries - 1) if self.entries else (-1, self.base_offset)
+            self._last = last
+        return last
 
     def maybe_append(self, timestamp: int, offset: int, skip_full_check: bool = False) -> None:
         """Append (timestamp, offset) if the timestamp grows; an empty index's last entry is
@@ -44,8 +48,8 @@ class TimeIndex(IndexFile):
             raise CorruptIndexError(f"time index offset {offset} goes backwards ({last_off})")
         if self.is_full and not skip_full_check:
             raise CorruptIndexError(f"time index {self.path} is full")
-        self._append_block(_ENTRY.pack(timestamp, offset - self.base_offset), 1,
-                           grow=skip_full_check)
+        self._append_entry(_ENTRY, timestamp, offset - self.base_offset, skip_full_check)
+        self._last = (timestamp, offset)
 
     def append_many(self, timestamps: np.ndarray, offsets: np.ndarray) -> None:
         """``maybe_append`` over non-decreasing timestamps (recovery), as far as there is room."""
