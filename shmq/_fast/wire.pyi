@@ -1,9 +1,11 @@
 from collections.abc import Sequence
 from typing import Any
 
-from shmq._fast._wire_types import ProduceRequest
+from shmq._fast._wire_types import FetchRequest, ProduceRequest
 
+def request_header_size(frame: memoryview, flexible: bool) -> int: ...
 def parse_produce_request(frame: memoryview, header_size: int, version: int) -> ProduceRequest: ...
+def parse_fetch_request(frame: memoryview, header_size: int, version: int) -> FetchRequest: ...
 def encode_produce_response(
     version: int,
     correlation_id: int,

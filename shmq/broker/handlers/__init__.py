@@ -1,4 +1,7 @@
-"""One module per Kafka API; ``HANDLERS`` maps API keys to ``handle(ctx, header, request)``."""
+"""One module per Kafka API; ``HANDLERS`` maps API keys to ``handle(ctx, header, request)``.
+
+Produce (0) and Fetch (1) are not in it: the router parses them by hand and calls their
+handlers directly."""
 
 from __future__ import annotations
 
@@ -14,7 +17,6 @@ from shmq.broker.handlers import (
     describe_configs,
     describe_groups,
     describe_producers,
-    fetch,
     find_coordinator,
     heartbeat,
     incremental_alter_configs,
@@ -34,7 +36,6 @@ from shmq.broker.handlers import (
 HANDLERS = {
     18: api_versions.handle,
     3: metadata.handle,
-    1: fetch.handle,
     2: list_offsets.handle,
     22: init_producer_id.handle,
     19: create_topics.handle,
