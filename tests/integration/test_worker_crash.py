@@ -300,8 +300,10 @@ def _run_worker_kill(b: RunningBroker, client: str) -> None:
     in_flight_at_kill: list[int] = []
     try:
         start = time.monotonic()
-        for n in range(total):
+        n, end = 0, total
+        while n < end and n < 10 * total:
             stream.send(topic, n, n % PARTITIONS)
+            n += 1
             if len(killed) < len(kill_at) and n >= kill_at[len(killed)] and n % 25 == 0:
                 # the restart takes ~1 s on a quiet box, a few on a loaded one: the stream goes
                 # on, and the next kill waits until the restarted worker is up
@@ -311,6 +313,7 @@ def _run_worker_kill(b: RunningBroker, client: str) -> None:
                 in_flight_at_kill.append(stream.in_flight())
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
+                end = max(end, n + 2_500)  # keep streaming for a second after every kill
             # pace the stream over a few seconds so most of it runs across the restart
             delay = start + n / rate - time.monotonic()
             if delay > 0:
@@ -322,6 +325,7 @@ def _run_worker_kill(b: RunningBroker, client: str) -> None:
             remaining = -1
     finally:
         stream.close()
+    total = n  # every message sent, the extension after a late restart included
     assert len(killed) == len(kill_at), (
         f"worker {victim} was not restarted in time for kill {len(killed) + 1}: "
         f"broker.json lists {b.worker_pids()}")
