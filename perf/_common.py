@@ -218,10 +218,12 @@ def _stale_extensions(src: Path) -> list[str]:
         if not built:
             continue
         so_time = max(p.stat().st_mtime for p in built)
-        newer = [p.name for p in [pyx, *headers] if p.stat().st_mtime > so_time]
+        text = pyx.read_text()
+        included = [h for h in headers if f'"{h.name}"' in text or f"{h.stem} " in text]
+        newer = [p.name for p in [pyx, *included] if p.stat().st_mtime > so_time]
         if pyx.name in newer:
             stale.append(pyx.name)
-        elif newer and pyx.stem in ("crc32c", "batch"):  # the ones that include the headers
+        elif newer:  # a header the module includes (cdef extern from "x.h" / cimport x)
             stale.append(f"{pyx.name} (via {', '.join(newer)})")
     return stale
 
