@@ -100,7 +100,6 @@ def build(directory: Path, segment_bytes: int, chunk: bytes, calls: int, *,
     log.append(chunk, now_ms=now_ms)  # rolls: segment 0 is sealed like every inactive one
     log.close()
     files = [p.read_bytes() for p in layout.segment_paths(template_dir, 0)]
-    shutil.rmtree(template_dir)
     seg_log = bytearray(files[0])
     positions, counts = [], []
     for view in iter_batches(seg_log):
@@ -108,6 +107,10 @@ def build(directory: Path, segment_bytes: int, chunk: bytes, calls: int, *,
         counts.append(view.last_offset_delta + 1)
         view.buffer.release()
     per_segment = sum(counts)
+    # every roll writes a producer snapshot named after the new segment (UnifiedLog.roll); with
+    # no idempotent producer its bytes are the same at every roll
+    snapshot = (template_dir / f"{per_segment:020d}.snapshot").read_bytes()
+    shutil.rmtree(template_dir)
     directory.mkdir(mode=0o700, parents=True)
     for i in range(calls):
         base = i * per_segment
@@ -119,6 +122,8 @@ def build(directory: Path, segment_bytes: int, chunk: bytes, calls: int, *,
         log_path.write_bytes(seg_log)
         index_path.write_bytes(files[1])
         time_path.write_bytes(files[2])
+        if i:
+            (directory / f"{base:020d}.snapshot").write_bytes(snapshot)
     leo = calls * per_segment
     log = PartitionLog.open(directory, config, recovery_point=leo, clean_shutdown=True)
     assert log.log_end_offset == leo and len(log.segments) == calls, log
