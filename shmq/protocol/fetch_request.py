@@ -47,7 +47,7 @@ import struct
 from shmq import _fast
 from shmq._fast._wire_types import FetchPartition, FetchRequest, FetchTopic, ForgottenTopic
 from shmq.errors import RemoteProtocolError
-from shmq.protocol.kio_guard import read_uvarint, skip_tagged_fields
+from shmq.protocol.frame_reader import FrameReader
 
 __all__ = ["FetchPartition", "FetchRequest", "FetchTopic", "ForgottenTopic",
            "parse_fetch_request", "parse_fetch_request_py"]
@@ -56,8 +56,6 @@ MIN_VERSION = 4
 MAX_VERSION = 12
 FIRST_FLEXIBLE_VERSION = 12
 
-_INT16 = struct.Struct(">h")
-_INT32 = struct.Struct(">i")
 _HEAD = struct.Struct(">iiiib")  # replica_id, max_wait_ms, min_bytes, max_bytes, isolation
 _SESSION = struct.Struct(">ii")  # session_id, session_epoch (v7+)
 # partition fields by version: v4, v5-8, v9-11, v12
@@ -67,65 +65,6 @@ _PARTITION = {4: struct.Struct(">iqi"), 5: struct.Struct(">iqqi"), 9: struct.Str
 
 def _partition_struct(version: int) -> struct.Struct:
     return _PARTITION[12 if version >= 12 else 9 if version >= 9 else 5 if version >= 5 else 4]
-
-
-def _short() -> RemoteProtocolError:
-    return RemoteProtocolError("Fetch request is truncated")
-
-
-class _Reader:
-    """Cursor over one request frame; each method checks bounds before reading."""
-
-    __slots__ = ("buf", "pos", "end", "flexible")
-
-    def __init__(self, buf: memoryview, pos: int, flexible: bool) -> None:
-        self.buf = buf
-        self.pos = pos
-        self.end = len(buf)
-        self.flexible = flexible
-
-    def fixed(self, layout: struct.Struct) -> tuple:
-        if self.pos + layout.size > self.end:
-            raise _short()
-        values = layout.unpack_from(self.buf, self.pos)
-        self.pos += layout.size
-        return values
-
-    def length(self, legacy: struct.Struct) -> int:
-        """A string length or an array count; -1 means null."""
-        if self.flexible:
-            value, self.pos = read_uvarint(self.buf, self.pos, self.end)
-            return int(value) - 1
-        value = int(self.fixed(legacy)[0])
-        if value < -1:
-            raise RemoteProtocolError(f"negative length {value} in Fetch request")
-        return value
-
-    def string(self) -> str:
-        length = self.length(_INT16)
-        if length < 0:
-            raise RemoteProtocolError("null topic name in Fetch request")
-        stop = self.pos + length
-        if stop > self.end:
-            raise _short()
-        try:
-            value = str(self.buf[self.pos : stop], "utf-8")
-        except UnicodeDecodeError as exc:
-            raise RemoteProtocolError(f"invalid UTF-8 in Fetch request: {exc}") from None
-        self.pos = stop
-        return value
-
-    def count(self, min_item_size: int) -> int:
-        count = self.length(_INT32)
-        if count < 0:
-            raise RemoteProtocolError("null array in Fetch request")
-        if count * min_item_size > self.end - self.pos:
-            raise RemoteProtocolError(f"array count {count} exceeds the bytes left")
-        return count
-
-    def skip_tags(self) -> None:
-        if self.flexible:
-            self.pos = skip_tagged_fields(self.buf, self.pos, self.end)
 
 
 def parse_fetch_request_py(frame: memoryview, header_size: int, version: int) -> FetchRequest:
@@ -140,7 +79,7 @@ def parse_fetch_request_py(frame: memoryview, header_size: int, version: int) ->
     flexible = version >= FIRST_FLEXIBLE_VERSION
     if not 0 <= header_size <= len(buf):
         raise RemoteProtocolError("Fetch request header runs past the frame")
-    r = _Reader(buf, header_size, flexible)
+    r = FrameReader(buf, header_size, flexible, "Fetch")
     replica_id, max_wait_ms, min_bytes, max_bytes, isolation_level = r.fixed(_HEAD)
     session_id, session_epoch = r.fixed(_SESSION) if version >= 7 else (0, -1)
     layout = _partition_struct(version)
@@ -169,7 +108,7 @@ def parse_fetch_request_py(frame: memoryview, header_size: int, version: int) ->
     if version >= 7:
         for _ in range(r.count(min_topic)):
             name = r.string()
-            indexes = [int(r.fixed(_INT32)[0]) for _ in range(r.count(4))]
+            indexes = [r.int32() for _ in range(r.count(4))]
             r.skip_tags()
             forgotten.append(ForgottenTopic(name, indexes))
     rack_id = r.string() if version >= 11 else ""

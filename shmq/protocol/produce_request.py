@@ -54,7 +54,8 @@ from typing import Any
 from shmq import _fast
 from shmq._fast._wire_types import ProducePartition, ProduceRequest, ProduceTopic
 from shmq.errors import LocalProtocolError, RemoteProtocolError
-from shmq.protocol.kio_guard import read_uvarint, skip_tagged_fields, write_uvarint
+from shmq.protocol.frame_reader import FrameReader
+from shmq.protocol.kio_guard import write_uvarint
 
 MIN_VERSION = 3
 MAX_VERSION = 11
@@ -72,77 +73,6 @@ _MIN_TOPIC = {False: 2 + 4, True: 1 + 1 + 1}  # name, partition count, [tags]
 _MIN_PARTITION = {False: 4 + 4, True: 4 + 1 + 1}  # index, records length, [tags]
 
 
-def _short() -> RemoteProtocolError:
-    return RemoteProtocolError("Produce request is truncated")
-
-
-class _Reader:
-    """Cursor over one request frame; each method checks bounds before reading."""
-
-    __slots__ = ("buf", "pos", "end", "flexible")
-
-    def __init__(self, buf: memoryview, pos: int, flexible: bool) -> None:
-        self.buf = buf
-        self.pos = pos
-        self.end = len(buf)
-        self.flexible = flexible
-
-    def int16(self) -> int:
-        if self.pos + 2 > self.end:
-            raise _short()
-        value = _INT16.unpack_from(self.buf, self.pos)[0]
-        self.pos += 2
-        return int(value)
-
-    def int32(self) -> int:
-        if self.pos + 4 > self.end:
-            raise _short()
-        value = _INT32.unpack_from(self.buf, self.pos)[0]
-        self.pos += 4
-        return int(value)
-
-    def length(self, legacy_width: int) -> int:
-        """A string/bytes length or an array count; -1 means null."""
-        if self.flexible:
-            value, self.pos = read_uvarint(self.buf, self.pos, self.end)
-            return value - 1
-        value = self.int16() if legacy_width == 2 else self.int32()
-        if value < -1:
-            raise RemoteProtocolError(f"negative length {value} in Produce request")
-        return value
-
-    def blob(self, length: int) -> memoryview:
-        stop = self.pos + length
-        if stop > self.end:
-            raise _short()
-        view = self.buf[self.pos : stop]
-        self.pos = stop
-        return view
-
-    def string(self, nullable: bool) -> str | None:
-        length = self.length(2)
-        if length < 0:
-            if nullable:
-                return None
-            raise RemoteProtocolError("null topic name in Produce request")
-        try:
-            return str(self.blob(length), "utf-8")
-        except UnicodeDecodeError as exc:
-            raise RemoteProtocolError(f"invalid UTF-8 in Produce request: {exc}") from None
-
-    def count(self, min_item_size: int) -> int:
-        count = self.length(4)
-        if count < 0:
-            raise RemoteProtocolError("null array in Produce request")
-        if count * min_item_size > self.end - self.pos:
-            raise RemoteProtocolError(f"array count {count} exceeds the bytes left")
-        return count
-
-    def skip_tags(self) -> None:
-        if self.flexible:
-            self.pos = skip_tagged_fields(self.buf, self.pos, self.end)
-
-
 def parse_produce_request_py(frame: memoryview, header_size: int, version: int) -> ProduceRequest:
     """Parse the Produce body that starts at ``header_size`` in ``frame`` (v3..v11).
 
@@ -153,16 +83,12 @@ def parse_produce_request_py(frame: memoryview, header_size: int, version: int) 
         raise ValueError(f"Produce v{version} is not parsed here (v{MIN_VERSION}..v{MAX_VERSION})")
     buf = frame if isinstance(frame, memoryview) else memoryview(frame)
     flexible = version >= FIRST_FLEXIBLE_VERSION
-    r = _Reader(buf, header_size, flexible)
-    transactional_id = r.string(nullable=True)
-    if r.pos + 6 > r.end:
-        raise _short()
-    acks, timeout_ms = _ACKS_TIMEOUT.unpack_from(buf, r.pos)
-    r.pos += 6
+    r = FrameReader(buf, header_size, flexible, "Produce")
+    transactional_id = r.nullable_string()
+    acks, timeout_ms = r.fixed(_ACKS_TIMEOUT)
     topics: list[ProduceTopic] = []
     for _ in range(r.count(_MIN_TOPIC[flexible])):
-        name = r.string(nullable=False)
-        assert name is not None
+        name = r.string()
         partitions: list[ProducePartition] = []
         for _ in range(r.count(_MIN_PARTITION[flexible])):
             index = r.int32()
