@@ -74,33 +74,15 @@ cdef enum:
 cdef const uint8_t EMPTY[1]
 
 
-# --- big-endian loads and stores ----------------------------------------------------------------
+# --- big-endian loads and stores (the project's _endian.h, as in batch.pyx) ------------------
 
-cdef inline int16_t _be16(const uint8_t *p) noexcept nogil:
-    return <int16_t>((<uint16_t>p[0] << 8) | p[1])
-
-
-cdef inline int32_t _be32(const uint8_t *p) noexcept nogil:
-    return <int32_t>((<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8)
-                     | p[3])
-
-
-cdef inline void _put16(uint8_t *p, int16_t v) noexcept nogil:
-    p[0] = <uint8_t>(<uint16_t>v >> 8)
-    p[1] = <uint8_t>v
-
-
-cdef inline void _put32(uint8_t *p, int32_t v) noexcept nogil:
-    cdef uint32_t u = <uint32_t>v
-    p[0] = <uint8_t>(u >> 24)
-    p[1] = <uint8_t>(u >> 16)
-    p[2] = <uint8_t>(u >> 8)
-    p[3] = <uint8_t>u
-
-
-cdef inline void _put64(uint8_t *p, int64_t v) noexcept nogil:
-    _put32(p, <int32_t>(<uint64_t>v >> 32))
-    _put32(p + 4, <int32_t><uint32_t><uint64_t>v)
+cdef extern from "_endian.h":
+    int16_t _be16 "shmq_load_i16"(const uint8_t *p) noexcept nogil
+    int32_t _be32 "shmq_load_i32"(const uint8_t *p) noexcept nogil
+    int64_t _be64 "shmq_load_i64"(const uint8_t *p) noexcept nogil
+    void _put16 "shmq_store_u16"(uint8_t *p, int16_t v) noexcept nogil
+    void _put32 "shmq_store_u32"(uint8_t *p, int32_t v) noexcept nogil
+    void _put64 "shmq_store_u64"(uint8_t *p, int64_t v) noexcept nogil
 
 
 # --- reading ------------------------------------------------------------------------------------
@@ -325,9 +307,6 @@ cdef inline int _need(Cursor *c, Py_ssize_t n) except -1:
         _scan_error(E_SHORT, c.pos, c.api)
     return 0
 
-
-cdef inline int64_t _be64(const uint8_t *p) noexcept nogil:
-    return <int64_t>((<uint64_t><uint32_t>_be32(p) << 32) | <uint32_t>_be32(p + 4))
 
 
 def parse_fetch_request(frame, Py_ssize_t header_size, int version):
