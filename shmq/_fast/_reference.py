@@ -452,6 +452,7 @@ class MappedFile(mmap.mmap):
             raise ValueError("cannot map 0 bytes")
         access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
         self = super().__new__(cls, fd, length, access=access)
+        self.madvise(mmap.MADV_RANDOM)  # as the compiled one: no read-around of index holes
         self.writable = writable  # type: ignore[attr-defined]
         return self
 

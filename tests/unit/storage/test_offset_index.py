@@ -279,3 +279,40 @@ def test_reset_zeroes_entries(tmp_path) -> None:
     idx.append(BASE + 3, 7)
     idx.close()
     assert file_entries(path) == [(BASE + 3, 7)]
+
+
+def _vm_flags(path) -> list[str]:
+    """The VmFlags of this process's mapping of ``path`` (from /proc/self/smaps)."""
+    flags: list[str] = []
+    current = None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5:  # a mapping's first line
+                current = head[5] if len(head) > 5 else None
+            elif line.startswith("VmFlags:") and current == str(path):
+                flags.append(line.split(":", 1)[1].strip())
+    return flags
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs /proc/self/smaps")
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+def test_index_mapping_is_advised_random(tmp_path, impl, monkeypatch) -> None:
+    # A new index is a sparse preallocated file: without MADV_RANDOM the first write fault reads
+    # around the page and zero-fills a large window of holes (milliseconds per new segment).
+    from shmq import _fast
+    from shmq._fast import _reference
+
+    if impl == "fast" and not _fast.HAVE_FAST:
+        pytest.skip("compiled extensions not loaded")
+    if impl == "reference":
+        monkeypatch.setattr(_fast, "MappedFile", _reference.MappedFile)
+    path = tmp_path / "00000000000000001000.index"
+    idx = make(path, max_size=1 << 20)
+    try:
+        idx.append(BASE + 1, 0)
+        flags = _vm_flags(path)
+        assert flags, "index file not mapped"
+        assert all("rr" in f.split() for f in flags), flags
+    finally:
+        idx.close()
