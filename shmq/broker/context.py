@@ -61,7 +61,9 @@ class BrokerContext:
     _data_events: dict[tuple[str, int], asyncio.Event] = field(default_factory=dict)
     _pid_block: list[int] = field(default_factory=lambda: [0, 0])   # next, end
     stats: dict[str, int] = field(default_factory=lambda: {"sendfile_bytes": 0,
-                                                            "sendfile_calls": 0})
+                                                            "sendfile_calls": 0,
+                                                            "responses": 0,
+                                                            "response_writes": 0})
     state_table: Any = None              # shmq.ipc.StateTable attached read-write (workers)
 
     def publish_state(self, topic: str, partition: int, log: PartitionLog) -> None:

@@ -29,6 +29,20 @@ class RunningBroker:
     def worker_pids(self) -> dict[int, int]:
         return {w["node_id"]: w["pid"] for w in self.run_info["workers"]}
 
+    def worker_stats(self, after: float, timeout: float = 10) -> list[dict]:
+        """The workers' counters (``run/worker-<id>.stats.json``, rewritten every second) as
+        written after the wall-clock time ``after``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            files = [self.data_dir / "run" / f"worker-{n}.stats.json" for n in self.worker_pids()]
+            if all(f.exists() and f.stat().st_mtime > after for f in files):
+                try:
+                    return [json.loads(f.read_text()) for f in files]
+                except json.JSONDecodeError:
+                    pass  # written atomically, but be lenient with a racing rename
+            assert time.monotonic() < deadline, f"stats files not rewritten after {after}: {files}"
+            time.sleep(0.1)
+
     def stop(self, timeout: float = 30) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

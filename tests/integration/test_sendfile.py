@@ -1,13 +1,12 @@
 """Zero copy: Fetch record bytes leave the workers through ``os.sendfile``.
 
 Two independent witnesses: the workers' own counters (``run/worker-<id>.stats.json``, rewritten
-every second), and, when ``strace`` can attach to the workers, the ``sendfile`` system calls
-themselves.
+every second; ``RunningBroker.worker_stats``), and, when ``strace`` can attach to the workers,
+the ``sendfile`` system calls themselves.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -41,24 +40,6 @@ def broker(tmp_path: Path) -> Iterator[RunningBroker]:
         if b.proc.stdout is not None:
             b.proc.stdout.close()
         assert code == 0, b.log_path.read_text()
-
-
-def stats_files(broker: RunningBroker) -> list[Path]:
-    return [broker.data_dir / "run" / f"worker-{n}.stats.json" for n in broker.worker_pids()]
-
-
-def fresh_stats(broker: RunningBroker, after: float, timeout: float = 10) -> list[dict]:
-    """The workers' counters as written after the wall-clock time ``after``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        files = stats_files(broker)
-        if all(f.exists() and f.stat().st_mtime > after for f in files):
-            try:
-                return [json.loads(f.read_text()) for f in files]
-            except json.JSONDecodeError:
-                pass  # written atomically, but be lenient with a racing rename
-        assert time.monotonic() < deadline, f"stats files not rewritten after {after}: {files}"
-        time.sleep(0.1)
 
 
 def segment_bytes(broker: RunningBroker) -> tuple[int, int]:
@@ -109,7 +90,7 @@ def test_fetch_records_go_through_sendfile(broker: RunningBroker) -> None:
     started = time.time()
     # nothing has been fetched yet: the counters are zero, and producing does not move them
     assert all(s["sendfile_bytes"] == 0 and s["sendfile_calls"] == 0
-               for s in fresh_stats(broker, 0))
+               for s in broker.worker_stats(0))
     produce(broker.bootstrap)
     stored, records = segment_bytes(broker)
     assert records == MESSAGES and stored > MESSAGES * VALUE_SIZE
@@ -123,13 +104,13 @@ def test_fetch_records_go_through_sendfile(broker: RunningBroker) -> None:
     finally:
         idle.close()
     produced = time.time()
-    before = fresh_stats(broker, produced)
+    before = broker.worker_stats(produced)
     assert all(s["sendfile_bytes"] == 0 and s["sendfile_calls"] == 0 for s in before), before
     assert produced > started
 
     assert consume_all(broker.bootstrap) == MESSAGES
     consumed = time.time()
-    after = fresh_stats(broker, consumed)
+    after = broker.worker_stats(consumed)
     sent = sum(s["sendfile_bytes"] for s in after)
     calls = sum(s["sendfile_calls"] for s in after)
     assert calls > 0
@@ -195,5 +176,5 @@ def test_sendfile_syscalls_seen_by_strace(broker: RunningBroker, tmp_path: Path)
     sent = sum(r for _, r in calls if r > 0)
     assert sent >= stored, (sent, stored, text[:2000])
     # the counters agree with the kernel's view
-    stats = fresh_stats(broker, time.time())
+    stats = broker.worker_stats(time.time())
     assert sum(s["sendfile_bytes"] for s in stats) == sent

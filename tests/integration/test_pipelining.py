@@ -1,0 +1,133 @@
+"""Pipelined requests on one connection: answered in order, and quick ones in one write.
+
+librdkafka resolves a new assignment's offsets with one ListOffsets request per partition, all
+written at once, and fetches as soon as the first answer arrives; the workers answer such a run
+of quick requests in one write (``shmq/net/connection.py``), and never hold an answer back
+behind a request that may wait.  The workers' ``responses`` and ``response_writes`` counters
+witness the writes; the bytes on the socket witness the order.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+from conftest import RunningBroker, start_broker
+from kafka.protocol.consumer import ListOffsetsRequest, ListOffsetsResponse
+from kafka.protocol.producer import ProduceResponse
+from test_wire_bad_input import encode, produce_request, read_frame, record_batch
+
+TOPIC = "pipelined"
+PARTITIONS = 8
+L = ListOffsetsRequest
+EARLIEST, LATEST = -2, -1
+
+
+@pytest.fixture(scope="module")
+def one_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningBroker, int]]:
+    """A broker with one worker (every partition on one port) and the topic created."""
+    b = start_broker(tmp_path_factory.mktemp("pipelining") / "data", workers=1)
+    try:
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])[TOPIC].result(30)
+        deadline = time.monotonic() + 15
+        while len(admin.list_topics(TOPIC, timeout=5).topics[TOPIC].partitions) < PARTITIONS:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        port = b.run_info["workers"][0]["port"]
+        yield b, port
+    finally:
+        code = b.stop()
+        assert code == 0, b.log_path.read_text()
+
+
+def list_offsets(partition: int, correlation_id: int, timestamp: int = EARLIEST) -> bytes:
+    T = L.ListOffsetsTopic
+    return encode(L[5](replica_id=-1, isolation_level=0, topics=[T(name=TOPIC, partitions=[
+        T.ListOffsetsPartition(partition_index=partition, current_leader_epoch=-1,
+                               timestamp=timestamp)])]), correlation_id)
+
+
+def read_answers(sock: socket.socket, count: int) -> list[bytes]:
+    answers = []
+    for _ in range(count):
+        out = read_frame(sock, timeout=5)
+        assert out.kind == "response", f"answer {len(answers) + 1} of {count}: {out}"
+        answers.append(out.body)
+    return answers
+
+
+def counters(broker: RunningBroker, after: float) -> tuple[int, int]:
+    (stats,) = broker.worker_stats(after)
+    return stats["responses"], stats["response_writes"]
+
+
+def settled(broker: RunningBroker) -> tuple[int, int]:
+    """The counters once nothing else is in flight (two consecutive equal snapshots)."""
+    last = counters(broker, time.time())
+    for _ in range(10):
+        now = counters(broker, time.time())
+        if now == last:
+            return now
+        last = now
+    raise AssertionError(f"worker counters still moving: {last}")
+
+
+def test_pipelined_list_offsets_are_answered_in_order_in_one_write(
+        one_worker: tuple[RunningBroker, int]) -> None:
+    broker, port = one_worker
+    before = settled(broker)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        # one write of all the requests, as librdkafka's offset reset does
+        sock.sendall(b"".join(list_offsets(p, 100 + p) for p in range(PARTITIONS)))
+        answers = read_answers(sock, PARTITIONS)
+    for p, body in enumerate(answers):
+        assert struct.unpack_from(">i", body)[0] == 100 + p
+        resp = ListOffsetsResponse[5].decode(body, header=True)
+        (part,) = resp.topics[0].partitions
+        assert (part.partition_index, part.error_code, part.offset) == (p, 0, 0)
+    after = settled(broker)
+    responses, writes = after[0] - before[0], after[1] - before[1]
+    assert responses == PARTITIONS
+    # one write when all arrived in one read; a read split by the kernel may add one
+    assert writes <= 2, f"{PARTITIONS} pipelined ListOffsets answered in {writes} writes"
+
+
+def test_a_slow_request_does_not_hold_back_the_answers_before_it(
+        one_worker: tuple[RunningBroker, int]) -> None:
+    """ListOffsets, Produce (acks=all: it waits for the fsync), ListOffsets(latest): answered in
+    request order, and the Produce is stored before the second ListOffsets is answered."""
+    broker, port = one_worker
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(list_offsets(3, 201)
+                     + produce_request(TOPIC, 3, record_batch([b"a", b"b", b"c"]), 3, 202)
+                     + list_offsets(3, 203, LATEST))
+        first, produced, latest = read_answers(sock, 3)
+    assert [struct.unpack_from(">i", b)[0] for b in (first, produced, latest)] == [201, 202, 203]
+    assert ListOffsetsResponse[5].decode(first, header=True).topics[0].partitions[0].offset == 0
+    part = ProduceResponse[3].decode(produced, header=True).responses[0].partition_responses[0]
+    assert (part.error_code, part.base_offset) == (0, 0)
+    resp = ListOffsetsResponse[5].decode(latest, header=True)
+    assert resp.topics[0].partitions[0].offset == 3
+
+
+def test_answers_before_a_malformed_request_are_sent_before_the_close(
+        one_worker: tuple[RunningBroker, int]) -> None:
+    """A run of quick requests, then a ListOffsets frame cut short (a protocol error): the
+    valid ones are answered, then the connection closes; the broker keeps serving."""
+    broker, port = one_worker
+    bad = list_offsets(0, 399)
+    bad = struct.pack(">i", 12) + bad[4:16]  # the header and a few bytes of the body
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(list_offsets(0, 301) + list_offsets(1, 302) + bad)
+        answers = read_answers(sock, 2)
+        assert [struct.unpack_from(">i", b)[0] for b in answers] == [301, 302]
+        assert read_frame(sock, timeout=5).kind == "closed"
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(list_offsets(2, 401))
+        assert struct.unpack_from(">i", read_answers(sock, 1)[0])[0] == 401
+
