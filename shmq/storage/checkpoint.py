@@ -45,8 +45,8 @@ def fsync_directory(directory: Path) -> None:
         os.close(dir_fd)
 
 
-def _write(path: Path, lines: list[str]) -> None:
-    write_atomically(path, "\n".join([str(VERSION), str(len(lines)), *lines]) + "\n")
+def _write(path: Path, lines: list[str], sync: bool = True) -> None:
+    write_atomically(path, "\n".join([str(VERSION), str(len(lines)), *lines]) + "\n", sync=sync)
 
 
 def _read(path: Path, fields: int) -> list[list[str]] | None:
@@ -84,8 +84,9 @@ def read_offsets(path: Path) -> dict[tuple[str, int], int]:
         return {}
 
 
-def write_leader_epochs(path: Path, epochs: Iterable[tuple[int, int]]) -> None:
-    _write(path, [f"{e} {o}" for e, o in epochs])
+def write_leader_epochs(path: Path, epochs: Iterable[tuple[int, int]], *,
+                        sync: bool = True) -> None:
+    _write(path, [f"{e} {o}" for e, o in epochs], sync)
 
 
 def read_leader_epochs(path: Path) -> list[tuple[int, int]] | None:

@@ -91,7 +91,10 @@ class PartitionLog:
     """One partition's log in ``<log dir>/<topic>-<partition>/``."""
 
     def __init__(self, directory: Path, config: LogConfig, segments: list[LogSegment],
-                 log_start_offset: int, recovery_point: int, leader_epoch: int = -1) -> None:
+                 log_start_offset: int, recovery_point: int, leader_epoch: int = -1,
+                 recovered: Any = None) -> None:
+        """``recovered``: the header table (``scan_headers`` columns) of the batches recovery
+        scanned, whose leader epochs rebuild what the checkpoint lacks."""
         self.directory = directory
         self.config = config
         self.segments = segments
@@ -108,14 +111,27 @@ class PartitionLog:
         self.closed = False
         self.producer_state = ProducerStateManager(directory)
         self._rebuild_producer_state()
-        # leader-epoch-checkpoint (LeaderEpochFileCache): (epoch, start offset), one per epoch
+        # leader-epoch-checkpoint (LeaderEpochFileCache): (epoch, start offset), one per epoch.
+        # Written when an epoch starts but made durable by the next flush (see _assign_epoch):
+        # entries of batches past the recovery point are rebuilt from those batches.
         self._epoch_path = directory / layout.LEADER_EPOCH_CHECKPOINT
+        self._epoch_lock = threading.Lock()  # one writer of the checkpoint file at a time
+        self._epochs_durable = True
         self.epoch_entries = [(e, o) for e, o in
                               checkpoint.read_leader_epochs(self._epoch_path) or []
                               if o < self.log_end_offset or (e, o) == (leader_epoch, o)]
+        rebuilt = False
+        for row in recovered if recovered is not None else ():
+            epoch, base = int(row[_fast.COL_LEADER_EPOCH]), int(row[_fast.COL_BASE_OFFSET])
+            if epoch >= 0 and (not self.epoch_entries or (epoch > self.epoch_entries[-1][0]
+                                                          and base >= self.epoch_entries[-1][1])):
+                self.epoch_entries.append((epoch, base))  # LeaderEpochFileCache.assign
+                rebuilt = True
         if leader_epoch >= 0 and (not self.epoch_entries or self.epoch_entries[-1][0] < leader_epoch):
             self.epoch_entries.append((leader_epoch, self._first_offset_of_epoch(leader_epoch)))
-            checkpoint.write_leader_epochs(self._epoch_path, self.epoch_entries)
+            rebuilt = True
+        if rebuilt:
+            self._write_epochs(self.epoch_entries, sync=True)
         if self.epoch_entries:
             self.leader_epoch = max(self.leader_epoch, self.epoch_entries[-1][0])
 
@@ -126,13 +142,24 @@ class PartitionLog:
         return self.log_start_offset
 
     def _assign_epoch(self, epoch: int, start_offset: int) -> None:
-        """A batch with a newer epoch starts that epoch: record it before its data is acked
-        (``LeaderEpochFileCache.assign``, written and fsynced at once; rare)."""
+        """A batch with a newer epoch starts that epoch (``LeaderEpochFileCache.assign``).
+
+        The checkpoint is rewritten at once but not fsynced: the next ``flush`` does that before
+        it moves the recovery point past the batch, and recovery rebuilds the entries of batches
+        past the recovery point from their headers.  Kafka dropped this fsync from the append
+        path too (KAFKA-15046: it stalled produce requests under disk load); here it was two
+        fsyncs (file and directory) in the first append to every new partition: 64 new
+        partitions took 20-70 ms of a worker's time before their first acknowledgements."""
         if epoch < 0 or (self.epoch_entries and self.epoch_entries[-1][0] >= epoch):
             return
         self.epoch_entries.append((epoch, start_offset))
-        checkpoint.write_leader_epochs(self._epoch_path, self.epoch_entries)
+        self._epochs_durable = False
+        self._write_epochs(self.epoch_entries, sync=False)
         self.leader_epoch = max(self.leader_epoch, epoch)
+
+    def _write_epochs(self, entries: list[tuple[int, int]], *, sync: bool) -> None:
+        with self._epoch_lock:
+            checkpoint.write_leader_epochs(self._epoch_path, entries, sync=sync)
 
     def _rebuild_producer_state(self) -> None:
         """Latest snapshot at or below the LEO, then replay the batch headers after it
@@ -160,7 +187,7 @@ class PartitionLog:
         loaded = load_log(directory, config, recovery_point=recovery_point,
                           log_start_offset=log_start_offset, clean_shutdown=clean_shutdown)
         return cls(directory, config, loaded.segments, loaded.log_start_offset,
-                   loaded.recovery_point, loaded.leader_epoch)
+                   loaded.recovery_point, loaded.leader_epoch, loaded.recovered_batches)
 
     # -- offsets ------------------------------------------------------------------------------
 
@@ -491,7 +518,7 @@ class PartitionLog:
         kept = [(e, o) for e, o in self.epoch_entries if o < self.log_end_offset]
         if kept != self.epoch_entries:
             self.epoch_entries = kept
-            checkpoint.write_leader_epochs(self._epoch_path, kept)
+            self._write_epochs(kept, sync=True)
 
     # -- durability ---------------------------------------------------------------------------
 
@@ -512,8 +539,12 @@ class PartitionLog:
                 todo = self.segments[first:]
                 flushed_messages = self.unflushed_messages
                 sync_dir, self._directory_dirty = self._directory_dirty, False
+                epochs = None if self._epochs_durable else list(self.epoch_entries)
+                self._epochs_durable = True
             for seg in todo:
                 seg.flush()
+            if epochs is not None:  # before the recovery point passes the batches they start
+                self._write_epochs(epochs, sync=True)
             if sync_dir:
                 checkpoint.fsync_directory(self.directory)
             with self._lock:
@@ -539,6 +570,9 @@ class PartitionLog:
         if self.closed:
             return
         self.flush()
+        if not self._epochs_durable:
+            self._write_epochs(list(self.epoch_entries), sync=True)
+            self._epochs_durable = True
         with self._lock:
             self.producer_state.take_snapshot(self.log_end_offset)
             self.active_segment.append_final_time_entry()
@@ -555,7 +589,7 @@ class PartitionLog:
 
     def write_leader_epoch_checkpoint(self, entries: list[tuple[int, int]]) -> None:
         self.epoch_entries = list(entries)
-        checkpoint.write_leader_epochs(self._epoch_path, self.epoch_entries)
+        self._write_epochs(self.epoch_entries, sync=True)
 
     def __repr__(self) -> str:
         return (f"PartitionLog({self.directory.name}, start={self.log_start_offset}, "

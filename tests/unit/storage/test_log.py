@@ -821,3 +821,73 @@ def test_close_flushes(tmp_path, fsyncs) -> None:
     assert log.recovery_point == 1 and len(fsyncs) == 1
     with pytest.raises(ValueError):
         log.append(kbatch([b"2"]))
+
+
+# -- leader-epoch checkpoint: written when an epoch starts, durable at the next flush -------------
+
+
+def _epoch_file(log: PartitionLog) -> list[tuple[int, int]]:
+    """The leader-epoch-checkpoint on disk, parsed here (version, count, "epoch offset" lines)."""
+    lines = (log.directory / "leader-epoch-checkpoint").read_text().splitlines()
+    assert lines[0] == "0" and int(lines[1]) == len(lines) - 2, lines
+    return [(int(e), int(o)) for e, o in (line.split() for line in lines[2:])]
+
+
+def _append_epochs(log: PartitionLog, epochs: list[int]) -> None:
+    for i, epoch in enumerate(epochs):
+        log.append(kbatch([b"v%d" % i, b"w%d" % i], [T0 + i, T0 + i]), leader_epoch=epoch)
+
+
+def test_a_new_epoch_is_written_without_fsync_and_made_durable_by_flush(tmp_path,
+                                                                        monkeypatch) -> None:
+    # KAFKA-15046: no fsync on the append path; flush makes the entries durable before the
+    # recovery point passes the batches that start them.
+    from shmq.storage import checkpoint
+
+    log = open_log(tmp_path)
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(checkpoint.os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    _append_epochs(log, [0, 0, 2, 5])
+    assert synced == []
+    assert log.epoch_entries == [(0, 0), (2, 4), (5, 6)]
+    assert _epoch_file(log) == [(0, 0), (2, 4), (5, 6)]  # written, just not fsynced
+    assert log.flush()
+    assert len(synced) >= 2  # the file and its directory
+    assert _epoch_file(log) == [(0, 0), (2, 4), (5, 6)]
+    assert log.recovery_point == 8
+    synced.clear()
+    _append_epochs(log, [5])  # no new epoch: nothing written
+    assert log.flush() and synced == []
+    log.close()
+
+
+@pytest.mark.parametrize("stale", ["missing", "older", "intact"])
+def test_recovery_rebuilds_epochs_the_checkpoint_lacks(tmp_path, stale: str) -> None:
+    """A crash after appends that started epochs but before a flush: the checkpoint on disk may
+    lack them (or be gone); recovery rebuilds them from the recovered batches' headers."""
+    log = open_log(tmp_path)
+    _append_epochs(log, [0, 1])
+    assert log.flush()  # (0, 0), (1, 2) durable; recovery point 4
+    _append_epochs(log, [1, 3, 3, 4])  # starts epochs 3 (offset 6) and 4 (offset 10): unflushed
+    want = [(0, 0), (1, 2), (3, 6), (4, 10)]
+    assert log.epoch_entries == want
+    rp = log.recovery_point
+    log.crash_close()
+    path = tmp_path / "topic-0" / "leader-epoch-checkpoint"
+    if stale == "missing":
+        path.unlink()
+    elif stale == "older":
+        path.write_text("0\n2\n0 0\n1 2\n")
+    # "missing": a new log never flushed (its first epoch's write lost): recovery point 0
+    reopened = PartitionLog.open(tmp_path / "topic-0", LogConfig(),
+                                 recovery_point=0 if stale == "missing" else rp,
+                                 clean_shutdown=False)
+    try:
+        assert reopened.log_end_offset == 12
+        assert reopened.epoch_entries == want
+        assert _epoch_file(reopened) == want
+        assert reopened.leader_epoch == 4
+    finally:
+        reopened.close()
+
