@@ -95,6 +95,30 @@ def apply_log_configs(ctx: Any, manager: Any) -> None:
         manager.checkpoint()
 
 
+def create_led_logs(ctx: Any, manager: Any) -> int:
+    """Create the log of every partition this node leads and has none of yet.
+
+    Kafka creates a partition's log when its broker becomes the leader, not on the first
+    request.  Created lazily, the first produce to each new partition paid for the directory,
+    the three files and the index mappings (~0.5 ms each), one after another on the event loop:
+    kcat's first requests to a new 64-partition topic, one partition each, waited for 32
+    creations per worker.  Runs before the metadata is acknowledged, so CreateTopics and
+    CreatePartitions answer once the logs exist.  A log that cannot be created is logged and
+    left to the first request, which then gets the error."""
+    created = 0
+    for name, info in ctx.metadata.topics.items():
+        for p, part in enumerate(info.partitions):
+            if part.leader != ctx.node_id or manager.get_log(name, p) is not None:
+                continue
+            try:
+                ctx.log_for(name, p)
+            except Exception:  # a disk error must not stop the metadata update
+                log.exception("could not create the log of %s-%d", name, p)
+            else:
+                created += 1
+    return created
+
+
 def _die_with_parent() -> None:
     """PR_SET_PDEATHSIG: SIGTERM when the controller dies, even if EOF is missed."""
     try:
@@ -168,6 +192,7 @@ async def run(args: argparse.Namespace) -> int:
                 for (topic, partition), plog in list(manager.logs.items()):
                     if topic in new.topics:
                         ctx.publish_state(topic, partition, plog)
+                create_led_logs(ctx, manager)
                 channel.send({"type": "metadata_ack", "generation": new.generation})
             elif kind == "rpc_reply":
                 rpc.reply(msg)

@@ -135,6 +135,24 @@ def test_create_partitions_grows_and_never_shrinks(cluster: RunningBroker,
     assert len(admin.list_topics("grow", timeout=10).topics["grow"].partitions) == 5
 
 
+def test_logs_exist_when_create_topics_and_create_partitions_answer(
+        cluster: RunningBroker, admin: AdminClient) -> None:
+    """Kafka creates a partition's log when its broker becomes the leader; here the workers
+    create them before they acknowledge the metadata, so the first produce finds them."""
+    def log_dirs(topic: str) -> list[str]:
+        return sorted(d.name for d in cluster.data_dir.glob(f"worker-*/{topic}-*")
+                      if (d / "00000000000000000000.log").is_file())
+
+    create(admin, "eager", 6)
+    assert log_dirs("eager") == [f"eager-{p}" for p in range(6)]
+    (f,) = admin.create_partitions([NewPartitions("eager", 9)]).values()
+    assert f.result() is None
+    assert log_dirs("eager") == sorted(f"eager-{p}" for p in range(9))
+    (f,) = admin.create_partitions([NewPartitions("eager", 12)], validate_only=True).values()
+    assert f.result() is None
+    assert len(log_dirs("eager")) == 9  # validate_only creates nothing
+
+
 # --- DescribeConfigs / AlterConfigs / IncrementalAlterConfigs -------------------------------
 
 
