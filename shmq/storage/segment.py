@@ -45,6 +45,10 @@ _WINDOW = 64 * 1024
 _FIRST_WINDOW = 8 * 1024   # an index entry is at most ~index.interval.bytes before the target
 _IOV_MAX = 1024
 _SCAN_ROWS = 512
+# the batch header fields an index entry is checked against (RecordBatch v2, big-endian)
+_ENTRY_HEADER = np.dtype({"names": ["base", "length", "magic", "delta", "max_ts"],
+                          "formats": [">i8", ">i4", "i1", ">i4", ">i8"],
+                          "offsets": [0, 8, 16, 23, 35], "itemsize": HEADER_SIZE})
 
 
 class BatchHeader(NamedTuple):
@@ -429,11 +433,14 @@ class LogSegment:
     def sanity_check(self, verify_bytes: int = 16 << 20) -> None:
         """Raise CorruptIndexError (or FileNotFoundError) when the indexes cannot be trusted.
 
-        Always: entries in order and inside the log, the last entry of each index agreeing with
-        the batch it names.  For segments up to ``verify_bytes`` (one header scan, no CRC) every
-        entry is checked against the log: the offset index must be exactly what the indexing
-        rule gives, and each time index entry a (running max timestamp, offset of the batch that
-        set it) pair (a clean close may add such pairs mid-segment, as Kafka's does).
+        Always: entries in order and inside the log.  For segments up to ``verify_bytes`` (one
+        header scan, no CRC) every entry is checked against the log: the offset index must be
+        exactly what the indexing rule gives, and each time index entry a (running max
+        timestamp, offset of the batch that set it) pair (a clean close may add such pairs
+        mid-segment, as Kafka's does).  Larger segments are not scanned, but every entry of both
+        indexes is still checked against the one batch header it names (``_check_entries``):
+        order checks alone keep an entry garbled to another in-order value, which then misleads
+        reads and timestamp lookups until the next rebuild.
         """
         for index in (self.offset_index, self.time_index):
             if index.missing:
@@ -450,11 +457,69 @@ class LogSegment:
             last = header
         last_offset = last.last_offset if last is not None else self.base_offset - 1
         self.time_index.sanity_check(last_offset)
-        if self.time_index.entries:
-            ts, off = self.time_index.last_entry
+        self._check_entries()
+
+    def _headers_at(self, positions: np.ndarray) -> np.ndarray:
+        """The ``_ENTRY_HEADER`` fields of the batches starting at ``positions`` (each with a
+        whole header inside the log), read through a mapping: one header per entry."""
+        out = np.empty(len(positions), dtype=_ENTRY_HEADER)
+        if len(positions) == 0:
+            return out
+        raw = out.view(np.uint8).reshape(len(positions), HEADER_SIZE)
+        with mmap.mmap(self.handle.fd, self.size, access=mmap.ACCESS_READ) as mm:
+            with memoryview(mm) as view:
+                data = np.frombuffer(view, dtype=np.uint8)
+                windows = np.lib.stride_tricks.sliding_window_view(data, HEADER_SIZE)
+                raw[:] = windows[positions]
+                del windows, data  # no view of the mapping may outlive it
+        return out
+
+    def _check_entries(self) -> None:
+        """Every entry of both indexes against the batch it names, without scanning the log
+        (the large-segment path; orders and bounds were checked before).
+
+        An offset index entry (O, P) must name the batch starting at byte P, ending at offset O.
+        A time index entry (T, O) must name the batch ending at offset O, whose max timestamp is
+        T: found through the offset index entry for O (the usual case, both are written at the
+        same index event) or else by a short header walk from the entry below O.
+        """
+        oi, ti = self.offset_index, self.time_index
+        offsets = positions = max_ts = np.empty(0, dtype=np.int64)
+        if oi.entries:
+            with memoryview(oi.buffer) as view:
+                table = np.frombuffer(view, dtype=">i4", count=oi.entries * 2).reshape(-1, 2)
+                offsets = table[:, 0].astype(np.int64) + self.base_offset
+                positions = table[:, 1].astype(np.int64)
+                del table  # no view of the mapping may outlive this block
+            if positions[-1] > self.size - HEADER_SIZE:
+                raise CorruptIndexError(f"{oi.path}: last entry names no batch")
+            h = self._headers_at(positions)
+            base, length = h["base"].astype(np.int64), h["length"].astype(np.int64)
+            ends = positions + length + 12
+            if (np.any(h["magic"] != 2) or np.any(length < HEADER_SIZE - 12)
+                    or np.any(base < self.base_offset) or np.any(h["delta"] < 0)
+                    or np.any(base + h["delta"] != offsets) or ends[-1] > self.size
+                    or np.any(ends[:-1] > positions[1:])):
+                raise CorruptIndexError(f"{oi.path}: an entry names no batch of its log")
+            max_ts = h["max_ts"].astype(np.int64)
+        if not ti.entries:
+            return
+        with memoryview(ti.buffer) as view:
+            ttable = np.frombuffer(view, dtype=np.dtype([("ts", ">i8"), ("rel", ">i4")]),
+                                   count=ti.entries)
+            ts = ttable["ts"].astype(np.int64)
+            toffs = ttable["rel"].astype(np.int64) + self.base_offset
+            del ttable
+        slot = np.searchsorted(offsets, toffs)
+        found = slot < len(offsets)
+        found[found] = offsets[slot[found]] == toffs[found]
+        if np.any(max_ts[slot[found]] != ts[found]):
+            raise CorruptIndexError(f"{ti.path}: an entry is no (max timestamp, offset) pair "
+                                    "of the batch it names")
+        for t, off in zip(ts[~found].tolist(), toffs[~found].tolist(), strict=True):
             named = self.translate_offset(off)
-            if named is None or named.last_offset != off or named.max_timestamp != ts:
-                raise CorruptIndexError(f"{self.time_index.path}: last entry names no batch")
+            if named is None or named.last_offset != off or named.max_timestamp != t:
+                raise CorruptIndexError(f"{ti.path}: entry ({t}, {off}) names no batch")
 
     def _verify_indexes(self) -> None:
         table = np.empty((0, _fast.SCAN_COLUMNS), dtype=np.int64)
