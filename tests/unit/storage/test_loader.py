@@ -358,6 +358,34 @@ def test_garbled_index_entry_of_a_large_segment_is_rebuilt(tmp_path, garble: str
     assert snapshot(d) == original
 
 
+@pytest.mark.parametrize("garble", sorted(LARGE_SEGMENT_GARBLES))
+def test_a_sample_of_the_entries_is_checked_beyond_the_limit(tmp_path, garble: str,
+                                                              monkeypatch) -> None:
+    """Beyond ``_CHECK_ENTRIES`` entries an evenly spaced sample is read (a 1 GiB segment has
+    ~260,000): with the limit at 4, entries 0, 5, 10 and 16 of the 17 are checked, so the
+    garbles above (slots 0 and 5) are still caught, and intact indexes are kept."""
+    from shmq.storage import segment
+
+    monkeypatch.setattr(segment, "_CHECK_ENTRIES", 4)
+    assert segment._sample(17).tolist() == [0, 5, 10, 16]
+    d = tmp_path / "t-0"
+    build_large(d)
+    original = snapshot(d)
+    loaded = load(d, clean_shutdown=True)
+    try:
+        assert loaded.rebuilt_segments == []
+    finally:
+        close_loaded(loaded)
+    suffix, fmt, slot, change = LARGE_SEGMENT_GARBLES[garble]
+    _patch_entry(d / f"{0:020d}{suffix}", slot, fmt, change)
+    loaded = load(d, clean_shutdown=True)
+    try:
+        assert loaded.rebuilt_segments == [0]
+    finally:
+        close_loaded(loaded)
+    assert snapshot(d) == original
+
+
 @pytest.mark.parametrize("timestamp_type", ["CreateTime", "LogAppendTime"])
 def test_intact_indexes_of_a_large_segment_are_kept(tmp_path, timestamp_type: str) -> None:
     d = tmp_path / "t-0"
