@@ -148,6 +148,13 @@ cdef struct Cursor:
     const char *api  # "Produce" or "Fetch", for error messages
 
 
+cdef inline int _need(Cursor *c, Py_ssize_t n) except -1:
+    """``n`` (>= 0, up to 2**63 from a varint length) more bytes must be in the frame."""
+    if n > c.end - c.pos:  # not c.pos + n: that could overflow
+        _scan_error(E_SHORT, c.pos, c.api)
+    return 0
+
+
 cdef inline int _length(Cursor *c, int legacy_width, int64_t *out) except -1:
     """A string/bytes length or an array count; -1 means null."""
     cdef uint64_t v = 0
@@ -160,8 +167,7 @@ cdef inline int _length(Cursor *c, int legacy_width, int64_t *out) except -1:
         c.pos = pos
         out[0] = <int64_t>v - 1
         return 0
-    if c.pos + legacy_width > c.end:
-        _scan_error(E_SHORT, c.pos, c.api)
+    _need(c, legacy_width)
     value = _be16(c.p + c.pos) if legacy_width == 2 else _be32(c.p + c.pos)
     c.pos += legacy_width
     if value < -1:
@@ -187,8 +193,7 @@ cdef object _string(Cursor *c, bint nullable):
         if nullable:
             return None
         raise RemoteProtocolError(f"null topic name in {c.api.decode()} request")
-    if n > c.end - c.pos:
-        _scan_error(E_SHORT, c.pos, c.api)
+    _need(c, <Py_ssize_t>n)
     try:
         s = PyUnicode_DecodeUTF8(<const char *>(c.p + c.pos), <Py_ssize_t>n, NULL)
     except UnicodeDecodeError as exc:
@@ -267,8 +272,7 @@ def parse_produce_request(frame, Py_ssize_t header_size, int version):
     cdef int64_t n_topics, n_parts, i, j, length
     cdef int32_t index
     transactional_id = _string(&c, True)
-    if c.pos + 6 > c.end:
-        _scan_error(E_SHORT, c.pos, c.api)
+    _need(&c, 6)
     acks = _be16(c.p + c.pos)
     timeout_ms = _be32(c.p + c.pos + 2)
     c.pos += 6
@@ -279,14 +283,12 @@ def parse_produce_request(frame, Py_ssize_t header_size, int version):
         partitions = []
         n_parts = _count(&c, min_partition)
         for j in range(n_parts):
-            if c.pos + 4 > c.end:
-                _scan_error(E_SHORT, c.pos, c.api)
+            _need(&c, 4)
             index = _be32(c.p + c.pos)
             c.pos += 4
             _length(&c, 4, &length)
             if length >= 0:
-                if length > c.end - c.pos:
-                    _scan_error(E_SHORT, c.pos, c.api)
+                _need(&c, <Py_ssize_t>length)
                 records = mv[c.pos:c.pos + length]
                 c.pos += <Py_ssize_t>length
             else:
@@ -301,11 +303,6 @@ def parse_produce_request(frame, Py_ssize_t header_size, int version):
             f"{c.end - c.pos} unexpected bytes after a Produce v{version} body")
     return _tuple_new(ProduceRequest, (transactional_id, acks, timeout_ms, topics))
 
-
-cdef inline int _need(Cursor *c, Py_ssize_t n) except -1:
-    if c.pos + n > c.end:
-        _scan_error(E_SHORT, c.pos, c.api)
-    return 0
 
 
 

@@ -115,19 +115,24 @@ def parse_all(payload: bytes, version: int, header_size: int | None = None) -> A
 # --- independent encoders -----------------------------------------------------------------------
 
 
+def partition_fields(p: FetchPartition, version: int) -> dict[str, int]:
+    """A partition's fields as Fetch ``version`` has them (both encoders take these names)."""
+    fields = dict(partition=p.partition, fetch_offset=p.fetch_offset,
+                  partition_max_bytes=p.partition_max_bytes)
+    if version >= 5:
+        fields["log_start_offset"] = p.log_start_offset
+    if version >= 9:
+        fields["current_leader_epoch"] = p.current_leader_epoch
+    if version >= 12:
+        fields["last_fetched_epoch"] = p.last_fetched_epoch
+    return fields
+
+
 def kafka_python_fetch(req: FetchRequest, version: int, client_id: str | None = "c") -> bytes:
     """Header + body (no size prefix) encoded by kafka-python 3.x."""
     F = KP_FETCH
     def part(p: FetchPartition) -> Any:
-        fields = dict(partition=p.partition, fetch_offset=p.fetch_offset,
-                      partition_max_bytes=p.partition_max_bytes)
-        if version >= 5:
-            fields["log_start_offset"] = p.log_start_offset
-        if version >= 9:
-            fields["current_leader_epoch"] = p.current_leader_epoch
-        if version >= 12:
-            fields["last_fetched_epoch"] = p.last_fetched_epoch
-        return F.FetchTopic.FetchPartition(**fields)
+        return F.FetchTopic.FetchPartition(**partition_fields(p, version))
     kw: dict[str, Any] = dict(
         replica_id=req.replica_id, max_wait_ms=req.max_wait_ms, min_bytes=req.min_bytes,
         max_bytes=req.max_bytes, isolation_level=req.isolation_level,
@@ -149,15 +154,7 @@ def kio_fetch(req: FetchRequest, version: int, cluster_id: str | None = None) ->
     cls = load_request_schema(1, version)
     mod = sys.modules[cls.__module__]
     def part(p: FetchPartition) -> Any:
-        fields = dict(partition=p.partition, fetch_offset=p.fetch_offset,
-                      partition_max_bytes=p.partition_max_bytes)
-        if version >= 5:
-            fields["log_start_offset"] = p.log_start_offset
-        if version >= 9:
-            fields["current_leader_epoch"] = p.current_leader_epoch
-        if version >= 12:
-            fields["last_fetched_epoch"] = p.last_fetched_epoch
-        return mod.FetchPartition(**fields)
+        return mod.FetchPartition(**partition_fields(p, version))
     kw: dict[str, Any] = dict(
         replica_id=req.replica_id, max_wait=datetime.timedelta(milliseconds=req.max_wait_ms),
         min_bytes=req.min_bytes, max_bytes=req.max_bytes, isolation_level=req.isolation_level,
