@@ -2,7 +2,7 @@
 
 import sys
 
-from shmq.cli import main
+from shmq.cli import entry
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

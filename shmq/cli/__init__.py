@@ -126,6 +126,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def entry() -> int:
+    """The ``shmq`` console script and ``python -m shmq``: ``main`` in a fresh process."""
+    from shmq._startup import skip_hypothesis
+
+    skip_hypothesis()
+    return main()
+
+
 def _print_error(line: str) -> None:
     try:
         sys.stdout.flush()  # keep stdout and stderr in order on a terminal

@@ -1,0 +1,23 @@
+"""What a fresh shmq process does before its first heavy import (entry points only)."""
+
+from __future__ import annotations
+
+import sys
+
+
+def skip_hypothesis() -> None:
+    """Keep Hypothesis out of a broker, worker or command-line process.
+
+    kio, the control-plane codec, registers a Hypothesis strategy for each of its primitive
+    types whenever Hypothesis is importable, which it is wherever shmq's test extras are
+    installed.  That import cost ~0.4 s of every process start on the 2-core box
+    (``python -X importtime``: ``kio.static.primitive`` 390 ms with Hypothesis; all of
+    ``kio.index`` 21 ms without), which is most of a worker's restart after a crash.  No shmq
+    process uses Hypothesis.  A ``None`` entry in ``sys.modules`` makes ``import hypothesis``
+    raise ImportError, which kio handles by skipping the registration.
+
+    Only for a fresh process: never call it where Hypothesis may be wanted later (pytest, or a
+    program that imports shmq as a library).
+    """
+    if "hypothesis" not in sys.modules:
+        sys.modules["hypothesis"] = None  # type: ignore[assignment]
