@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from shmq.broker.config import BrokerConfig
     from shmq.errors import ConfigError
     from shmq.supervisor.controller import BootError, Controller
+    from shmq.supervisor.forkserver import ForkServer
 
     logging.basicConfig(level=os.environ.get("SHMQ_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s controller %(levelname)s %(message)s")
@@ -72,9 +73,14 @@ def run(args: argparse.Namespace) -> int:
             config = config.__class__(**{**config.__dict__, "workers": args.workers})
     except ConfigError as exc:
         raise CommandError(str(exc)) from None
+    # forked before the event loop and any thread: workers start as forks of it, imports done
+    forks = ForkServer.start()
     try:
-        return asyncio.run(Controller(config).run())
+        return asyncio.run(Controller(config, forks).run())
     except BootError as exc:
         raise CommandError(str(exc)) from None
     except OSError as exc:
         raise CommandError(f"cannot start the broker: {exc}") from None
+    finally:
+        if forks is not None:
+            forks.close()

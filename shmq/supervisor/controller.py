@@ -2,10 +2,10 @@
 
 Theory of operation (gunicorn's Arbiter, STYLE.md §6)
 -----------------------------------------------------
-* Boot: lock the data dir, load the metadata, bind the bootstrap listener, spawn N workers (each a
-  ``python -m shmq.worker`` with a socketpair as control channel), wait until each reports its
-  port, publish the broker list to every worker, then write ``run/broker.json`` (0600) so local
-  tools find the broker.
+* Boot: lock the data dir, load the metadata, bind the bootstrap listener, spawn N workers (each
+  a fork of the fork server, ``forkserver.py``, or else a ``python -m shmq.worker``, with a
+  socketpair as control channel), wait until each reports its port, publish the broker list to
+  every worker, then write ``run/broker.json`` (0600) so local tools find the broker.
 * Serve: the controller answers ApiVersions, Metadata, CreateTopics, DeleteTopics and
   InitProducerId itself, and the workers' RPCs for the same admin operations.  A metadata change
   is answered only after every live worker acknowledged it, so a client that creates a topic and
@@ -42,6 +42,7 @@ from shmq.broker.router import Router
 from shmq.net.connection import serve
 from shmq.storage import checkpoint
 from shmq.supervisor.control import ControlChannel
+from shmq.supervisor.forkserver import ForkedProcess, ForkServer
 from shmq.worker.main import BOOT_ERROR
 
 log = logging.getLogger("shmq.controller")
@@ -59,7 +60,7 @@ class BootError(Exception):
 class WorkerHandle:
     def __init__(self, node_id: int) -> None:
         self.node_id = node_id
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | ForkedProcess | None = None
         self.channel: ControlChannel | None = None
         self.port = 0
         self.acked_generation = -1
@@ -70,8 +71,9 @@ class WorkerHandle:
 
 
 class Controller:
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, forks: ForkServer | None = None) -> None:
         self.config = config
+        self.forks = forks
         self.data_dir = config.data_dir
         self.workers = {i: WorkerHandle(i) for i in range(1, config.workers + 1)}
         self.stop_event = asyncio.Event()
@@ -235,17 +237,28 @@ class Controller:
 
     async def spawn(self, w: WorkerHandle) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        cmd = [sys.executable, "-m", "shmq.worker", "--node-id", str(w.node_id),
-               "--control-fd", str(child.fileno()), "--port", str(w.port),
-               "--config", self._worker_settings()]
+        argv = ["--node-id", str(w.node_id), "--port", str(w.port),
+                "--config", self._worker_settings()]
         w.ready.clear()
-        w.proc = subprocess.Popen(cmd, pass_fds=[child.fileno()], close_fds=True)
+        w.proc = None
+        if self.forks is not None:
+            try:
+                w.proc = await asyncio.get_running_loop().run_in_executor(
+                    None, self.forks.fork, argv, child)
+            except OSError as exc:
+                log.warning("fork server failed (%s); starting worker %d with exec",
+                            exc, w.node_id)
+                self.forks = None
+        if w.proc is None:
+            w.proc = subprocess.Popen(
+                [sys.executable, "-m", "shmq.worker", "--control-fd", str(child.fileno()), *argv],
+                pass_fds=[child.fileno()], close_fds=True)
         child.close()
         w.channel = await ControlChannel.from_socket(parent)
         asyncio.ensure_future(self._listen(w, w.channel, w.proc))
 
     async def _listen(self, w: WorkerHandle, channel: ControlChannel,
-                      proc: subprocess.Popen) -> None:
+                      proc: subprocess.Popen | ForkedProcess) -> None:
         while True:
             msg = await channel.receive()
             if msg is None:
@@ -290,7 +303,7 @@ class Controller:
             result = None
         channel.send({"type": "rpc_reply", "id": msg["id"], "result": result})
 
-    async def _reap(self, w: WorkerHandle, proc: subprocess.Popen) -> None:
+    async def _reap(self, w: WorkerHandle, proc: subprocess.Popen | ForkedProcess) -> None:
         loop = asyncio.get_running_loop()
         code = await loop.run_in_executor(None, proc.wait)
         if self.stop_event.is_set():

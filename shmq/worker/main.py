@@ -128,6 +128,18 @@ def _die_with_parent() -> None:
         pass
 
 
+def preload() -> None:
+    """Import what ``run`` needs: the fork server does it once for every worker it forks."""
+    import shmq.broker.config
+    import shmq.broker.context
+    import shmq.broker.metadata
+    import shmq.broker.router
+    import shmq.ipc.state_table
+    import shmq.net.connection
+    import shmq.storage
+    import shmq.supervisor.control  # noqa: F401
+
+
 async def run(args: argparse.Namespace) -> int:
     from shmq.broker.config import BrokerConfig
     from shmq.broker.context import BrokerContext
@@ -239,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", required=True)
     args = p.parse_args(argv)
     logging.basicConfig(level=os.environ.get("SHMQ_LOG_LEVEL", "WARNING"),
-                        format=f"%(asctime)s worker-{args.node_id} %(levelname)s %(message)s")
+                        format=f"%(asctime)s worker-{args.node_id} %(levelname)s %(message)s",
+                        force=True)  # a fork of the controller has its handler already
     _die_with_parent()
     return asyncio.run(run(args))
 

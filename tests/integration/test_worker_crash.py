@@ -440,9 +440,16 @@ def _produce_some(bootstrap: str, topic: str, partitions: int) -> None:
     assert p.flush(30) == 0
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process under ``pid``: the workers and the fork server they are forked from."""
+    return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+
+
 def test_controller_sigterm_stops_everything_cleanly(tmp_path: Path) -> None:
     b = start_broker(tmp_path / "data", workers=2)
     pids = b.worker_pids()
+    others = set(_descendants(b.proc.pid)) - set(pids.values())
+    assert len(others) <= 1, f"more than a fork server besides the workers: {others}"
     try:
         _produce_some(b.bootstrap, "term", 4)
         assert all(_alive(p) for p in pids.values())
@@ -459,6 +466,7 @@ def test_controller_sigterm_stops_everything_cleanly(tmp_path: Path) -> None:
     assert elapsed < 10, f"clean stop took {elapsed:.1f} s"
     assert _wait_until(lambda: not any(_alive(p) for p in pids.values()), 5), (
         f"workers left running after the controller exited: {pids}")
+    assert not [p for p in others if _alive(p)], f"fork server left running: {others}"
     for node in pids:
         assert (_worker_dir(b, node) / ".kafka_cleanshutdown").exists(), node
     assert not (b.data_dir / "run" / "broker.json").exists()
@@ -471,21 +479,23 @@ def test_controller_sigterm_stops_everything_cleanly(tmp_path: Path) -> None:
 def test_controller_sigkill_orphans_exit(tmp_path: Path) -> None:
     b = start_broker(tmp_path / "data", workers=2)
     pids = b.worker_pids()
+    everyone = _descendants(b.proc.pid)  # the workers and the fork server
+    assert set(pids.values()) <= set(everyone)
     try:
         _produce_some(b.bootstrap, "orphan", 2)
         assert all(_alive(p) for p in pids.values())
         b.proc.kill()
         _stop(b)
         killed = time.monotonic()
-        gone = _wait_until(lambda: not any(_alive(p) for p in pids.values()), 5)
+        gone = _wait_until(lambda: not any(_alive(p) for p in everyone), 5)
         elapsed = time.monotonic() - killed
-        alive = {n: p for n, p in pids.items() if _alive(p)}
+        alive = [p for p in everyone if _alive(p)]
     finally:
         _stop(b)
-        for p in pids.values():  # never leave an orphan behind, whatever happened
+        for p in everyone:  # never leave an orphan behind, whatever happened
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
-    assert gone, f"workers still running 5 s after the controller was killed: {alive}"
+    assert gone, f"processes still running 5 s after the controller was killed: {alive}"
     assert elapsed < 5
     # the data dir is usable again: a new broker starts on it and recovers the logs
     b2 = start_broker(b.data_dir, workers=2)
@@ -495,3 +505,61 @@ def test_controller_sigkill_orphans_exit(tmp_path: Path) -> None:
     finally:
         code = _stop(b2)
     assert code == 0, b2.log_path.read_text()
+
+
+# -- how workers start -------------------------------------------------------------------------
+
+
+def _restart(b: RunningBroker, node: int) -> int:
+    """SIGKILL worker ``node``; the pid of the worker the controller starts in its place."""
+    old = b.worker_pids()[node]
+    os.kill(old, signal.SIGKILL)
+    assert _wait_until(lambda: b.worker_pids().get(node) not in (None, old)
+                       and _alive(b.worker_pids()[node]), 30), b.log_path.read_text()
+    return b.worker_pids()[node]
+
+
+def _serves(b: RunningBroker, topic: str, partitions: int) -> None:
+    p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all"})
+    for i in range(20):
+        p.produce(topic, value=b"x%d" % i, partition=i % partitions)
+    assert p.flush(30) == 0
+    assert sum(len(v) for v in _consume_all(b.bootstrap, topic, partitions).values()) >= 20
+
+
+def test_workers_are_forks_of_the_fork_server_and_children_of_the_controller(
+        tmp_path: Path) -> None:
+    b = start_broker(tmp_path / "data", workers=2)
+    try:
+        controller = psutil.Process(b.proc.pid)
+
+        def check(pid: int) -> None:
+            # forked, not exec'd: the command line is the controller's; re-parented to it
+            worker = psutil.Process(pid)
+            assert worker.cmdline() == controller.cmdline()
+            assert worker.ppid() == controller.pid
+
+        for pid in b.worker_pids().values():
+            check(pid)
+        check(_restart(b, 1))
+        _create_topic(b.bootstrap, "forked", 2)
+        _serves(b, "forked", 2)
+    finally:
+        code = _stop(b)
+    assert code == 0, b.log_path.read_text()
+
+
+def test_a_dead_fork_server_falls_back_to_exec(tmp_path: Path) -> None:
+    b = start_broker(tmp_path / "data", workers=2)
+    try:
+        (server,) = set(_descendants(b.proc.pid)) - set(b.worker_pids().values())
+        os.kill(server, signal.SIGKILL)
+        assert _wait_until(lambda: not _alive(server), 5)
+        pid = _restart(b, 2)
+        assert "shmq.worker" in psutil.Process(pid).cmdline()
+        assert "fork server failed" in b.log_path.read_text()
+        _create_topic(b.bootstrap, "execd", 2)
+        _serves(b, "execd", 2)
+    finally:
+        code = _stop(b)
+    assert code == 0, b.log_path.read_text()
