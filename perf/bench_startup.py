@@ -146,8 +146,8 @@ def _fill(bootstrap: str, topic: str, partitions: int, per_partition: int) -> No
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    AdminClient({"bootstrap.servers": bootstrap}).create_topics(
-        [NewTopic(topic, partitions, 1)])[topic].result(TIMEOUT)
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # alive until the result is in
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(TIMEOUT)
     p = Producer({"bootstrap.servers": bootstrap, "acks": 1, "linger.ms": 5})
     for i in range(partitions * per_partition):
         while True:
