@@ -12,7 +12,10 @@ Theory of operation (gunicorn's Arbiter, STYLE.md §6)
   produces at once never reaches a worker that has not heard of the topic.
 * Supervise: a worker that exits is restarted on the same port after recovering its logs; a
   worker that fails at boot (exit code BOOT_ERROR, or a ``boot_error`` message) halts the broker
-  with its message instead of crash-looping; five crashes within a minute halt it too.
+  with its message instead of crash-looping.  A worker that dies again within
+  ``STABLE_AFTER_S`` of its start is restarted after a doubling delay (0.1 s up to 10 s), so a
+  crash loop neither spins nor takes the other workers' partitions down (gunicorn restarts
+  crashed workers without limit; only boot failures halt it).
 * Stop: SIGINT/SIGTERM only set an event; the main task then asks each worker to stop (clean
   shutdown: flushed logs, trimmed indexes, ``.kafka_cleanshutdown``), waits, and exits.
 """
@@ -51,6 +54,8 @@ TOPIC_ALREADY_EXISTS, INVALID_TOPIC, INVALID_PARTITIONS = 36, 17, 37
 INVALID_REPLICATION_FACTOR, INVALID_CONFIG, UNKNOWN_TOPIC_OR_PARTITION = 38, 40, 3
 INVALID_REQUEST = 42
 MAX_PARTITIONS = 10_000
+STABLE_AFTER_S = 10.0  # a worker that ran this long before dying restarts at once
+RESTART_BACKOFF_S, RESTART_BACKOFF_MAX_S = 0.1, 10.0
 
 
 class BootError(Exception):
@@ -66,7 +71,8 @@ class WorkerHandle:
         self.acked_generation = -1
         self.ready = asyncio.Event()
         self.acked = asyncio.Condition()
-        self.crashes: list[float] = []
+        self.started = 0.0  # monotonic time of its last ready message
+        self.quick_crashes = 0  # deaths in a row within STABLE_AFTER_S of starting
         self.boot_error: str | None = None
 
 
@@ -266,6 +272,7 @@ class Controller:
             kind = msg["type"]
             if kind == "ready":
                 w.port = msg["port"]
+                w.started = time.monotonic()
                 w.ready.set()
             elif kind == "boot_error":
                 w.boot_error = msg["error"]
@@ -311,12 +318,23 @@ class Controller:
         if code == BOOT_ERROR or w.boot_error:
             self.halt(f"worker {w.node_id} failed to start: {w.boot_error or f'exit code {code}'}")
             return
-        now = time.monotonic()
-        w.crashes = [t for t in w.crashes if now - t < 60] + [now]
-        if len(w.crashes) > 5:
-            self.halt(f"worker {w.node_id} crashed {len(w.crashes)} times in a minute")
-            return
-        log.warning("worker %d (pid %d) exited with %s; restarting it", w.node_id, proc.pid, code)
+        # died before it was ready (a crash during recovery, say), or soon after
+        quick = not w.ready.is_set() or time.monotonic() - w.started < STABLE_AFTER_S
+        w.quick_crashes = w.quick_crashes + 1 if quick else 0
+        delay = 0.0
+        if w.quick_crashes > 1:
+            delay = min(RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_S * 2 ** (w.quick_crashes - 2))
+            log.error("worker %d (pid %d) exited with %s, %d times in a row within %.0f s of "
+                      "starting; restarting it in %.1f s", w.node_id, proc.pid, code,
+                      w.quick_crashes, STABLE_AFTER_S, delay)
+            try:
+                await asyncio.wait_for(self.stop_event.wait(), delay)
+                return  # stopping
+            except asyncio.TimeoutError:
+                pass
+        else:
+            log.warning("worker %d (pid %d) exited with %s; restarting it", w.node_id, proc.pid,
+                        code)
         await self.spawn(w)
         await asyncio.wait_for(w.ready.wait(), 60)
         await self.publish_metadata()

@@ -60,6 +60,12 @@ class _Killer(threading.Thread):
         self.problems: list[str] = []
 
     def run(self) -> None:
+        try:
+            self._run()
+        except Exception as exc:  # noqa: BLE001 - e.g. broker.json gone: the broker halted
+            self.problems.append(f"killer stopped: {exc!r}")
+
+    def _run(self) -> None:
         while not self.stop.wait(min(MAX_PAUSE, max(MIN_PAUSE,
                                                     self.rng.expovariate(1 / MEAN_PAUSE)))):
             pids = self.b.worker_pids()

@@ -563,3 +563,23 @@ def test_a_dead_fork_server_falls_back_to_exec(tmp_path: Path) -> None:
     finally:
         code = _stop(b)
     assert code == 0, b.log_path.read_text()
+
+
+def test_a_crash_loop_backs_off_and_never_halts_the_broker(tmp_path: Path) -> None:
+    """Seven kills of one worker, each right after it came back: the controller restarts it
+    every time (after a doubling delay from the third death in a row), the other worker is never
+    touched, and the broker keeps serving.  (It used to halt after 5 deaths in a minute.)"""
+    b = start_broker(tmp_path / "data", workers=2)
+    try:
+        other = b.worker_pids()[2]
+        for _ in range(7):
+            _restart(b, 1)
+        assert b.proc.poll() is None, b.log_path.read_text()
+        assert b.worker_pids()[2] == other
+        log = b.log_path.read_text()
+        assert "restarting it in 0.1 s" in log and "restarting it in 1.6 s" in log, log
+        _create_topic(b.bootstrap, "after-loop", 2)
+        _serves(b, "after-loop", 2)
+    finally:
+        code = _stop(b)
+    assert code == 0, b.log_path.read_text()
