@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise CommandError(str(exc)) from None
     # forked before the event loop and any thread: workers start as forks of it, imports done
-    forks = ForkServer.start()
+    forks = ForkServer.start(f"shmq fork-server {config.data_dir}")
     try:
         return asyncio.run(Controller(config, forks).run())
     except BootError as exc:

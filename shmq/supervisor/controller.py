@@ -66,6 +66,7 @@ class WorkerHandle:
     def __init__(self, node_id: int) -> None:
         self.node_id = node_id
         self.proc: subprocess.Popen | ForkedProcess | None = None
+        self.started_by = ""  # "fork" (the fork server) or "exec"
         self.channel: ControlChannel | None = None
         self.port = 0
         self.acked_generation = -1
@@ -247,6 +248,7 @@ class Controller:
                 "--config", self._worker_settings()]
         w.ready.clear()
         w.proc = None
+        w.started_by = "fork"
         if self.forks is not None:
             try:
                 w.proc = await asyncio.get_running_loop().run_in_executor(
@@ -256,6 +258,7 @@ class Controller:
                             exc, w.node_id)
                 self.forks = None
         if w.proc is None:
+            w.started_by = "exec"
             w.proc = subprocess.Popen(
                 [sys.executable, "-m", "shmq.worker", "--control-fd", str(child.fileno()), *argv],
                 pass_fds=[child.fileno()], close_fds=True)
@@ -355,7 +358,7 @@ class Controller:
             "state_table": self.state_table.name if self.state_table else None,
             "slots": self.store.metadata.slot_directory() if self.store else {},
             "workers": [{"node_id": w.node_id, "port": w.port,
-                         "pid": w.proc.pid if w.proc else None}
+                         "pid": w.proc.pid if w.proc else None, "started_by": w.started_by}
                         for w in self.workers.values()],
             "shm": self.shm_tracker.to_json() if self.shm_tracker else [],
         }

@@ -105,7 +105,7 @@ class ForkServer:
         self._lock = threading.Lock()
 
     @classmethod
-    def start(cls) -> ForkServer | None:
+    def start(cls, title: str = "shmq fork-server") -> ForkServer | None:
         """Fork the server (None where that is not possible or not wanted: then every worker
         is exec'd)."""
         if os.environ.get("SHMQ_FORK_SERVER") == "0":
@@ -124,6 +124,9 @@ class ForkServer:
             code = 1
             try:
                 ours.close()
+                import setproctitle
+
+                setproctitle.setproctitle(title)  # ps: not a second copy of the controller
                 _serve(theirs, controller)
                 code = 0
             finally:

@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import setproctitle
+
 BOOT_ERROR = 3
 RETENTION_CHECK_S = 300.0
 CHECKPOINT_S = 60.0
@@ -254,6 +256,12 @@ def main(argv: list[str] | None = None) -> int:
                         format=f"%(asctime)s worker-{args.node_id} %(levelname)s %(message)s",
                         force=True)  # a fork of the controller has its handler already
     _die_with_parent()
+    try:
+        data_dir = json.loads(args.config)["data_dir"]
+    except (ValueError, KeyError, TypeError):
+        data_dir = "?"
+    # ps shows what each process is (a forked worker would show the controller's command line)
+    setproctitle.setproctitle(f"shmq worker {args.node_id} {data_dir}")
     return asyncio.run(run(args))
 
 

@@ -527,21 +527,26 @@ def _serves(b: RunningBroker, topic: str, partitions: int) -> None:
     assert sum(len(v) for v in _consume_all(b.bootstrap, topic, partitions).values()) >= 20
 
 
+def _started_by(b: RunningBroker) -> dict[int, str]:
+    return {w["node_id"]: w["started_by"] for w in b.run_info["workers"]}
+
+
 def test_workers_are_forks_of_the_fork_server_and_children_of_the_controller(
         tmp_path: Path) -> None:
     b = start_broker(tmp_path / "data", workers=2)
     try:
-        controller = psutil.Process(b.proc.pid)
-
-        def check(pid: int) -> None:
-            # forked, not exec'd: the command line is the controller's; re-parented to it
+        def check(node: int, pid: int) -> None:
             worker = psutil.Process(pid)
-            assert worker.cmdline() == controller.cmdline()
-            assert worker.ppid() == controller.pid
+            assert worker.ppid() == b.proc.pid  # re-parented to the controller
+            assert " ".join(worker.cmdline()).strip() == f"shmq worker {node} {b.data_dir}"
 
-        for pid in b.worker_pids().values():
-            check(pid)
-        check(_restart(b, 1))
+        assert _started_by(b) == {1: "fork", 2: "fork"}
+        for node, pid in b.worker_pids().items():
+            check(node, pid)
+        check(1, _restart(b, 1))
+        assert _started_by(b) == {1: "fork", 2: "fork"}
+        (server,) = set(_descendants(b.proc.pid)) - set(b.worker_pids().values())
+        assert " ".join(psutil.Process(server).cmdline()).strip() == f"shmq fork-server {b.data_dir}"
         _create_topic(b.bootstrap, "forked", 2)
         _serves(b, "forked", 2)
     finally:
@@ -556,7 +561,8 @@ def test_a_dead_fork_server_falls_back_to_exec(tmp_path: Path) -> None:
         os.kill(server, signal.SIGKILL)
         assert _wait_until(lambda: not _alive(server), 5)
         pid = _restart(b, 2)
-        assert "shmq.worker" in psutil.Process(pid).cmdline()
+        assert _started_by(b) == {1: "fork", 2: "exec"}
+        assert psutil.Process(pid).ppid() == b.proc.pid
         assert "fork server failed" in b.log_path.read_text()
         _create_topic(b.bootstrap, "execd", 2)
         _serves(b, "execd", 2)
