@@ -36,6 +36,7 @@ from test_worker_crash import (
     _ConfluentStream,
     _consume_all,
     _create_topic,
+    _flush,
     _scan_segments,
     _stop,
     _wait_until,
@@ -170,11 +171,7 @@ def _soak(b: RunningBroker, rng: random.Random) -> None:
                 time.sleep(delay)
         killer.stop.set()
         killer.join(60)
-        try:
-            remaining = stream.flush(120)
-        except Exception as exc:  # noqa: BLE001 - a fatal idempotence error surfaces here
-            fatal.append(repr(exc))
-            remaining = -1
+        remaining = _flush(stream, 120, fatal)
     finally:
         killer.stop.set()
         stream.close()

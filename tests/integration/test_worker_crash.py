@@ -246,6 +246,15 @@ class _KafkaPythonStream:
                     obj.close()
 
 
+def _flush(stream, timeout: float, fatal: list[str]) -> int:
+    """Messages neither acknowledged nor failed after ``timeout`` (-1: a fatal error, noted)."""
+    try:
+        return stream.flush(timeout)
+    except Exception as exc:  # noqa: BLE001 - a fatal idempotence error surfaces here
+        fatal.append(repr(exc))
+        return -1
+
+
 @pytest.mark.parametrize("client", [
     "confluent-kafka",
     "kafka-python",
@@ -318,11 +327,7 @@ def _run_worker_kill(b: RunningBroker, client: str) -> None:
             delay = start + n / rate - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-        try:
-            remaining = stream.flush(90)
-        except Exception as exc:  # noqa: BLE001 - a fatal idempotence error surfaces here
-            fatal.append(repr(exc))
-            remaining = -1
+        remaining = _flush(stream, 90, fatal)
     finally:
         stream.close()
     total = n  # every message sent, the extension after a late restart included
@@ -520,11 +525,18 @@ def _restart(b: RunningBroker, node: int) -> int:
 
 
 def _serves(b: RunningBroker, topic: str, partitions: int) -> None:
+    """Create ``topic``, produce to every partition with acks=all and read it all back."""
+    _create_topic(b.bootstrap, topic, partitions)
     p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all"})
     for i in range(20):
         p.produce(topic, value=b"x%d" % i, partition=i % partitions)
     assert p.flush(30) == 0
     assert sum(len(v) for v in _consume_all(b.bootstrap, topic, partitions).values()) >= 20
+
+
+def _fork_server(b: RunningBroker) -> int:
+    (server,) = set(_descendants(b.proc.pid)) - set(b.worker_pids().values())
+    return server
 
 
 def _started_by(b: RunningBroker) -> dict[int, str]:
@@ -545,9 +557,8 @@ def test_workers_are_forks_of_the_fork_server_and_children_of_the_controller(
             check(node, pid)
         check(1, _restart(b, 1))
         assert _started_by(b) == {1: "fork", 2: "fork"}
-        (server,) = set(_descendants(b.proc.pid)) - set(b.worker_pids().values())
+        server = _fork_server(b)
         assert " ".join(psutil.Process(server).cmdline()).strip() == f"shmq fork-server {b.data_dir}"
-        _create_topic(b.bootstrap, "forked", 2)
         _serves(b, "forked", 2)
     finally:
         code = _stop(b)
@@ -557,14 +568,13 @@ def test_workers_are_forks_of_the_fork_server_and_children_of_the_controller(
 def test_a_dead_fork_server_falls_back_to_exec(tmp_path: Path) -> None:
     b = start_broker(tmp_path / "data", workers=2)
     try:
-        (server,) = set(_descendants(b.proc.pid)) - set(b.worker_pids().values())
+        server = _fork_server(b)
         os.kill(server, signal.SIGKILL)
         assert _wait_until(lambda: not _alive(server), 5)
         pid = _restart(b, 2)
         assert _started_by(b) == {1: "fork", 2: "exec"}
         assert psutil.Process(pid).ppid() == b.proc.pid
         assert "fork server failed" in b.log_path.read_text()
-        _create_topic(b.bootstrap, "execd", 2)
         _serves(b, "execd", 2)
     finally:
         code = _stop(b)
@@ -584,7 +594,6 @@ def test_a_crash_loop_backs_off_and_never_halts_the_broker(tmp_path: Path) -> No
         assert b.worker_pids()[2] == other
         log = b.log_path.read_text()
         assert "restarting it in 0.1 s" in log and "restarting it in 1.6 s" in log, log
-        _create_topic(b.bootstrap, "after-loop", 2)
         _serves(b, "after-loop", 2)
     finally:
         code = _stop(b)
