@@ -115,11 +115,16 @@ class ForkServer:
         worker_main.preload()
         if not _prctl(PR_SET_CHILD_SUBREAPER, 1):
             return None
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         controller = os.getpid()
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            pid = os.fork()
+        except OSError:  # out of processes or memory: the workers are exec'd instead
+            ours.close()
+            theirs.close()
+            return None
         if pid == 0:  # the server
             code = 1
             try:
