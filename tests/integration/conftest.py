@@ -106,7 +106,7 @@ def broker(tmp_path: Path) -> Iterator[RunningBroker]:
 
 def pytest_collection_modifyitems(items: list) -> None:
     for item in items:
-        if "integration" in str(item.fspath):
+        if "integration" in str(item.fspath) and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(240))
 
 

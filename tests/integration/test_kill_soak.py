@@ -120,6 +120,7 @@ class _LiveConsumer(threading.Thread):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(int(SECONDS) + 400)  # the stream, its flush (<= 120 s) and the checks
 def test_random_worker_kills_under_idempotent_acks_all(tmp_path: Path) -> None:
     print(f"soak: {SECONDS:.0f} s at {RATE:.0f} msg/s, seed {SEED} (SHMQ_SOAK_SEED)")
     b = start_broker(tmp_path / "data", workers=2)
