@@ -51,6 +51,13 @@ def load(directory, config: LogConfig = CFG, **kw) -> LoadedLog:
     return load_log(directory, config, **kw)
 
 
+def rebuilt_on_load(directory, config: LogConfig = CFG, **kw) -> list[int]:
+    """Load and close ``directory``; the base offsets of the segments whose indexes were rebuilt."""
+    loaded = load(directory, config, **kw)
+    close_loaded(loaded)
+    return loaded.rebuilt_segments
+
+
 def close_loaded(loaded: LoadedLog) -> None:
     for seg in loaded.segments:
         seg.close()
@@ -296,11 +303,7 @@ def test_garbled_index_after_clean_shutdown_is_rebuilt(tmp_path, suffix: str) ->
     for base in (24, 72):
         path = d / f"{base:020d}{suffix}"
         path.write_bytes(rng.randbytes(len(original[path.name])))
-    loaded = load(d, clean_shutdown=True)
-    try:
-        assert loaded.rebuilt_segments == [24, 72]  # caught by sanity_check
-    finally:
-        close_loaded(loaded)
+    assert rebuilt_on_load(d, clean_shutdown=True) == [24, 72]  # caught by sanity_check
     assert snapshot(d) == original
 
 
@@ -371,18 +374,10 @@ def test_a_sample_of_the_entries_is_checked_beyond_the_limit(tmp_path, garble: s
     d = tmp_path / "t-0"
     build_large(d)
     original = snapshot(d)
-    loaded = load(d, clean_shutdown=True)
-    try:
-        assert loaded.rebuilt_segments == []
-    finally:
-        close_loaded(loaded)
+    assert rebuilt_on_load(d, clean_shutdown=True) == []
     suffix, fmt, slot, change = LARGE_SEGMENT_GARBLES[garble]
     _patch_entry(d / f"{0:020d}{suffix}", slot, fmt, change)
-    loaded = load(d, clean_shutdown=True)
-    try:
-        assert loaded.rebuilt_segments == [0]
-    finally:
-        close_loaded(loaded)
+    assert rebuilt_on_load(d, clean_shutdown=True) == [0]
     assert snapshot(d) == original
 
 
@@ -415,9 +410,7 @@ def test_stray_files_are_removed(tmp_path) -> None:
     ]
     for name in strays:
         (d / name).write_bytes(b"\x00" * 24)
-    loaded = load(d, clean_shutdown=True)
-    close_loaded(loaded)
-    assert loaded.rebuilt_segments == []
+    assert rebuilt_on_load(d, clean_shutdown=True) == []
     assert snapshot(d) == original
 
 
