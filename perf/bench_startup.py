@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_broker import find_tansu, free_port  # noqa: E402
+from bench_broker import find_tansu, free_port, process_tree  # noqa: E402
 
 TIMEOUT = 60.0
 TARGET_START_S = 1.0
@@ -90,7 +90,7 @@ class Shmq:
         return {w["node_id"]: w for w in info["workers"]}
 
     def stop(self) -> None:
-        tree = _tree(self.proc.pid)
+        tree = process_tree(self.proc.pid)[1:]  # the fork server and the workers
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -106,15 +106,6 @@ class Shmq:
         if self.proc.stdout:
             self.proc.stdout.close()
         self.log.close()
-
-
-def _tree(root: int) -> list[int]:
-    try:
-        import psutil
-
-        return [c.pid for c in psutil.Process(root).children(recursive=True)]
-    except Exception:  # noqa: BLE001 - best effort; the controller stops its children itself
-        return []
 
 
 def _api_versions(port: int) -> bool:

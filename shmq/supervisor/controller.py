@@ -248,11 +248,11 @@ class Controller:
                 "--config", self._worker_settings()]
         w.ready.clear()
         w.proc = None
-        w.started_by = "fork"
         if self.forks is not None:
             try:
                 w.proc = await asyncio.get_running_loop().run_in_executor(
                     None, self.forks.fork, argv, child)
+                w.started_by = "fork"
             except OSError as exc:
                 log.warning("fork server failed (%s); starting worker %d with exec",
                             exc, w.node_id)
@@ -324,7 +324,6 @@ class Controller:
         # died before it was ready (a crash during recovery, say), or soon after
         quick = not w.ready.is_set() or time.monotonic() - w.started < STABLE_AFTER_S
         w.quick_crashes = w.quick_crashes + 1 if quick else 0
-        delay = 0.0
         if w.quick_crashes > 1:
             delay = min(RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_S * 2 ** (w.quick_crashes - 2))
             log.error("worker %d (pid %d) exited with %s, %d times in a row within %.0f s of "

@@ -42,7 +42,7 @@ _MAX_REQUEST = 1 << 20
 _ANSWER_WITHIN = 10.0  # seconds
 
 
-def _prctl(option: int, value: int) -> bool:
+def prctl(option: int, value: int) -> bool:
     try:
         return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
     except (OSError, AttributeError):
@@ -113,7 +113,7 @@ class ForkServer:
         import shmq.worker.main as worker_main
 
         worker_main.preload()
-        if not _prctl(PR_SET_CHILD_SUBREAPER, 1):
+        if not prctl(PR_SET_CHILD_SUBREAPER, 1):
             return None
         controller = os.getpid()
         sys.stdout.flush()
@@ -159,7 +159,7 @@ class ForkServer:
 
 
 def _serve(sock: socket.socket, controller: int) -> None:
-    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != controller:  # the controller died before the prctl
         return
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group:

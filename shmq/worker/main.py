@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import itertools
 import json
 import logging
@@ -123,11 +122,9 @@ def create_led_logs(ctx: Any, manager: Any) -> int:
 
 def _die_with_parent() -> None:
     """PR_SET_PDEATHSIG: SIGTERM when the controller dies, even if EOF is missed."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)
-    except OSError:
-        pass
+    from shmq.supervisor.forkserver import PR_SET_PDEATHSIG, prctl
+
+    prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def preload() -> None:
