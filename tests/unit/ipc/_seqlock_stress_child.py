@@ -1,6 +1,6 @@
 """One side of the seqlock stress test, run as its own process.
 
-    python _seqlock_stress_child.py writer|reader|naive compiled|reference <shm name> <seconds>
+    python _seqlock_stress_child.py writer|reader|naive|seq compiled|reference <shm name> <seconds>
 
 It maps the state table itself (posix_ipc + mmap, not StateTable) and prints "ready"; after a
 line on stdin it runs and prints a JSON summary.  The writer publishes values in slot 1 that are
@@ -9,7 +9,8 @@ A reader checks every snapshot against ``values(n)`` of its own ``log_start`` an
 goes backwards; it runs for <seconds> *and* until it has seen enough of the writer's progress
 (a loaded host may not run both processes at once for a while), within a hard cap.  ``naive``
 reads the same bytes without the seqlock until it sees a torn read: the control that shows the
-check can see one.
+check can see one.  ``seq`` loads only the slot's seq word (``slot_seq``), which must never go
+backwards: a seq word written piecemeal shows values that were never published.
 """
 
 from __future__ import annotations
@@ -63,6 +64,31 @@ def main() -> None:
             if (control is not None and control[7] == 1) or time.monotonic() >= hard_deadline:
                 break
         result = {"writes": n}
+    elif role == "seq":
+        slot_seq = impl.slot_seq
+        seen = backwards = distinct = 0
+        last, first_backwards = -1, None
+        while True:
+            for _ in range(256):
+                seq = slot_seq(buf, offset)
+                seen += 1
+                if seq < last:
+                    backwards += 1
+                    first_backwards = first_backwards or [last, seq]
+                elif seq > last:
+                    distinct += 1
+                last = seq
+            now = time.monotonic()
+            if (
+                now >= deadline and seen >= MIN_OK and distinct >= MIN_DISTINCT
+            ) or now >= hard_deadline:
+                break
+        result = {
+            "seen": seen,
+            "backwards": backwards,
+            "distinct": distinct,
+            "first_backwards": first_backwards,
+        }
     else:
         if role == "naive":
             fields = struct.Struct("=iiqqqqII")
