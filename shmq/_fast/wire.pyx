@@ -577,8 +577,9 @@ def encode_fetch_response(int version, correlation_id, topics, throttle_ms=0, er
 
     ``topics`` holds ``(topic, [partition, ...])`` with each partition a sequence shaped like
     ``FetchPartitionData``: ``(partition_index, error_code, high_watermark, last_stable_offset,
-    log_start_offset, aborted_transactions | None, preferred_read_replica, records | None)``;
-    ``records`` holds file slices (objects with ``length``) and/or bytes-like pieces.  The views
+    log_start_offset, aborted_transactions | None, preferred_read_replica, records | None
+    [, diverging_epoch (epoch, end offset) | None])``; ``records`` holds file slices (objects
+    with ``length``) and/or bytes-like pieces.  The views
     are consecutive memoryviews of one bytearray holding every byte that is not a slice.
     """
     if not FETCH_MIN <= version <= FETCH_MAX:
@@ -644,7 +645,15 @@ def encode_fetch_response(int version, correlation_id, topics, throttle_ms=0, er
                                 if length:
                                     total += length
                                     cuts.append((o.length, piece))
-                    if flexible:
+                    diverging = p[8] if len(p) > 8 else None
+                    if flexible and diverging is not None:
+                        _w8(&o, 1)   # one tagged field: diverging_epoch (tag 0), 13 bytes
+                        _w8(&o, 0)
+                        _w8(&o, 13)
+                        _w32(&o, diverging[0])
+                        _w64(&o, diverging[1])
+                        _w8(&o, 0)
+                    elif flexible:
                         _w8(&o, 0)
                 if flexible:
                     _w8(&o, 0)

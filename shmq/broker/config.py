@@ -24,6 +24,7 @@ class BrokerConfig:
     auto_create_topics: bool = True                 # auto.create.topics.enable
     message_max_bytes: int = 1048588                # message.max.bytes
     socket_request_max_bytes: int = 100 * 1024 * 1024   # socket.request.max.bytes
+    fetch_max_bytes: int = 55 * 1024 * 1024         # fetch.max.bytes: cap of a Fetch response
     flush_on_ack: bool = True                       # acks=all waits for an fsync (group commit)
     log: LogConfig = field(default_factory=LogConfig)   # topic defaults (log.* / segment.* ...)
     cluster_id: str = ""
@@ -44,6 +45,7 @@ class BrokerConfig:
         "auto.create.topics.enable": "auto_create_topics",
         "message.max.bytes": "message_max_bytes",
         "socket.request.max.bytes": "socket_request_max_bytes",
+        "fetch.max.bytes": "fetch_max_bytes",
         "flush.on.ack": "flush_on_ack",
         "group.initial.rebalance.delay.ms": "group_initial_rebalance_delay_ms",
         "group.min.session.timeout.ms": "group_min_session_timeout_ms",
@@ -106,6 +108,8 @@ class BrokerConfig:
             raise ConfigError("--workers must be at least 1")
         if self.num_partitions < 1:
             raise ConfigError("num.partitions must be at least 1")
+        if self.fetch_max_bytes < 0:
+            raise ConfigError("fetch.max.bytes must be at least 0")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port {self.port} is out of range")
         if self.group_initial_rebalance_delay_ms < 0 or self.offsets_retention_minutes < 1 \

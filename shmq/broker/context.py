@@ -23,23 +23,30 @@ class TopicRequest:
     name: str
     num_partitions: int
     replication_factor: int
-    configs: dict[str, str]
+    configs: dict[str, str | None]
+    # manual replica assignment: [partition index, [broker ids]] per partition (CreateTopics)
+    assignments: list[list[Any]] = field(default_factory=list)
 
 
 @dataclass
 class TopicResult:
-    name: str
+    name: str | None
     error_code: int
     error_message: str | None = None
     topic_id: str | None = None
     num_partitions: int = -1
+    replication_factor: int = -1
+    # the new topic's effective configs, CreateTopics v5+: [name, value, read_only, source,
+    # sensitive] sorted by name; None on errors
+    configs: list[list[Any]] | None = None
 
 
 class ControllerApi(Protocol):
     async def create_topics(self, topics: Sequence[TopicRequest],
                             validate_only: bool) -> list[TopicResult]: ...
 
-    async def delete_topics(self, names: Sequence[str]) -> list[TopicResult]: ...
+    async def delete_topics(self, names: Sequence[str],
+                            ids: Sequence[str] = ()) -> list[TopicResult]: ...
 
     async def allocate_producer_ids(self, count: int) -> int: ...
 
@@ -59,6 +66,7 @@ class BrokerContext:
     logs: Any = None                     # LogManager in a worker, None in the controller
     coordinator: Any = None              # GroupCoordinator in the controller, None in a worker
     _data_events: dict[tuple[str, int], asyncio.Event] = field(default_factory=dict)
+    _metadata_event: asyncio.Event | None = None
     _pid_block: list[int] = field(default_factory=lambda: [0, 0])   # next, end
     stats: dict[str, int] = field(default_factory=lambda: {"sendfile_bytes": 0,
                                                             "sendfile_calls": 0,
@@ -99,6 +107,20 @@ class BrokerContext:
     def notify_data(self, topic: str, partition: int) -> None:
         """Wake long-polling fetches of this partition."""
         ev = self._data_events.pop((topic, partition), None)
+        if ev is not None:
+            ev.set()
+
+    def metadata_event(self) -> asyncio.Event:
+        """Set by the next ``wake_fetches`` (a metadata change)."""
+        if self._metadata_event is None:
+            self._metadata_event = asyncio.Event()
+        return self._metadata_event
+
+    def wake_fetches(self) -> None:
+        """Wake every long-polling fetch after a metadata change: each reads again, and one
+        whose partition was deleted, moved or changed epoch answers with that error at once
+        (Kafka's ``DelayedFetch.tryComplete``)."""
+        ev, self._metadata_event = self._metadata_event, None
         if ev is not None:
             ev.set()
 

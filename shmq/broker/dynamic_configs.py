@@ -290,9 +290,13 @@ class Entry:
 
 
 def describe_topic(meta: Any, base: LogConfig, node_id: int, topic: str,
-                   keys: Iterable[str] | None) -> list[Entry]:
-    """Every config of ``topic`` (or the ``keys`` asked for), with value, source and synonyms."""
-    overrides = meta.topics[topic].configs
+                   keys: Iterable[str] | None,
+                   overrides: Mapping[str, str] | None = None) -> list[Entry]:
+    """Every config of ``topic`` (or the ``keys`` asked for), with value, source and synonyms,
+    sorted by name.  ``overrides`` replaces the topic's stored ones (CreateTopics describes a
+    topic before it exists)."""
+    if overrides is None:
+        overrides = meta.topics[topic].configs
     stored = getattr(meta, "broker_configs", None) or {}
     names = sorted(TOPIC_CONFIGS) if keys is None else [k for k in keys if k in TOPIC_CONFIGS]
     out = []
@@ -332,6 +336,9 @@ BROKER_STATIC: dict[str, tuple[int, Callable[[Any, int], str | None], str]] = {
     "broker.id": (INT, lambda c, n: str(n), "The broker id (shmq: the worker's node id)."),
     "default.replication.factor": (INT, lambda c, n: "1", "The replication factor of "
                                    "automatically created topics."),
+    "fetch.max.bytes": (INT, lambda c, n: str(c.fetch_max_bytes), "The maximum number of "
+                        "bytes a Fetch response returns (one batch more if the first is "
+                        "larger)."),
     "flush.on.ack": (BOOLEAN, lambda c, n: str(c.flush_on_ack).lower(), "shmq: acks=all waits "
                      "for an fsync (group commit)."),
     "listeners": (STRING, lambda c, n: None, "The listener of this broker."),
@@ -345,7 +352,8 @@ BROKER_STATIC: dict[str, tuple[int, Callable[[Any, int], str | None], str]] = {
 }
 _BROKER_STATIC_DEFAULTS = {"auto.create.topics.enable": "true", "num.partitions": "1",
                            "socket.request.max.bytes": str(100 * 1024 * 1024),
-                           "flush.on.ack": "true", "default.replication.factor": "1"}
+                           "flush.on.ack": "true", "default.replication.factor": "1",
+                           "fetch.max.bytes": str(55 * 1024 * 1024)}
 BROKER_STATIC_NAMES = frozenset(BROKER_STATIC) | frozenset(
     s for d in TOPIC_CONFIGS.values() for s in d.synonyms) - DYNAMIC_BROKER_CONFIGS
 

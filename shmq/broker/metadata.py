@@ -131,13 +131,16 @@ class MetadataStore:
         checkpoint.write_atomically(self.path, self.metadata.to_json())
 
     def create_topic(self, name: str, partitions: int, workers: list[int],
-                     configs: dict[str, str] | None = None) -> TopicInfo:
+                     configs: dict[str, str] | None = None,
+                     leaders: list[int] | None = None) -> TopicInfo:
+        """A new topic; partition p lives on ``leaders[p]`` (a manual assignment) or else on
+        the workers round-robin, continuing where the last topic stopped."""
         start = sum(len(t.partitions) for t in self.metadata.topics.values())
         used = {p.slot for t in self.metadata.topics.values() for p in t.partitions}
         free = (i for i in range(1 << 30) if i not in used)
         parts = []
         for p in range(partitions):
-            node = workers[(start + p) % len(workers)]
+            node = leaders[p] if leaders else workers[(start + p) % len(workers)]
             parts.append(PartitionInfo(partition=p, leader=node, replicas=[node], isr=[node],
                                        slot=next(free)))
         topic = TopicInfo(name=name, topic_id=str(uuid.uuid4()), partitions=parts,
@@ -152,14 +155,16 @@ class MetadataStore:
             self.save()
         return topic
 
-    def add_partitions(self, name: str, count: int, workers: list[int]) -> TopicInfo:
-        """Grow ``name`` to ``count`` partitions (CreatePartitions), leaders round-robin."""
+    def add_partitions(self, name: str, count: int, workers: list[int],
+                       leaders: list[int] | None = None) -> TopicInfo:
+        """Grow ``name`` to ``count`` partitions (CreatePartitions): the i-th new one on
+        ``leaders[i]`` (a manual assignment), or else round-robin."""
         topic = self.metadata.topics[name]
         start = sum(len(t.partitions) for t in self.metadata.topics.values())
         used = {p.slot for t in self.metadata.topics.values() for p in t.partitions}
         free = (i for i in range(1 << 30) if i not in used)
         for i, p in enumerate(range(len(topic.partitions), count)):
-            node = workers[(start + i) % len(workers)]
+            node = leaders[i] if leaders else workers[(start + i) % len(workers)]
             topic.partitions.append(PartitionInfo(partition=p, leader=node, replicas=[node],
                                                   isr=[node], slot=next(free)))
         self.save()

@@ -29,8 +29,10 @@ Layout, v4–v12 (flexible v12: compact strings/arrays/records, tagged fields; h
         preferred_read_replica int32             v11+ (-1)
         records               nullable records   v4–11 int32 len | v12 uvarint(len+1);
                                                  an empty partition sends length 0, not null
-        [tagged fields]                          v12 (diverging_epoch, current_leader,
-                                                 snapshot_id: not sent)
+        [tagged fields]                          v12: diverging_epoch (tag 0) when set;
+                                                 current_leader, snapshot_id never
+          0: diverging_epoch      uvarint tag 0, uvarint size 13,
+                                  int32 epoch, int64 end_offset, [tagged fields]
       [tagged fields]                            v12
     [tagged fields]                              v12
 
@@ -66,6 +68,8 @@ _PARTITION_HEAD_V4 = struct.Struct(">ihqq")
 _PARTITION_HEAD_V5 = struct.Struct(">ihqqq")
 _SIZE_CORRELATION = struct.Struct(">ii")
 _SESSION = struct.Struct(">hi")  # error_code, session_id
+# one tagged field: count 1, tag 0 (diverging_epoch), size 13, EpochEndOffset, its empty tags
+_DIVERGING_EPOCH = struct.Struct(">BBBiqB")
 _BYTES_LIKE = (bytes, bytearray, memoryview)
 
 
@@ -82,6 +86,7 @@ class FetchPartitionData(NamedTuple):
     aborted_transactions: Sequence[tuple[int, int]] | None = None
     preferred_read_replica: int = -1
     records: Sequence[Any] | None = ()
+    diverging_epoch: tuple[int, int] | None = None  # (epoch, end offset), v12 (KIP-595)
 
 
 def _compact_length(n: int) -> bytes:
@@ -147,7 +152,11 @@ def encode_fetch_response_py(
                             pieces.append(out)
                             pieces.append(piece)
                             out = bytearray()
-                out += tags
+                diverging = p.diverging_epoch if len(p) > 8 else None
+                if flexible and diverging is not None:
+                    out += _DIVERGING_EPOCH.pack(1, 0, 13, diverging[0], diverging[1], 0)
+                else:
+                    out += tags
             out += tags
         out += tags
         total += len(out)

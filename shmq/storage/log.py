@@ -44,6 +44,8 @@ MESSAGE_TOO_LARGE = 10
 LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
 MAX_TIMESTAMP = -3
+UNDEFINED_EPOCH = -1  # LeaderEpochFileCache's answer for an epoch it cannot place
+UNDEFINED_EPOCH_OFFSET = -1
 
 _I64 = struct.Struct(">q")
 _I16 = struct.Struct(">h")
@@ -586,6 +588,29 @@ class PartitionLog:
             for seg in self.segments:
                 seg.crash_close()
             self.closed = True
+
+    def end_offset_for_epoch(self, requested: int,
+                             current_epoch: int = UNDEFINED_EPOCH) -> tuple[int, int]:
+        """``LeaderEpochFileCache.endOffsetFor``: (the largest epoch <= ``requested``, the
+        offset where the next epoch starts, or the LEO for the latest epoch); (-1, -1) when
+        ``requested`` is undefined or newer than every epoch.  A requested epoch older than
+        every known one answers (``requested``, start of the oldest known epoch).
+
+        ``current_epoch`` is the leader epoch the partition is led in now: Kafka's leader
+        writes it to its cache when it becomes leader (``Partition.makeLeader``), before any
+        batch of that epoch, so an epoch without appends yet starts at the LEO."""
+        entries = self.epoch_entries
+        if current_epoch >= 0 and (not entries or entries[-1][0] < current_epoch):
+            entries = [*entries, (current_epoch, self.log_end_offset)]
+        if requested == UNDEFINED_EPOCH:
+            return UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
+        if entries and entries[-1][0] == requested:
+            return requested, self.log_end_offset
+        higher = next(((e, o) for e, o in entries if e > requested), None)
+        if higher is None:
+            return UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
+        floor = [e for e, _ in entries if e <= requested]
+        return (floor[-1] if floor else requested), higher[1]
 
     def write_leader_epoch_checkpoint(self, entries: list[tuple[int, int]]) -> None:
         self.epoch_entries = list(entries)

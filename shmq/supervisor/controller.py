@@ -39,8 +39,7 @@ from typing import Any
 
 from shmq.broker.config import BrokerConfig
 from shmq.broker.context import BrokerContext, TopicRequest, TopicResult
-from shmq.broker.dynamic_configs import validate_topic_configs
-from shmq.broker.metadata import INTERNAL_TOPICS, MetadataStore, validate_topic_name
+from shmq.broker.metadata import MetadataStore
 from shmq.broker.router import Router
 from shmq.net.connection import serve
 from shmq.storage import checkpoint
@@ -50,10 +49,7 @@ from shmq.worker.main import BOOT_ERROR
 
 log = logging.getLogger("shmq.controller")
 
-TOPIC_ALREADY_EXISTS, INVALID_TOPIC, INVALID_PARTITIONS = 36, 17, 37
-INVALID_REPLICATION_FACTOR, INVALID_CONFIG, UNKNOWN_TOPIC_OR_PARTITION = 38, 40, 3
-INVALID_REQUEST = 42
-MAX_PARTITIONS = 10_000
+UNKNOWN_TOPIC_OR_PARTITION, INVALID_REQUEST, UNKNOWN_TOPIC_ID = 3, 42, 100
 STABLE_AFTER_S = 10.0  # a worker that ran this long before dying restarts at once
 RESTART_BACKOFF_S, RESTART_BACKOFF_MAX_S = 0.1, 10.0
 
@@ -94,73 +90,57 @@ class Controller:
 
     async def create_topics(self, topics: Sequence[TopicRequest],
                             validate_only: bool) -> list[TopicResult]:
+        """Kafka's CreateTopics (``admin.plan_create_topics`` decides); answered once every
+        live worker has the new metadata, so the logs exist when the client hears back."""
         assert self.store is not None
-        results = []
-        changed = False
-        names = [t.name for t in topics]
-        duplicated = {n for n in names if names.count(n) > 1}
-        for name in sorted(duplicated):  # Kafka: one INVALID_REQUEST result, nothing created
-            results.append(TopicResult(name, INVALID_REQUEST,
-                                       f"Found multiple entries for topic {name}"))
-        for t in topics:
-            if t.name in duplicated:
-                continue
-            reason = validate_topic_name(t.name)
-            partitions = self.config.num_partitions if t.num_partitions == -1 else t.num_partitions
-            if reason:
-                results.append(TopicResult(t.name, INVALID_TOPIC, reason))
-            elif t.name in INTERNAL_TOPICS:
-                results.append(TopicResult(t.name, INVALID_REQUEST,
-                                           f"'{t.name}' is an internal topic of the coordinators"))
-            elif t.name in self.store.metadata.topics:
-                results.append(TopicResult(t.name, TOPIC_ALREADY_EXISTS,
-                                           f"Topic '{t.name}' already exists."))
-            elif not 1 <= partitions <= MAX_PARTITIONS:
-                results.append(TopicResult(t.name, INVALID_PARTITIONS,
-                                           "Number of partitions must be larger than 0."))
-            elif t.replication_factor not in (-1, 1):
-                results.append(TopicResult(
-                    t.name, INVALID_REPLICATION_FACTOR,
-                    f"Unable to replicate the partition {t.replication_factor} time(s): "
-                    "shmq keeps one replica per partition for now."))
-            else:
-                try:
-                    configs = validate_topic_configs(t.configs, self.config.log)
-                except ValueError as exc:
-                    results.append(TopicResult(t.name, INVALID_CONFIG, str(exc)))
-                    continue
-                if validate_only:
-                    results.append(TopicResult(t.name, 0, None, None, partitions))
-                    continue
-                info = self.store.create_topic(t.name, partitions, sorted(self.workers), configs)
-                changed = True
-                results.append(TopicResult(t.name, 0, None, info.topic_id, partitions))
-        if changed:
-            await self.publish_metadata()
+        from shmq.broker.admin import plan_create_topics
+
+        results, creations = plan_create_topics(self.store.metadata, topics, self.config.log,
+                                                self.config.num_partitions, sorted(self.workers))
+        if validate_only or not creations:
+            return results
+        for c in creations:
+            info = self.store.create_topic(c.name, c.partitions, sorted(self.workers), c.configs,
+                                           c.leaders)
+            results[c.index].topic_id = info.topic_id
+        await self.publish_metadata()
         return results
 
-    async def delete_topics(self, names: Sequence[str]) -> list[TopicResult]:
+    async def delete_topics(self, names: Sequence[str],
+                            ids: Sequence[str] = ()) -> list[TopicResult]:
+        """Delete topics named by name or by id (``ControllerApis.deleteTopics`` resolves ids
+        and names first; the caller has answered requests naming a topic twice or both ways).
+        A name that resolves to an id also given is INVALID_REQUEST."""
         assert self.store is not None
-        results = []
-        changed = False
-        duplicated = {n for n in names if list(names).count(n) > 1}
-        for name in sorted(duplicated):  # Kafka: one INVALID_REQUEST result, nothing deleted
-            results.append(TopicResult(name, INVALID_REQUEST,
-                                       f"Duplicate topic name {name} in the request"))
+        meta = self.store.metadata
+        by_id = {t.topic_id: t.name for t in meta.topics.values()}
+        results: list[TopicResult] = []
+        doomed: dict[str, str] = {}  # id -> name
+        for topic_id in ids:
+            name = by_id.get(topic_id)
+            if name is None:
+                results.append(TopicResult(None, UNKNOWN_TOPIC_ID,
+                                           "This server does not host this topic ID.", topic_id))
+            else:
+                doomed[topic_id] = name
         for name in names:
-            if name in duplicated:
-                continue
-            info = self.store.delete_topic(name)
+            info = meta.topics.get(name)
             if info is None:
                 results.append(TopicResult(name, UNKNOWN_TOPIC_OR_PARTITION,
                                            "This server does not host this topic-partition."))
+            elif info.topic_id in doomed:
+                del doomed[info.topic_id]
+                results.append(TopicResult(name, INVALID_REQUEST, "The provided topic name maps "
+                                           "to an ID that was already supplied.", info.topic_id))
             else:
-                changed = True
-                results.append(TopicResult(name, 0, None, info.topic_id))
-        if changed:
+                doomed[info.topic_id] = name
+        for topic_id, name in doomed.items():
+            self.store.delete_topic(name)
+            results.append(TopicResult(name, 0, None, topic_id))
+        if doomed:
             await self.publish_metadata()
             if self.ctx.coordinator is not None:  # their committed offsets go too
-                self.ctx.coordinator.on_topics_deleted([r.name for r in results if not r.error_code])
+                self.ctx.coordinator.on_topics_deleted(list(doomed.values()))
         return results
 
     async def allocate_producer_ids(self, count: int) -> int:
@@ -172,10 +152,11 @@ class Controller:
         assert self.store is not None
         from shmq.broker.admin import plan_create_partitions
 
-        results, grow = plan_create_partitions(self.store.metadata, topics, MAX_PARTITIONS)
+        results, grow = plan_create_partitions(self.store.metadata, topics, sorted(self.workers))
         if grow and not validate_only:
-            for name, count in grow.items():
-                self.store.add_partitions(name, count, sorted(self.workers))
+            counts = {t["name"]: int(t["count"]) for t in topics}
+            for name, leaders in grow.items():
+                self.store.add_partitions(name, counts[name], sorted(self.workers), leaders)
             await self.publish_metadata()
         return results
 
@@ -238,6 +219,7 @@ class Controller:
             "num_partitions": c.num_partitions, "auto_create_topics": c.auto_create_topics,
             "message_max_bytes": c.message_max_bytes,
             "socket_request_max_bytes": c.socket_request_max_bytes,
+            "fetch_max_bytes": c.fetch_max_bytes,
             "flush_on_ack": c.flush_on_ack, "log": asdict(c.log),
             "cluster_id": self.store.metadata.cluster_id,
             "state_table": self.state_table.name if self.state_table else None})
@@ -298,7 +280,8 @@ class Controller:
                                                args["validate_only"])
                 result: Any = [r.__dict__ for r in res]
             elif op == "delete_topics":
-                result = [r.__dict__ for r in await self.delete_topics(args["names"])]
+                result = [r.__dict__ for r in await self.delete_topics(args["names"],
+                                                                       args.get("ids", ()))]
             elif op == "allocate_producer_ids":
                 result = await self.allocate_producer_ids(int(args["count"]))
             elif op == "create_partitions":

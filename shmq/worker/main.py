@@ -57,10 +57,11 @@ class ControllerRpc:
                                topics=[t.__dict__ for t in topics])
         return [TopicResult(**r) for r in out]
 
-    async def delete_topics(self, names: Sequence[str]) -> list[Any]:
+    async def delete_topics(self, names: Sequence[str], ids: Sequence[str] = ()) -> list[Any]:
         from shmq.broker.context import TopicResult
 
-        return [TopicResult(**r) for r in await self._call("delete_topics", names=list(names))]
+        out = await self._call("delete_topics", names=list(names), ids=list(ids))
+        return [TopicResult(**r) for r in out]
 
     async def allocate_producer_ids(self, count: int) -> int:
         return int(await self._call("allocate_producer_ids", count=count))
@@ -155,6 +156,7 @@ async def run(args: argparse.Namespace) -> int:
                           auto_create_topics=settings["auto_create_topics"],
                           message_max_bytes=settings["message_max_bytes"],
                           socket_request_max_bytes=settings["socket_request_max_bytes"],
+                          fetch_max_bytes=settings["fetch_max_bytes"],
                           flush_on_ack=settings["flush_on_ack"],
                           log=LogConfig(**settings["log"]), cluster_id=settings["cluster_id"])
     channel = await ControlChannel.from_socket(socket.socket(fileno=args.control_fd))
@@ -199,6 +201,7 @@ async def run(args: argparse.Namespace) -> int:
                     for p in range(len(ctx.metadata.topics[name].partitions)):
                         manager.delete_log(name, p)
                 ctx.metadata = new
+                ctx.wake_fetches()  # a parked fetch of a deleted or moved partition answers now
                 apply_log_configs(ctx, manager)  # dynamic topic/broker configs, at once
                 for (topic, partition), plog in list(manager.logs.items()):
                     if topic in new.topics:

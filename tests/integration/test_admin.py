@@ -125,7 +125,7 @@ def test_create_partitions_grows_and_never_shrinks(cluster: RunningBroker,
     (f,) = admin.create_partitions([NewPartitions("grow", 3)]).values()
     err = error_of(f)
     assert err.code() == KafkaError.INVALID_PARTITIONS
-    assert "Topic currently has 5 partitions, which is higher than the requested 3." in err.str()
+    assert "The topic grow currently has 5 partition(s); 3 would not be an increase." in err.str()
     (f,) = admin.create_partitions([NewPartitions("grow", 5)]).values()
     assert error_of(f).code() == KafkaError.INVALID_PARTITIONS
     (f,) = admin.create_partitions([NewPartitions("no-such-topic", 5)]).values()

@@ -80,11 +80,11 @@ def test_topics_alter_partitions_and_configs(cluster: RunningBroker) -> None:
     # shrink and same count: the broker's INVALID_PARTITIONS message, one line, exit 1
     err = one_line_error(run(cluster, "topics", "--alter", "--topic", "ta-events",
                              "--partitions", "2"))
-    assert err == ("Error while executing topic command : Topic currently has 4 partitions, "
-                   "which is higher than the requested 2.")
+    assert err == ("Error while executing topic command : The topic ta-events currently has 4 "
+                   "partition(s); 2 would not be an increase.")
     err = one_line_error(run(cluster, "topics", "--alter", "--topic", "ta-events",
                              "--partitions", "4"))
-    assert err == "Error while executing topic command : Topic already has 4 partitions."
+    assert err == "Error while executing topic command : Topic already has 4 partition(s)."
     err = one_line_error(run(cluster, "topics", "--alter", "--topic", "ta-events",
                              "--partitions", "-3"))
     assert err == "Error while executing topic command : The partitions must be greater than 0"

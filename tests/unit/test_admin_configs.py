@@ -102,18 +102,49 @@ def test_incremental_operations() -> None:
 
 
 def test_plan_create_partitions(tmp_path: Path) -> None:
+    """ReplicationControlManager.createPartitions: the count must grow; a manual assignment
+    gives each new partition registered brokers (the workers), none twice, as many as the
+    topic's other partitions have."""
     meta = _meta(tmp_path).metadata
-    results, grow = plan_create_partitions(meta, [
-        {"name": "t", "count": 4, "assignments": None},
-        {"name": "nope", "count": 4, "assignments": None},
-        {"name": "bad name", "count": 4, "assignments": None}], 100)
-    assert [r["error_code"] for r in results] == [0, 3, 17] and grow == {"t": 4}
-    for count, code in ((2, 37), (1, 37), (-1, 37), (101, 37)):
-        results, grow = plan_create_partitions(meta, [{"name": "t", "count": count}], 100)
-        assert results[0]["error_code"] == code and not grow
-    results, _ = plan_create_partitions(meta, [{"name": "t", "count": 3,
-                                                "assignments": [[0]]}], 100)
-    assert results[0]["error_code"] == 39  # node 0 is the controller: no logs there
+    workers = [1, 2]
+
+    def plan(*topics: dict) -> tuple[list[tuple[int, str | None]], dict]:
+        results, grow = plan_create_partitions(meta, list(topics), workers)
+        return [(r["error_code"], r["error_message"]) for r in results], grow
+
+    results, grow = plan({"name": "t", "count": 4, "assignments": None},
+                         {"name": "nope", "count": 4, "assignments": None},
+                         {"name": "bad name", "count": 4, "assignments": None})
+    assert [code for code, _ in results] == [0, 3, 17] and grow == {"t": None}
+    assert plan({"name": "t", "count": 2}) == (
+        [(37, "Topic already has 2 partition(s).")], {})
+    for count in (1, 0, -1):
+        assert plan({"name": "t", "count": count}) == ([(37, f"The topic t currently has 2 "
+                                                         f"partition(s); {count} would not be "
+                                                         "an increase.")], {})
+    assert plan({"name": "t", "count": 4, "assignments": [[2], [1]]}) == ([(0, None)],
+                                                                          {"t": [2, 1]})
+    registered = "The manual partition assignment includes broker {}, but no such broker is " \
+                 "registered."
+    for assignments, message in (
+            ([[1]], "Attempted to add 2 additional partition(s), but only 1 assignment(s) were "
+                    "specified."),
+            ([[0], [1]], registered.format(0)),  # node 0 is the controller: no logs there
+            ([[1], [77]], registered.format(77)),
+            ([[1, 1], [2]], "The manual partition assignment includes the broker 1 more than "
+                            "once."),
+            ([[1, 2], [2]], "The manual partition assignment includes a partition with 2 "
+                            "replica(s), but this is not consistent with previous partitions, "
+                            "which have 1 replica(s)."),
+            ([[], [2]], "The manual partition assignment includes an empty replica list.")):
+        assert plan({"name": "t", "count": 4, "assignments": assignments}) == (
+            [(39, message)], {}), assignments
+    # QuorumController.MAX_RECORDS_PER_USER_OP: 10,000 new partitions in one request at most
+    assert plan({"name": "t", "count": 10_002})[1] == {"t": None}
+    too_many = plan({"name": "t", "count": 10_003}, {"name": "nope", "count": 1})
+    assert too_many == ([(44, "Unable to perform excessively large batch operation.")] * 2, {})
+    assert plan({"name": "t", "count": 3}, {"name": "t", "count": 3}) == (
+        [(42, "Duplicate topic name.")], {})
 
 
 def test_store_adds_partitions_with_fresh_slots(tmp_path: Path) -> None:

@@ -311,7 +311,8 @@ record_pieces = st.lists(st.one_of(
 fetch_partitions = st.lists(st.builds(
     fetch_response.FetchPartitionData, INT32, INT16, INT64, INT64, INT64,
     st.one_of(st.none(), st.lists(st.tuples(INT64, INT64), max_size=3)), INT32,
-    st.one_of(st.none(), record_pieces)), max_size=4)
+    st.one_of(st.none(), record_pieces),
+    st.one_of(st.none(), st.tuples(INT32, INT64))), max_size=4)  # diverging_epoch
 fetch_topics = st.lists(st.tuples(topic_names, fetch_partitions), max_size=3)
 
 
@@ -373,7 +374,8 @@ def test_fetch_responses_decode_with_kafka_python(segment, version, data):
     topics = data.draw(st.lists(st.tuples(topic_names, st.lists(st.builds(
         fetch_response.FetchPartitionData, INT32, INT16, INT64, INT64, INT64,
         st.one_of(st.none(), st.lists(st.tuples(INT64, INT64), max_size=2)), INT32,
-        st.lists(st.sampled_from(chunks), max_size=3)), max_size=3)), max_size=3))
+        st.lists(st.sampled_from(chunks), max_size=3),
+        st.one_of(st.none(), st.tuples(INT32, INT64))), max_size=3)), max_size=3))
     wire_bytes = _expand(wire.encode_fetch_response(version, 77, topics, 5, 0, 0))
     decoded = KP_FETCH[version].decode(wire_bytes, header=True, framed=True)
     assert decoded.header.correlation_id == 77
@@ -392,6 +394,9 @@ def test_fetch_responses_decode_with_kafka_python(segment, version, data):
                     list(exp.aborted_transactions)
             if version >= 11:
                 assert p.preferred_read_replica == exp.preferred_read_replica
+            if version >= 12:  # tag 0; kafka-python leaves an absent tag None
+                d = p.diverging_epoch
+                assert (None if d is None else (d.epoch, d.end_offset)) == exp.diverging_epoch
             assert bytes(p.records) == _expand(exp.records)
 
 

@@ -1,15 +1,34 @@
 """Fetch (1): whole batches from the one holding the fetch offset, up to the high watermark
 (the last stable offset for read_committed), as file slices for ``sendfile``.
 
-Long poll: the response waits until ``min_bytes`` are available or ``max_wait`` passed; appends
-wake waiting fetches through the context's per-partition events.  Every requested partition is in
-the response.  The first partition with data gets at least one whole batch even when it is
-larger than the byte limits (KIP-74), later ones only what still fits.  Fetch sessions are not
-kept: ``session_id`` is always 0, which makes clients send full fetches (legal, KIP-227).
+Kafka's rules (``KafkaApis.handleFetchRequest``, ``ReplicaManager.fetchMessages/readFromLog``,
+``Partition.fetchRecords``):
+
+* Each partition is answered once: one asked twice is answered at the place it was first asked,
+  with the offsets and limits it was last asked with (Kafka keys the request by partition).
+* The response holds at most ``min(max_bytes, fetch.max.bytes)`` bytes (broker default 55 MiB),
+  except that the first partition with data gets one whole batch even when it is larger (KIP-74);
+  ``max_bytes`` 0 therefore means one batch, and a negative limit is UNKNOWN_SERVER_ERROR for a
+  partition that has data to read (Kafka's segment read refuses a negative size).
+* A ``current_leader_epoch`` older than the partition's is FENCED_LEADER_EPOCH, newer
+  UNKNOWN_LEADER_EPOCH.  From v12 a ``last_fetched_epoch`` is checked against the epoch history
+  (KIP-595): a consumer whose last epoch ended before its fetch offset gets ``diverging_epoch``
+  (the epoch and where it ended) and no records; an epoch that cannot be placed is
+  OFFSET_OUT_OF_RANGE.
+* A partition answered with an error carries -1 for its high watermark, last stable offset and
+  log start offset.
+
+Long poll: the response waits until ``min_bytes`` (capped by the byte limit) are available or
+``max_wait`` passed.  Appends wake waiting fetches through the context's per-partition events, and
+so does every metadata change (``BrokerContext.wake_fetches``): a fetch parked on a partition
+that is deleted, moves or changes epoch is answered at once with its error, as Kafka's
+``DelayedFetch`` completes.  Errors answer at once, except for partitions that were unknown when
+the request arrived (Kafka leaves those out of the delayed fetch).  Fetch sessions are not kept:
+``session_id`` is always 0, which makes clients send full fetches (legal, KIP-227).
 
 The request is the hand-parsed ``FetchRequest`` of ``protocol.fetch_request`` (the router parses
 it; kio's decode cost ~47 us a request), whose fields a version lacks hold Kafka's defaults
-(``current_leader_epoch`` -1 before v9, ``isolation_level`` present from v4).
+(``current_leader_epoch`` -1 before v9, ``last_fetched_epoch`` -1 before v12).
 """
 
 from __future__ import annotations
@@ -18,73 +37,119 @@ import asyncio
 from typing import Any
 
 from shmq.broker.context import BrokerContext
+from shmq.broker.handlers._epochs import check_leader_epoch
 from shmq.errors import OffsetOutOfRangeError
-from shmq.protocol.fetch_request import FetchRequest
+from shmq.protocol.fetch_request import FetchPartition, FetchRequest, FetchTopic
 from shmq.protocol.fetch_response import FetchPartitionData, encode_fetch_response
+from shmq.storage.log import UNDEFINED_EPOCH, PartitionLog
+from shmq.storage.slices import FileSlice
 
-NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER = 0, 1, 3, 6
-FENCED_EPOCH, UNKNOWN_EPOCH = 73, 74
+NONE, UNKNOWN_SERVER_ERROR, OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION = 0, -1, 1, 3
+NOT_LEADER = 6
 
 
-def _read_all(ctx: BrokerContext, request: FetchRequest,
-              committed: bool) -> tuple[list, int, bool]:
+def _each_partition_once(topics: list[FetchTopic]) -> list[FetchTopic]:
+    """The request's topics with every partition once, at its first place with its last
+    parameters (Kafka's ``fetchData`` is a LinkedHashMap keyed by topic-partition); consecutive
+    partitions of one topic share a topic entry, as in Kafka's ``FetchResponse``."""
+    count = sum(len(t.partitions) for t in topics)
+    if len({(t.topic, p.partition) for t in topics for p in t.partitions}) == count:
+        return topics  # no duplicates: the usual case
+    wanted: dict[tuple[str, int], FetchPartition] = {}
+    for t in topics:
+        for p in t.partitions:
+            wanted[(t.topic, p.partition)] = p  # an existing key keeps its place
+    out: list[FetchTopic] = []
+    for (topic, _), p in wanted.items():
+        if not out or out[-1].topic != topic:
+            out.append(FetchTopic(topic, []))
+        out[-1].partitions.append(p)
+    return out
+
+
+def _read_partition(log: PartitionLog, p: FetchPartition, epoch: int, limit: int,
+                    upper_bound: int, min_one_batch: bool) -> tuple[int, list[FileSlice], Any]:
+    """(error code, file slices, diverging epoch or None) of one led partition
+    (``Partition.readRecords``)."""
+    if p.last_fetched_epoch >= 0:
+        found_epoch, end = log.end_offset_for_epoch(p.last_fetched_epoch, epoch)
+        if found_epoch == UNDEFINED_EPOCH or end < 0 or p.fetch_offset < log.log_start_offset:
+            return OFFSET_OUT_OF_RANGE, [], None
+        if found_epoch < p.last_fetched_epoch or end < p.fetch_offset:
+            return NONE, [], (found_epoch, end)
+    try:
+        result = log.read(p.fetch_offset, max(limit, 0), upper_bound=upper_bound,
+                          min_one_batch=min_one_batch)
+    except OffsetOutOfRangeError:
+        return OFFSET_OUT_OF_RANGE, [], None
+    if limit < 0 and p.fetch_offset < upper_bound:
+        return UNKNOWN_SERVER_ERROR, [], None  # LogSegment.read: "Invalid max size"
+    return NONE, result.slices, None
+
+
+def _read_all(ctx: BrokerContext, topics: list[FetchTopic], request: FetchRequest,
+              budget: int) -> tuple[list, int, set[tuple[str, int]], bool]:
+    """Read every partition once: (response topics, bytes, partitions in error, whether an
+    epoch diverged)."""
     # replica_id >= 0 claims to be a follower: no client may read as one (CVE-2018-1288 pattern)
     follower = request.replica_id >= 0
-    budget = request.max_bytes if request.max_bytes > 0 else 0x7FFFFFFF
-    total, errors, topics = 0, False, []
-    for t in request.topics:
+    committed = request.isolation_level == 1
+    total, errors, diverged, out = 0, set(), False, []
+    for t in topics:
+        info = ctx.metadata.topics.get(t.topic)
         parts = []
         for p in t.partitions:
-            info = ctx.metadata.topics.get(t.topic)
-            code, hw, lso, start, slices = NONE, -1, -1, -1, []
-            log = ctx.log_for(t.topic, p.partition)
+            code, diverging = NONE, None
+            slices: list[FileSlice] = []
+            log = None
             if info is None or not 0 <= p.partition < len(info.partitions):
                 code = UNKNOWN_TOPIC_OR_PARTITION
-            elif log is None or follower:
+            elif follower or (log := ctx.log_for(t.topic, p.partition)) is None:
                 code = NOT_LEADER
             else:
                 epoch = info.partitions[p.partition].leader_epoch
-                current = p.current_leader_epoch
-                hw, lso, start = log.high_watermark, log.high_watermark, log.log_start_offset
-                if 0 <= current < epoch:
-                    code = FENCED_EPOCH
-                elif current > epoch:
-                    code = UNKNOWN_EPOCH
-                else:
-                    limit = min(p.partition_max_bytes, budget)
-                    try:
-                        result = log.read(p.fetch_offset, max(limit, 0),
-                                          upper_bound=lso if committed else hw,
-                                          min_one_batch=total == 0)
-                    except OffsetOutOfRangeError:
-                        code = OFFSET_OUT_OF_RANGE
-                    else:
-                        slices = result.slices
-                        size = result.size
-                        total += size
-                        budget -= size
-            errors |= code != NONE
+                code = check_leader_epoch(p.current_leader_epoch, epoch)
+                if code == NONE:
+                    hw = log.high_watermark  # LSO == HW until transactions exist
+                    code, slices, diverging = _read_partition(
+                        log, p, epoch, min(p.partition_max_bytes, budget), hw, total == 0)
+            if code != NONE or log is None:  # Kafka: no offsets, no aborted list
+                errors.add((t.topic, p.partition))
+                parts.append(FetchPartitionData(p.partition, code, -1, -1, -1, None, -1, []))
+                continue
+            size = sum(s.length for s in slices)
+            total += size
+            budget = max(0, budget - size)
+            diverged |= diverging is not None
             parts.append(FetchPartitionData(
-                partition_index=p.partition, error_code=code, high_watermark=hw,
-                last_stable_offset=lso, log_start_offset=start,
-                aborted_transactions=[] if committed else None, records=slices))
-        topics.append((t.topic, parts))
-    return topics, total, errors
+                p.partition, NONE, hw, hw, log.log_start_offset, [] if committed else None, -1,
+                slices, diverging))
+        out.append((t.topic, parts))
+    return out, total, errors, diverged
 
 
 async def handle(ctx: BrokerContext, request: FetchRequest, api_version: int,
                  correlation_id: int) -> list[Any]:
     loop = asyncio.get_running_loop()
-    committed = request.isolation_level == 1
-    wait_s = max(request.max_wait_ms / 1000, 0.0)
-    deadline = loop.time() + wait_s
+    # KafkaApis: fetchMaxBytes = min(max_bytes, fetch.max.bytes); fetchMinBytes = min(min, that)
+    budget = min(request.max_bytes, ctx.config.fetch_max_bytes)
+    min_bytes = min(request.min_bytes, budget)
+    topics = _each_partition_once(request.topics)
+    deadline = loop.time() + max(request.max_wait_ms / 1000, 0.0)
+    unknown_at_first: set[tuple[str, int]] | None = None
+    watched = True
     while True:
         # register before reading: an append between the read and the wait must wake us
-        events = [ctx.data_event(t.topic, p.partition) for t in request.topics
-                  for p in t.partitions]
-        topics, total, errors = _read_all(ctx, request, committed)
+        events = [ctx.data_event(t.topic, p.partition) for t in topics for p in t.partitions]
+        events.append(ctx.metadata_event())
+        out, total, errors, diverged = _read_all(ctx, topics, request, budget)
+        if unknown_at_first is None:  # Kafka answers these at once and waits for the others
+            unknown_at_first = {(t, p.partition_index) for t, parts in out for p in parts
+                                if p.error_code == UNKNOWN_TOPIC_OR_PARTITION}
+            watched = len(unknown_at_first) < len(events) - 1
         remaining = deadline - loop.time()
-        if total >= request.min_bytes or errors or remaining <= 0 or not events:
+        if (total >= min_bytes or diverged or remaining <= 0 or not watched
+                or not errors <= unknown_at_first):
             break
         waiters = [asyncio.ensure_future(ev.wait()) for ev in events]
         try:
@@ -92,4 +157,4 @@ async def handle(ctx: BrokerContext, request: FetchRequest, api_version: int,
         finally:
             for w in waiters:
                 w.cancel()
-    return encode_fetch_response(api_version, correlation_id, topics, session_id=0)
+    return encode_fetch_response(api_version, correlation_id, out, session_id=0)

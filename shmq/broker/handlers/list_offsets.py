@@ -11,9 +11,10 @@ from typing import Any
 
 from shmq.broker.context import BrokerContext
 from shmq.broker.handlers._build import build, response_module
+from shmq.broker.handlers._epochs import check_leader_epoch
 from shmq.storage.log import MAX_TIMESTAMP
 
-NONE, UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER, FENCED_EPOCH, UNKNOWN_EPOCH = 0, 3, 6, 73, 74
+NONE, UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER = 0, 3, 6
 
 
 async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
@@ -33,11 +34,9 @@ async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
                 code = NOT_LEADER
             else:
                 epoch = info.partitions[p.partition_index].leader_epoch
-                current = getattr(p, "current_leader_epoch", -1)
-                if current >= 0 and current < epoch:
-                    code = FENCED_EPOCH
-                elif current > epoch:
-                    code = UNKNOWN_EPOCH
+                code = check_leader_epoch(getattr(p, "current_leader_epoch", -1), epoch)
+                if code != NONE:
+                    epoch = -1
                 elif p.timestamp == -1:
                     offset = log.high_watermark  # LSO == HW until transactions exist
                 elif p.timestamp in (-2, -4):

@@ -1,8 +1,10 @@
 """OffsetForLeaderEpoch (23): the end offset of a leader epoch (KIP-101/KIP-320).
 
-Every partition has had one leader epoch so far (single replica, epoch bumped only when a
-partition moves to another worker), so the answer for an epoch at or below the current one is
-(that epoch's latest known epoch, LEO).
+The answer is Kafka's ``LeaderEpochFileCache.endOffsetFor`` over the partition's epoch history
+(``leader-epoch-checkpoint``): the largest epoch at or below the requested one and the offset
+where the next epoch starts, or the LEO for the current epoch; -1/-1 (and no error) for an epoch
+newer than any.  A ``current_leader_epoch`` below the partition's is FENCED_LEADER_EPOCH, above it
+UNKNOWN_LEADER_EPOCH (``Partition.checkCurrentLeaderEpoch``; -1 skips the check).
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from typing import Any
 
 from shmq.broker.context import BrokerContext
 from shmq.broker.handlers._build import build, response_module
+from shmq.broker.handlers._epochs import check_leader_epoch
 
-NONE, UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER, FENCED_EPOCH, UNKNOWN_EPOCH = 0, 3, 6, 73, 74
+NONE, UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER = 0, 3, 6
 
 
 async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
@@ -30,12 +33,9 @@ async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
                 code = NOT_LEADER
             else:
                 current = info.partitions[p.partition].leader_epoch
-                if 0 <= p.current_leader_epoch < current:
-                    code = FENCED_EPOCH
-                elif p.current_leader_epoch > current:
-                    code = UNKNOWN_EPOCH
-                elif p.leader_epoch <= current:
-                    epoch, end = current, log.log_end_offset
+                code = check_leader_epoch(p.current_leader_epoch, current)
+                if code == NONE:
+                    epoch, end = log.end_offset_for_epoch(p.leader_epoch, current)
             parts.append(build(m.EpochEndOffset, error_code=code, partition=p.partition,
                                leader_epoch=epoch, end_offset=end))
         topics.append(build(m.OffsetForLeaderTopicResult, topic=t.topic, partitions=tuple(parts)))

@@ -195,3 +195,25 @@ def test_bad_version_and_values():
         encode_fetch_response(13, 1, [])
     with pytest.raises(LocalProtocolError):
         encode_fetch_response(12, 1, [("t", [FetchPartitionData(2**31, 0, 0, 0, 0)])])
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_diverging_epoch_is_the_v12_tagged_field_kio_reads(segment, version):
+    """KIP-595: ``diverging_epoch`` is tag 0 of a v12 partition (FetchResponse.json); earlier
+    versions cannot carry it and send the partition as before."""
+    fd, positions = segment
+    topics = [("t", [FetchPartitionData(0, 0, 9, 9, 0, None, -1, [], (3, 42)),
+                     FetchPartitionData(1, 0, 5, 5, 0, None, -1, [positions[1][1]]),
+                     FetchPartitionData(2, 0, 9, 9, 0, [], -1, [], (0, 7))])]
+    wire = _concat(encode_fetch_response(version, 1, topics))
+    header_size = 4 + 4 + (1 if version >= 12 else 0)
+    body, size = read_entity(response_class(1, version), wire, header_size)
+    assert header_size + size == len(wire)
+    parts = body.responses[0].partitions
+    assert [p.records for p in parts] == [b"", positions[1][1], b""]
+    if version >= 12:
+        assert [(p.diverging_epoch.epoch, p.diverging_epoch.end_offset) for p in parts] == \
+            [(3, 42), (-1, -1), (0, 7)]
+    plain = [("t", [p._replace(diverging_epoch=None) for p in topics[0][1]])]
+    if version < 12:  # nothing to carry it: the bytes are those of a partition without one
+        assert wire == _concat(encode_fetch_response(version, 1, plain))

@@ -891,3 +891,22 @@ def test_recovery_rebuilds_epochs_the_checkpoint_lacks(tmp_path, stale: str) -> 
     finally:
         reopened.close()
 
+
+def test_end_offset_for_epoch_follows_leader_epoch_file_cache(tmp_path) -> None:
+    """LeaderEpochFileCache.endOffsetFor, which OffsetForLeaderEpoch answers and Fetch's
+    diverging-epoch check (KIP-595) uses."""
+    log = open_log(tmp_path)
+    _append_epochs(log, [1] * 5 + [3] * 7 + [4] * 3)  # two records a batch
+    assert log.epoch_entries == [(1, 0), (3, 10), (4, 24)] and log.log_end_offset == 30
+    assert log.end_offset_for_epoch(-1) == (-1, -1)           # UNDEFINED_EPOCH
+    assert log.end_offset_for_epoch(4) == (4, 30)             # the latest: the LEO
+    assert log.end_offset_for_epoch(3) == (3, 24)             # where epoch 4 starts
+    assert log.end_offset_for_epoch(2) == (1, 10)             # floor 1, ends where 3 starts
+    assert log.end_offset_for_epoch(0) == (0, 0)              # older than all: first start
+    assert log.end_offset_for_epoch(5) == (-1, -1)            # newer than any
+    # the leader's current epoch starts at the LEO before any batch of it (makeLeader)
+    assert log.end_offset_for_epoch(4, current_epoch=6) == (4, 30)
+    assert log.end_offset_for_epoch(5, current_epoch=6) == (4, 30)
+    assert log.end_offset_for_epoch(6, current_epoch=6) == (6, 30)
+    assert log.end_offset_for_epoch(7, current_epoch=6) == (-1, -1)
+    log.close()
