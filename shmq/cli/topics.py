@@ -3,11 +3,12 @@
 Exactly one action::
 
     --create   --topic T [--partitions N] [--replication-factor 1] [--config k=v ...]
-               [--if-not-exists]                      prints "Created topic T."
+               [--replica-assignment 1,2,1] [--if-not-exists]   prints "Created topic T."
     --list     [--topic REGEX] [--exclude-internal]   one name a line, sorted
     --describe [--topic REGEX] [--if-exists] [filters]
     --delete   --topic REGEX [--if-exists]            prints nothing
-    --alter    --topic REGEX [--partitions N] [--config k=v ...] [--if-exists]
+    --alter    --topic REGEX [--partitions N [--replica-assignment 1,2,1,2]] [--config k=v ...]
+               [--if-exists]
 
 ``--topic`` is a regular expression (full match; ``,`` means ``|``) everywhere but ``--create``,
 as in Kafka.  ``--describe`` prints, TAB-separated::
@@ -19,6 +20,9 @@ as in Kafka.  ``--describe`` prints, TAB-separated::
 DescribeConfigs gets an empty list).  Partition counts only grow: ``--alter --partitions`` with a
 smaller count fails with the broker's INVALID_PARTITIONS message.  ``--alter --config`` (Kafka
 2's spelling) sets topic configs through IncrementalAlterConfigs, like ``shmq configs``.
+``--replica-assignment`` lists each partition's brokers (``:`` between replicas, ``,`` between
+partitions; shmq's brokers are the workers, one replica each); with ``--alter`` it lists every
+partition and only the new ones are sent, as in Kafka.
 
 A failure is one line, ``Error while executing topic command : <message>``, and exit code 1.
 Two deliberate differences from Kafka 4: that line goes to stderr (Kafka prints it on stdout and
@@ -92,6 +96,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "(default with --create: the broker's num.partitions)")
     p.add_argument("--replication-factor", type=int, metavar="N",
                    help="the replication factor of the topic being created (shmq: 1)")
+    p.add_argument("--replica-assignment", metavar="ASSIGNMENT",
+                   help="a list of manual partition-to-broker assignments for the topic being "
+                        "created or altered: broker_id_for_part1_replica1 : "
+                        "broker_id_for_part1_replica2 , broker_id_for_part2_replica1 : ...")
     p.add_argument("--config", action="append", metavar="NAME=VALUE",
                    help="a topic configuration override for the topic being created "
                         "(repeatable), e.g. retention.ms=3600000")
@@ -131,6 +139,7 @@ def _check_args(args: argparse.Namespace) -> str:
         "config": ("create", "alter"),
         "partitions": ("create", "alter"),
         "replication_factor": ("create",),
+        "replica_assignment": ("create", "alter"),
         "if_exists": ("alter", "delete", "describe"),
         "if_not_exists": ("create",),
         "exclude_internal": ("list", "describe"),
@@ -141,6 +150,11 @@ def _check_args(args: argparse.Namespace) -> str:
         if getattr(args, option) not in (None, False) and action not in actions:
             raise usage_error("topics", f'Option "[{option.replace("_", "-")}]" can\'t be used '
                                         f'with option "[{action}]"')
+    if action == "create" and args.replica_assignment:
+        for option in ("partitions", "replication_factor"):
+            if getattr(args, option) is not None:
+                raise usage_error("topics", 'Option "[replica-assignment]" can\'t be used with '
+                                            f'option "[{option.replace("_", "-")}]"')
     if args.topics_with_overrides and any(getattr(args, r) for r in _REPORTS):
         raise usage_error("topics", 'Option "[topics-with-overrides]" can\'t be used with the '
                                     "partition report options")
@@ -208,6 +222,30 @@ def parse_topic_configs(items: list[str] | None) -> dict[str, str]:
     return configs
 
 
+def parse_replica_assignment(raw: str | None) -> list[list[int]]:
+    """``TopicCommand.parseReplicaAssignment``: partitions split by ``,``, replicas by ``:``;
+    no broker twice in a partition, the same replica count everywhere."""
+    if not raw:
+        return []
+    out: list[list[int]] = []
+    for i, part in enumerate(raw.split(",")):
+        brokers = []
+        for item in part.split(":"):
+            try:
+                brokers.append(int(item.strip()))
+            except ValueError:
+                raise TopicCommandError(f'For input string: "{item.strip()}"') from None
+        twice = sorted({b for b in brokers if brokers.count(b) > 1})
+        if twice:
+            raise TopicCommandError("Partition replica lists may not contain duplicate entries: "
+                                    + ",".join(map(str, twice)))
+        out.append(brokers)
+        if len(brokers) != len(out[0]):
+            raise TopicCommandError(f"Partition {i} has different replication factor: "
+                                    f"[{', '.join(map(str, brokers))}]")
+    return out
+
+
 class TopicService:
     def __init__(self, bootstrap: str, props: dict[str, str]) -> None:
         from confluent_kafka.admin import AdminClient
@@ -257,8 +295,13 @@ class TopicService:
                                     "inclusive")
         if args.partitions is not None and args.partitions < 1:
             raise TopicCommandError("The partitions must be greater than 0")
-        new = NewTopic(name, num_partitions=-1 if args.partitions is None else args.partitions,
-                       replication_factor=-1 if rf is None else rf, config=configs)
+        assignment = parse_replica_assignment(args.replica_assignment)
+        if assignment:  # librdkafka wants the count beside it (it sends -1 / -1, as Java does)
+            new = NewTopic(name, num_partitions=len(assignment), replica_assignment=assignment,
+                           config=configs)
+        else:
+            new = NewTopic(name, num_partitions=-1 if args.partitions is None else args.partitions,
+                           replication_factor=-1 if rf is None else rf, config=configs)
         futures = self.admin.create_topics([new], request_timeout=self.timeout)
         try:
             self._wait(futures)
@@ -299,9 +342,16 @@ class TopicService:
         if topics and args.partitions is not None:
             if args.partitions < 1:
                 raise TopicCommandError("The partitions must be greater than 0")
-            self._wait(self.admin.create_partitions(
-                [NewPartitions(t, args.partitions) for t in topics],
-                request_timeout=self.timeout))
+            assignment = parse_replica_assignment(args.replica_assignment)
+            grow = []
+            for t in topics:
+                if assignment:  # the whole list is given: the new partitions' part is sent
+                    current = len(self.admin.list_topics(t, timeout=self.timeout)
+                                  .topics[t].partitions)
+                    grow.append(NewPartitions(t, args.partitions, assignment[current:]))
+                else:
+                    grow.append(NewPartitions(t, args.partitions))
+            self._wait(self.admin.create_partitions(grow, request_timeout=self.timeout))
 
     def do_describe(self, args: argparse.Namespace) -> None:
         from confluent_kafka import TopicCollection

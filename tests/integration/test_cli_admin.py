@@ -101,6 +101,38 @@ def test_topics_alter_partitions_and_configs(cluster: RunningBroker) -> None:
                   "--if-exists")).out == ""
 
 
+def test_topics_replica_assignment(cluster: RunningBroker) -> None:
+    """kafka-topics.sh --replica-assignment: partitions by ',', replicas by ':'; with --alter the
+    whole list, of which the new partitions' part is sent (TopicCommand)."""
+    def leaders(topic: str) -> list[str]:
+        return [re.search(r"\tLeader: (\d+)\t", line)[1]  # type: ignore[index]
+                for line in ok(run(cluster, "topics", "--describe", "--topic", topic)).lines[1:]]
+
+    ok(run(cluster, "topics", "--create", "--topic", "tr-placed", "--replica-assignment",
+           "2, 1,2"))
+    assert leaders("tr-placed") == ["2", "1", "2"]
+    assert ok(run(cluster, "topics", "--alter", "--topic", "tr-placed", "--partitions", "5",
+                  "--replica-assignment", "2,1,2,1,1")).out == ""
+    assert leaders("tr-placed") == ["2", "1", "2", "1", "1"]
+    prefix = "Error while executing topic command : "
+    for assignment, message in (
+            ("1:1", "Partition replica lists may not contain duplicate entries: 1"),
+            ("1,1:2", "Partition 1 has different replication factor: [1, 2]"),
+            ("1,x", 'For input string: "x"'),
+            ("0", "The manual partition assignment includes broker 0, but no such broker is "
+                  "registered."),
+            ("1:2", "Unable to replicate the partition 2 time(s): shmq keeps one replica per "
+                    "partition for now.")):
+        err = one_line_error(run(cluster, "topics", "--create", "--topic", "tr-bad",
+                                 "--replica-assignment", assignment))
+        assert err == prefix + message, assignment
+    r = run(cluster, "topics", "--create", "--topic", "tr-bad", "--replica-assignment", "1",
+            "--partitions", "1")
+    assert r.code == 2 and 'Option "[replica-assignment]" can\'t be used with option ' \
+        '"[partitions]"' in r.err
+    assert "tr-bad" not in ok(run(cluster, "topics", "--list")).lines
+
+
 def test_topics_create_with_bad_configs(cluster: RunningBroker) -> None:
     err = one_line_error(run(cluster, "topics", "--create", "--topic", "tb-bad",
                              "--config", "retention.ms=forever"))
