@@ -15,8 +15,16 @@ it; kio's decode cost ~47 us a request), whose fields a version lacks hold Kafka
 from __future__ import annotations
 
 import asyncio
+from time import perf_counter_ns
 from typing import Any
 
+from shmq._fast._metrics_reference import (
+    FETCH_WAIT_HIST,
+    FETCH_WAITS_DONE,
+    FETCH_WAITS_STARTED,
+    P_BYTES_IN,
+    P_MESSAGES_IN,
+)
 from shmq.broker.context import BrokerContext
 from shmq.errors import OffsetOutOfRangeError
 from shmq.protocol.fetch_request import FetchRequest
@@ -72,12 +80,43 @@ def _read_all(ctx: BrokerContext, request: FetchRequest,
     return topics, total, errors
 
 
+def _count(ctx: BrokerContext, request: FetchRequest, topics: list) -> None:
+    """Kafka's BrokerTopicMetrics for the partitions answered (per partition, as Kafka marks
+    them), plus messages out: the offsets from the fetch offset to the bound when the answer
+    reached it, else (cut by a byte limit) estimated from the partition's bytes per message."""
+    metrics = ctx.metrics
+    for t, (_name, parts) in zip(request.topics, topics):
+        info = ctx.metadata.topics.get(t.topic)
+        for p, part in zip(t.partitions, parts):
+            slot = (info.partitions[p.partition].slot
+                    if info is not None and 0 <= p.partition < len(info.partitions) else -1)
+            if part.error_code:
+                metrics.fetch_failed(slot)
+                metrics.error(1, part.error_code)
+                continue
+            size = sum(s.length for s in part.records) if part.records else 0
+            messages = 0
+            if size:
+                bound = part.last_stable_offset if request.isolation_level == 1 \
+                    else part.high_watermark
+                if size < p.partition_max_bytes:
+                    messages = max(0, bound - p.fetch_offset)
+                else:
+                    nbytes = metrics.partition_value(slot, P_BYTES_IN)
+                    if nbytes:
+                        messages = min(max(0, bound - p.fetch_offset),
+                                       size * metrics.partition_value(slot, P_MESSAGES_IN)
+                                       // nbytes)
+            metrics.fetched(slot, messages, size)
+
+
 async def handle(ctx: BrokerContext, request: FetchRequest, api_version: int,
                  correlation_id: int) -> list[Any]:
     loop = asyncio.get_running_loop()
     committed = request.isolation_level == 1
     wait_s = max(request.max_wait_ms / 1000, 0.0)
     deadline = loop.time() + wait_s
+    waited = 0
     while True:
         # register before reading: an append between the read and the wait must wake us
         events = [ctx.data_event(t.topic, p.partition) for t in request.topics
@@ -87,9 +126,20 @@ async def handle(ctx: BrokerContext, request: FetchRequest, api_version: int,
         if total >= request.min_bytes or errors or remaining <= 0 or not events:
             break
         waiters = [asyncio.ensure_future(ev.wait()) for ev in events]
+        if ctx.metrics is not None:
+            ctx.metrics.add(FETCH_WAITS_STARTED)
+        started = perf_counter_ns()
         try:
             await asyncio.wait(waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for w in waiters:
                 w.cancel()
+            waited += perf_counter_ns() - started or 1
+            if ctx.metrics is not None:
+                ctx.metrics.add(FETCH_WAITS_DONE)
+    if ctx.metrics is not None:
+        _count(ctx, request, topics)
+        if waited:  # Kafka's fetch purgatory (RemoteTimeMs)
+            ctx.remote_ns = waited
+            ctx.metrics.observe(FETCH_WAIT_HIST, waited)
     return encode_fetch_response(api_version, correlation_id, topics, session_id=0)
