@@ -12,9 +12,9 @@ The names are those existing dashboards and alerts use (reference/ecosystem.md Â
   ``kafka.server:type=BrokerTopicMetrics,name=MessagesInPerSec,topic=T`` becomes
   ``kafka_server_brokertopicmetrics_messagesin_total{topic="T"}`` (and without ``topic`` the
   broker's total), ``RequestMetrics`` ``RequestsPerSec{request,version}`` becomes
-  ``kafka_network_requestmetrics_requests_total``, the ``TotalTimeMs``-style histograms become a
-  ``_count`` counter and ``{quantile="0.50" .. "0.999"}`` gauges (computed here over the last
-  minute), ``kafka.log:type=Log,name=Size`` becomes ``kafka_log_log_size{topic,partition}``;
+  ``kafka_network_requestmetrics_requests_total``, the ``TotalTimeMs``-style histograms become
+  summaries: ``{quantile="0.50" .. "0.999"}`` in ms (computed here over about the last minute
+  from the histograms) and ``_count`` (the JMX exporter's rules have no ``_sum``; it is here), ``kafka.log:type=Log,name=Size`` becomes ``kafka_log_log_size{topic,partition}``;
 * shmq's own, with real histograms: ``shmq_request_time_seconds{request,phase}``,
   ``shmq_log_flush_seconds``, ``shmq_purgatory_wait_seconds{operation}``, per-partition counters
   and offsets, and per process ``shmq_process_*{process}`` (CPU, RSS, fds, restarts, uptime).
@@ -30,6 +30,7 @@ from prometheus_client.core import (
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
+    SummaryMetricFamily,
 )
 from prometheus_client.registry import Collector as _Collector
 from prometheus_client.samples import Sample
@@ -255,13 +256,11 @@ def families(snap: dict[str, Any], collector: Collector | None = None) -> Iterat
     times = HistogramMetricFamily("shmq_request_time_seconds",
                                   "request time by phase: total, queue, local, remote, send",
                                   labels=["request", "phase"])
-    kafka_counts = {ph: CounterMetricFamily(f"kafka_network_requestmetrics_{name}_count",
-                                            f"{name} observations", labels=["request"])
-                    for ph, name in _KAFKA_TIMES.items()}
-    kafka_q = {ph: GaugeMetricFamily(f"kafka_network_requestmetrics_{name}",
-                                     f"{name} quantiles over about the last minute",
-                                     labels=["request", "quantile"])
-               for ph, name in _KAFKA_TIMES.items()}
+    # the JMX exporter's emulated summaries: {quantile} gauges (ms) and a _count (and _sum)
+    kafka_times = {ph: SummaryMetricFamily(f"kafka_network_requestmetrics_{name}",
+                                           f"RequestMetrics {name}: quantiles over about the "
+                                           "last minute", labels=["request"])
+                   for ph, name in _KAFKA_TIMES.items()}
     quantiles, fsync_q = collector.window_quantiles() if collector is not None else ({}, None)
     for r in snap["requests"]:
         req = _kafka_request(r["api_key"])
@@ -274,11 +273,13 @@ def families(snap: dict[str, Any], collector: Collector | None = None) -> Iterat
             t = r["times"][phase]
             buckets, sum_s = _buckets(t["buckets"], t["sum_s"])
             times.add_metric([r["api"], phase], buckets, sum_s)
-            kafka_counts[phase].add_metric([req], t["count"])
+            fam = kafka_times[phase]
             for qi, q in enumerate(QUANTILES):
-                kafka_q[phase].add_metric([req, _quantile_label(q)],
-                                          float(qs[ph][qi]) * 1e3 if qs is not None else 0.0)
-    yield from (requests, errors, times, *kafka_counts.values(), *kafka_q.values())
+                fam.samples.append(Sample(fam.name, {"request": req,
+                                                     "quantile": _quantile_label(q)},
+                                          float(qs[ph][qi]) * 1e3 if qs is not None else 0.0))
+            fam.add_metric([req], t["count"], t["sum_s"] * 1e3)
+    yield from (requests, errors, times, *kafka_times.values())
 
     # -- flush and purgatory ----------------------------------------------------------------------
     waits = snap["waits"]
@@ -287,14 +288,12 @@ def families(snap: dict[str, Any], collector: Collector | None = None) -> Iterat
         flush = HistogramMetricFamily("shmq_log_flush_seconds", "fsync time of log flushes")
         flush.add_metric([], *_buckets(f["buckets"], f["sum_s"]))
         yield flush
-        yield CounterMetricFamily("kafka_log_logflushstats_logflushrateandtimems_count",
-                                  "LogFlushRateAndTimeMs observations", value=f["count"])
-        q = GaugeMetricFamily("kafka_log_logflushstats_logflushrateandtimems",
-                              "LogFlushRateAndTimeMs quantiles over about the last minute",
-                              labels=["quantile"])
+        q = SummaryMetricFamily("kafka_log_logflushstats_logflushrateandtimems",
+                                "LogFlushRateAndTimeMs: quantiles over about the last minute")
         for qi, qq in enumerate(QUANTILES):
-            q.add_metric([_quantile_label(qq)],
-                         float(fsync_q[qi]) * 1e3 if fsync_q is not None else 0.0)
+            q.samples.append(Sample(q.name, {"quantile": _quantile_label(qq)},
+                                    float(fsync_q[qi]) * 1e3 if fsync_q is not None else 0.0))
+        q.add_metric([], f["count"], f["sum_s"] * 1e3)
         yield q
         wait = HistogramMetricFamily("shmq_purgatory_wait_seconds",
                                      "time requests waited: produce for the group commit "
