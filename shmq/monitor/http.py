@@ -10,7 +10,8 @@ Theory of operation
   (``collector.controller_view``): a few hundred microseconds of its time per request.
 * **h11 parses** (sans-io, strict): a request line or header block over ``MAX_HEAD`` bytes is
   431, anything malformed is 400, a request with a body is 413, a method other than GET is 405
-  (with ``Allow: GET``), an unknown path 404.  Each error answer closes the connection.
+  (with ``Allow: GET``), a target over ``MAX_TARGET`` 414, an HTTP version other than 1.0 and
+  1.1 505, an unknown path 404.  Each error answer closes the connection.
 * **Bounded**: at most ``MAX_CONNECTIONS`` connections at once (more are closed as soon as they
   are accepted), ``HEAD_TIMEOUT_S`` to send a request head (slowloris), ``IDLE_TIMEOUT_S``
   between keep-alive requests.
@@ -190,18 +191,26 @@ class MonitorServer:
                 await self._refuse(conn, writer, exc.error_status_hint, str(exc))
                 return
             if event is h11.NEED_DATA:
-                data = await asyncio.wait_for(reader.read(65536), timeout)
+                data = await asyncio.wait_for(reader.read(MAX_HEAD), timeout)
                 conn.receive_data(data)   # b"" is the end of the stream
                 continue
             if isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
                 return
             if not isinstance(event, h11.Request):
                 return
+            # a GET has no body: its EndOfMessage is already here (anything else is refused)
             timeout = HEAD_TIMEOUT_S
             headers = {k: v for k, v in event.headers}
+            head = len(event.target) + sum(len(k) + len(v) + 4 for k, v in event.headers)
+            if head > MAX_HEAD:   # h11 limits only a head that is still incomplete
+                await self._refuse(conn, writer, 431, "request head too large")
+                return
+            if event.http_version not in (b"1.1", b"1.0"):
+                await self._refuse(conn, writer, 505, "HTTP/1.1 only")
+                return
             if event.method != b"GET":
                 await self._refuse(conn, writer, 405, "only GET is served",
-                                   [(b"allow", b"GET")])
+                                   [(b"allow", b"GET")], body=event.method != b"HEAD")
                 return
             if headers.get(b"content-length", b"0") != b"0" or b"transfer-encoding" in headers:
                 await self._refuse(conn, writer, 413, "a GET request has no body")
@@ -214,6 +223,12 @@ class MonitorServer:
             if conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
                 return
             try:
+                end = conn.next_event()   # the request's EndOfMessage
+            except h11.RemoteProtocolError:
+                return
+            if not isinstance(end, h11.EndOfMessage):
+                return
+            try:
                 conn.start_next_cycle()
             except h11.LocalProtocolError:
                 return
@@ -221,23 +236,26 @@ class MonitorServer:
 
     async def _send(self, conn: h11.Connection, writer: asyncio.StreamWriter, status: int,
                     ctype: str, body: bytes, extra: list[tuple[bytes, bytes]] | None = None,
-                    ) -> None:
+                    send_body: bool = True) -> None:
         headers = [(b"content-type", ctype.encode()), (b"content-length", str(len(body)).encode()),
                    *SECURITY_HEADERS, *(extra or [])]
         if status >= 400:
             headers.append((b"connection", b"close"))
         data = conn.send(h11.Response(status_code=status, headers=headers))
-        data += conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage())
+        if send_body:   # an answer to HEAD has none (h11 enforces it)
+            data += conn.send(h11.Data(data=body))
+        data += conn.send(h11.EndOfMessage())
         writer.write(data)
         await asyncio.wait_for(writer.drain(), IDLE_TIMEOUT_S)
 
     async def _refuse(self, conn: h11.Connection, writer: asyncio.StreamWriter, status: int,
-                      reason: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+                      reason: str, extra: list[tuple[bytes, bytes]] | None = None,
+                      body: bool = True) -> None:
         if conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return
         try:
             await self._send(conn, writer, status, "text/plain; charset=utf-8",
-                             (reason + "\n").encode(), extra)
+                             (reason + "\n").encode(), extra, send_body=body)
         except h11.LocalProtocolError:
             pass
 

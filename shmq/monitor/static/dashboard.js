@@ -45,7 +45,7 @@ const SERIES = {
   messages: [["in", "messages_in", "#2563eb"], ["out", "messages_out", "#16a34a"]],
   bytes: [["in", "bytes_in", "#2563eb"], ["out", "bytes_out", "#16a34a"]],
   latency: [["produce p50", "produce_p50_ms", "#93c5fd"], ["produce p99", "produce_p99_ms", "#2563eb"],
-            ["fetch p99", "fetch_p99_ms", "#16a34a"]],
+            ["fetch p99 (incl. long poll)", "fetch_p99_ms", "#16a34a"]],
   lag: [["total lag", "lag", "#b45309"]],
 };
 function makeChart(name) {
@@ -55,7 +55,7 @@ function makeChart(name) {
     scales: { x: { time: true } },
     series: [{}].concat(SERIES[name].map(([label, , color]) => (
       { label, stroke: color, width: 1.5, spanGaps: true }))),
-    axes: [{}, { size: 60, values: (u, vals) => vals.map(v => name === "bytes" ? bytes(v) : num(v)) }],
+    axes: [{}, { size: 80, values: (u, vals) => vals.map(v => name === "bytes" ? bytes(v) : num(v)) }],
     legend: { live: true },
   };
   return new uPlot(opts, chartData(name), host);
