@@ -29,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _common import print_environment  # noqa: E402
 from bench_broker import (  # noqa: E402
     Broker,
     Phase,
@@ -36,8 +37,6 @@ from bench_broker import (  # noqa: E402
     create_topic,
     produce_py,
 )
-
-from _common import print_environment  # noqa: E402
 
 
 def start(data_dir: Path, logdir: Path, workers: int, metrics: bool, tag: str) -> Broker:

@@ -10,7 +10,6 @@ latency, consume time minus the record's timestamp); the plot shows records/s an
 from __future__ import annotations
 
 import time
-from typing import Any
 
 BIN_S = 0.1
 

@@ -112,7 +112,8 @@ class KafkaSource:
             md = self.admin.list_topics(timeout=10)
         except KafkaException as exc:
             raise CommandError(f"cannot reach {self.bootstrap}: {exc}") from None
-        topics, hw_of = [], {}
+        topics: list[dict[str, Any]] = []
+        hw_of: dict[tuple[str, int], int] = {}
         now = time.time()
         for name in sorted(md.topics):
             if name.startswith("__"):
@@ -132,8 +133,8 @@ class KafkaSource:
                               "log_end": high})
             topics.append({"name": name, "internal": False, "partitions": len(plist),
                            "partition_list": plist})
-        ends = {t["name"]: sum(max(p["high_watermark"], 0) for p in t["partition_list"])
-                for t in topics}
+        ends: dict[str, int] = {t["name"]: sum(max(p["high_watermark"], 0)
+                                               for p in t["partition_list"]) for t in topics}
         rates: dict[str, Any] = {"topics": {}}
         if self.last is not None:
             dt = max(now - self.last[0], 1e-3)
@@ -340,7 +341,7 @@ class _Keys:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.saved is not None:
+        if self.saved is not None and self.fd is not None:
             import termios
 
             termios.tcsetattr(self.fd, termios.TCSADRAIN, self.saved)

@@ -231,7 +231,7 @@ class MetricsTable:
         (partition_slots x 16), as u64 arrays."""
         if self._map is None:
             raise ValueError("metrics table is closed")
-        words = np.frombuffer(self._map, dtype=np.uint64)
+        words = np.frombuffer(self._map, dtype=np.uint64)  # type: ignore[call-overload]
         first = HEADER_SIZE // WORD
         regions = words[first:self.partitions_word].reshape(self.region_count, self.region_words)
         parts = words[self.partitions_word:].reshape(self.partition_slots, L.PARTITION_WORDS)

@@ -54,8 +54,9 @@ def _quantile_label(q: float) -> str:
 
 
 def _buckets(counts: list[int], sum_s: float) -> tuple[list[tuple[str, float]], float]:
-    out, acc = [], 0
-    for le, n in zip(_LE, counts):
+    out: list[tuple[str, float]] = []
+    acc = 0.0
+    for le, n in zip(_LE, counts, strict=True):
         acc += n
         out.append((le, acc))
     return out, sum_s
@@ -273,12 +274,12 @@ def families(snap: dict[str, Any], collector: Collector | None = None) -> Iterat
             t = r["times"][phase]
             buckets, sum_s = _buckets(t["buckets"], t["sum_s"])
             times.add_metric([r["api"], phase], buckets, sum_s)
-            fam = kafka_times[phase]
+            summary = kafka_times[phase]
             for qi, q in enumerate(QUANTILES):
-                fam.samples.append(Sample(fam.name, {"request": req,
-                                                     "quantile": _quantile_label(q)},
-                                          float(qs[ph][qi]) * 1e3 if qs is not None else 0.0))
-            fam.add_metric([req], t["count"], t["sum_s"] * 1e3)
+                summary.samples.append(Sample(
+                    summary.name, {"request": req, "quantile": _quantile_label(q)},
+                    float(qs[ph][qi]) * 1e3 if qs is not None else 0.0))
+            summary.add_metric([req], t["count"], t["sum_s"] * 1e3)
     yield from (requests, errors, times, *kafka_times.values())
 
     # -- flush and purgatory ----------------------------------------------------------------------
@@ -288,13 +289,15 @@ def families(snap: dict[str, Any], collector: Collector | None = None) -> Iterat
         flush = HistogramMetricFamily("shmq_log_flush_seconds", "fsync time of log flushes")
         flush.add_metric([], *_buckets(f["buckets"], f["sum_s"]))
         yield flush
-        q = SummaryMetricFamily("kafka_log_logflushstats_logflushrateandtimems",
-                                "LogFlushRateAndTimeMs: quantiles over about the last minute")
+        flush_q = SummaryMetricFamily(
+            "kafka_log_logflushstats_logflushrateandtimems",
+            "LogFlushRateAndTimeMs: quantiles over about the last minute")
         for qi, qq in enumerate(QUANTILES):
-            q.samples.append(Sample(q.name, {"quantile": _quantile_label(qq)},
-                                    float(fsync_q[qi]) * 1e3 if fsync_q is not None else 0.0))
-        q.add_metric([], f["count"], f["sum_s"] * 1e3)
-        yield q
+            flush_q.samples.append(Sample(
+                flush_q.name, {"quantile": _quantile_label(qq)},
+                float(fsync_q[qi]) * 1e3 if fsync_q is not None else 0.0))
+        flush_q.add_metric([], f["count"], f["sum_s"] * 1e3)
+        yield flush_q
         wait = HistogramMetricFamily("shmq_purgatory_wait_seconds",
                                      "time requests waited: produce for the group commit "
                                      "(acks=all), fetch for data (long poll)",

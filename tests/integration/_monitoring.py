@@ -11,7 +11,6 @@ import urllib.request
 from typing import Any
 
 import pytest
-
 from conftest import RunningBroker
 
 

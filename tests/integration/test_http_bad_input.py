@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 from _monitoring import get, http_address, produce
-
 from conftest import RunningBroker, start_broker
 
 
@@ -124,7 +123,7 @@ def _kafka_round_trips(bootstrap: str, topic: str, seconds: float) -> list[float
     while time.monotonic() < end:
         done: list[float] = []
         t = time.monotonic()
-        p.produce(topic, b"ping", on_delivery=lambda err, _m: done.append(
+        p.produce(topic, b"ping", on_delivery=lambda err, _m, done=done: done.append(
             time.monotonic() if err is None else -1.0))
         p.flush(10)
         assert done and done[0] > 0

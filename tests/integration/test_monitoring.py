@@ -23,7 +23,6 @@ from _monitoring import (
     snapshot,
     value,
 )
-
 from conftest import RunningBroker, start_broker
 
 REPO = Path(__file__).resolve().parents[2]

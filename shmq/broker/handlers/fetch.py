@@ -85,9 +85,9 @@ def _count(ctx: BrokerContext, request: FetchRequest, topics: list) -> None:
     them), plus messages out: the offsets from the fetch offset to the bound when the answer
     reached it, else (cut by a byte limit) estimated from the partition's bytes per message."""
     metrics = ctx.metrics
-    for t, (_name, parts) in zip(request.topics, topics):
+    for t, (_name, parts) in zip(request.topics, topics, strict=True):
         info = ctx.metadata.topics.get(t.topic)
-        for p, part in zip(t.partitions, parts):
+        for p, part in zip(t.partitions, parts, strict=True):
             slot = (info.partitions[p.partition].slot
                     if info is not None and 0 <= p.partition < len(info.partitions) else -1)
             if part.error_code:
