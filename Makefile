@@ -7,23 +7,36 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST := $(PY) -m pytest
 
-.PHONY: setup build debug run demo test test-fast test-slow bench perf lint clean
+.PHONY: setup system-packages build debug run demo test test-fast test-slow bench perf lint clean
+
+# Debian packages the tests use, as "package:command": kcat (a client in the client tests),
+# prometheus (scrapes /metrics), chromium (the dashboard test, driven by Playwright), tmux
+# (`shmq top`).  Missing ones are installed with one apt-get update; in CI (CI set) a package
+# that cannot be installed fails the setup instead of skipping its tests.
+DEB_PACKAGES := kcat:kcat prometheus:prometheus chromium:chromium tmux:tmux
+
+system-packages:
+	@missing=$$(for pc in $(DEB_PACKAGES); do command -v $${pc#*:} >/dev/null || echo $${pc%%:*}; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages for the tests:" $$missing; \
+	  if ! (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) >/dev/null; then \
+	    if [ -n "$$CI" ]; then echo "error: could not install" $$missing >&2; exit 1; fi; \
+	    echo "warning: could not install" $$missing "; their tests will be skipped" >&2; \
+	  fi; \
+	fi
 
 # A virtualenv with shmq installed editable, Cython extensions compiled with the system compiler.
 $(STAMP): pyproject.toml setup.py
-	@command -v kcat >/dev/null || { echo "installing kcat (Debian) for the client tests"; \
-	  (apt-get update -qq && apt-get install -y -qq kcat) >/dev/null || \
-	  echo "warning: could not install kcat; its tests will be skipped" >&2; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "setuptools>=68" wheel "Cython>=3.0,<3.4"
 	$(PY) -m pip install -q --no-build-isolation -e ".[test,lint]"
 	touch $(STAMP)
 
-setup: $(STAMP)
+setup: system-packages $(STAMP)
 
 # Recompile the extensions in place (after editing a .pyx or .h).
-build: $(STAMP)
+build: system-packages $(STAMP)
 	$(PY) setup.py -q build_ext --inplace
 
 # Checked build: -O0 -g, bounds checks and Cython line tracing.

@@ -28,6 +28,9 @@ class BrokerConfig:
     flush_on_ack: bool = True                       # acks=all waits for an fsync (group commit)
     log: LogConfig = field(default_factory=LogConfig)   # topic defaults (log.* / segment.* ...)
     cluster_id: str = ""
+    # the controller's HTTP listener (/metrics, /api/v1, the dashboard): host:port or "none"
+    http_listener: str = "127.0.0.1:8090"
+    metrics_enabled: bool = True                    # count into the shared metrics table
     # group coordinator (Kafka's names; the delay is 3000 ms in Kafka: a lone consumer on a local
     # broker would wait 3 s for its first partition, so shmq waits just long enough for consumers
     # started together to land in one generation)

@@ -73,6 +73,8 @@ class BrokerContext:
                                                             "responses": 0,
                                                             "response_writes": 0})
     state_table: Any = None              # shmq.ipc.StateTable attached read-write (workers)
+    metrics: Any = None                  # this process's MetricsWriter (None: collection off)
+    remote_ns: int = 0                   # a handler's wait (purgatory), for the router
 
     def publish_state(self, topic: str, partition: int, log: PartitionLog) -> None:
         """Write the partition's offsets to its shared-memory slot (seqlock, ~1 us)."""

@@ -33,6 +33,9 @@ _HEAD = struct.Struct(">hhi")
 class Router:
     def __init__(self, ctx: BrokerContext) -> None:
         self.ctx = ctx
+        # what the last Produce or Fetch waited (ns: group commit, long poll), for the
+        # connection's metrics; read and reset by it as soon as ``handle`` returns
+        self.remote_ns = 0
 
     async def handle(self, frame: memoryview) -> list[Any] | None:
         """Response pieces (bytes and file slices) for one request, or None (acks=0)."""
@@ -42,11 +45,14 @@ class Router:
         if api_key == api_versions.FETCH and _FETCH_MIN <= api_version <= _FETCH_MAX:
             header_size = request_header_size(frame, api_version >= _FETCH_FIRST_FLEXIBLE)
             request = parse_fetch_request(frame, header_size, api_version)
-            return await fetch_handler.handle(self.ctx, request, api_version, correlation_id)
+            pieces = await fetch_handler.handle(self.ctx, request, api_version, correlation_id)
+            self.remote_ns, self.ctx.remote_ns = self.ctx.remote_ns, 0
+            return pieces
         if api_key == api_versions.PRODUCE and api_versions.is_supported(api_key, api_version):
             header_size = request_header_size(frame, api_version >= 9)
             out = await produce_handler.handle(self.ctx, frame, header_size, api_version,
                                                correlation_id)
+            self.remote_ns, self.ctx.remote_ns = self.ctx.remote_ns, 0
             return None if out is None else [out]
         try:
             header, body = codec.decode_request(frame)
@@ -61,6 +67,9 @@ class Router:
         response = await handler(self.ctx, header, body)
         if isinstance(response, list):
             return response
+        code = getattr(response, "error_code", 0)
+        if code and self.ctx.metrics is not None:  # Kafka's ErrorsPerSec (top-level codes)
+            self.ctx.metrics.error(header.api_key, int(code))
         return [codec.encode_response(header.api_key, header.api_version, correlation_id,
                                       response)]
 

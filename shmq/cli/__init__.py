@@ -39,6 +39,7 @@ COMMANDS = [
     "consumer_groups",
     "producer_perf_test",
     "consumer_perf_test",
+    "top",
 ]
 
 EXIT_OK = 0

@@ -24,6 +24,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--config", help="a server.properties-style file (k=v lines)")
     p.add_argument("--override", action="append", default=[], metavar="K=V",
                    help="a broker or topic-default property, e.g. num.partitions=6 (repeatable)")
+    p.add_argument("--http-listener", default=None, metavar="HOST:PORT",
+                   help="where /metrics (Prometheus), /api/v1 (JSON) and the dashboard are "
+                        "served; 'none' turns it off (default 127.0.0.1:8090, or a free port "
+                        "when 8090 is taken)")
+    p.add_argument("--no-metrics", action="store_true",
+                   help="do not count requests, bytes and latencies (the offsets, groups and "
+                        "processes are still served)")
     return p
 
 
@@ -71,6 +78,16 @@ def run(args: argparse.Namespace) -> int:
             config = config.__class__(**{**config.__dict__, "data_dir": Path(args.data_dir)})
         if args.workers is not None:
             config = config.__class__(**{**config.__dict__, "workers": args.workers})
+        if args.http_listener is not None:
+            from shmq.monitor.http import parse_listener
+
+            try:
+                parse_listener(args.http_listener)
+            except ValueError as exc:
+                raise CommandError(str(exc)) from None
+            config = config.__class__(**{**config.__dict__, "http_listener": args.http_listener})
+        if args.no_metrics:
+            config = config.__class__(**{**config.__dict__, "metrics_enabled": False})
     except ConfigError as exc:
         raise CommandError(str(exc)) from None
     # forked before the event loop and any thread: workers start as forks of it, imports done

@@ -96,6 +96,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--reporting-interval", type=int, default=5000, metavar="INTERVAL-MS",
                    help="interval in milliseconds at which to print progress info "
                         "(default 5000)")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="also draw throughput and end-to-end latency over time into FILE.png "
+                        "(shmq)")
     p.add_argument("--date-format", default="yyyy-MM-dd HH:mm:ss:SSS", metavar="FORMAT",
                    help="the date format to use for formatting the time field "
                         "(java.text.SimpleDateFormat letters; default yyyy-MM-dd HH:mm:ss:SSS)")
@@ -167,6 +170,13 @@ def _check(args: argparse.Namespace) -> None:
                                    "--topic, --include")
     if args.reporting_interval <= 0:
         raise usage_error(COMMAND, "Reporting interval must be greater than 0.")
+    if getattr(args, "plot", None):
+        from shmq.cli._perf_plot import check_plot_path
+
+        try:
+            check_plot_path(args.plot)
+        except ValueError as exc:
+            raise usage_error(COMMAND, str(exc)) from None
     if args.fetch_size <= 0:
         raise usage_error(COMMAND, "--fetch-size must be greater than 0")
     java_date(args.date_format, 0)  # a bad pattern is a usage error before anything runs
@@ -209,6 +219,7 @@ class ConsumerPerfTest:
         self.bytes = 0
         self.join_ms = 0  # total time waiting for an assignment
         self.join_round_ms = 0  # ... since the last detailed-stats line
+        self.timeline: Any = None  # --plot
         self.join_start = 0.0
         self.assigned: set[tuple[str, int]] = set()
         self.last_stats: str | None = None
@@ -332,6 +343,11 @@ class ConsumerPerfTest:
         if args.print_metrics:
             print_metrics(self.last_stats, conf.get("client.id", "perf-consumer-client"),
                           "consumer")
+        if self.timeline is not None:
+            from shmq.cli._perf_plot import plot
+
+            plot(self.timeline, args.plot, f"consumer-perf-test: {args.topic}",
+                 "latency (ms, record timestamp to consumed)")
         return 0
 
     def _stats_cb(self, text: str) -> None:
@@ -345,6 +361,11 @@ class ConsumerPerfTest:
         timeout = args.timeout / 1000
         interval = args.reporting_interval / 1000
         detailed = args.show_detailed_stats
+        timeline = None
+        if args.plot:
+            from shmq.cli._perf_plot import Timeline
+
+            timeline = self.timeline = Timeline()
         now = time.time()
         last_report = last_consumed = now
         last_messages = last_bytes = 0
@@ -369,7 +390,11 @@ class ConsumerPerfTest:
                     continue
                 messages += 1
                 key = msg.key()
-                nbytes += len(msg) + (len(key) if key is not None else 0)
+                size = len(msg) + (len(key) if key is not None else 0)
+                nbytes += size
+                if timeline is not None:   # end to end: now minus the record's timestamp
+                    ts = msg.timestamp()[1]
+                    timeline.add(time.monotonic(), size, now * 1000 - ts if ts > 0 else None)
                 if now - last_report >= interval:
                     if detailed:
                         self.report.line(self._progress_line(nbytes, last_bytes, messages,

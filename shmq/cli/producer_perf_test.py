@@ -114,6 +114,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--reporting-interval", type=int, default=5000, metavar="INTERVAL-MS",
                    help="interval in milliseconds at which to print progress info "
                         "(default 5000)")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="also draw throughput and latency over time into FILE.png (shmq)")
     return p
 
 
@@ -232,6 +234,13 @@ def _check(args: argparse.Namespace) -> None:
         raise usage_error(COMMAND, "--transaction-duration-ms should be greater than zero")
     if args.reporting_interval <= 0:
         raise usage_error(COMMAND, "--reporting-interval should be greater than zero")
+    if args.plot:
+        from shmq.cli._perf_plot import check_plot_path
+
+        try:
+            check_plot_path(args.plot)
+        except ValueError as exc:
+            raise usage_error(COMMAND, str(exc)) from None
 
 
 def producer_config(args: argparse.Namespace, props: dict[str, str]
@@ -320,6 +329,11 @@ class ProducerPerfTest:
         self.report = Reporter()
         self.stats: Stats | None = None
         self.steady: Stats | None = None
+        self.timeline: Any = None
+        if args.plot:
+            from shmq.cli._perf_plot import Timeline
+
+            self.timeline = Timeline()
 
     def _delivered(self, err: Any, msg: Any) -> None:
         self._record(err, msg, False)
@@ -345,6 +359,8 @@ class ProducerPerfTest:
         size = len(msg)
         assert self.stats is not None
         self.stats.record(latency_ms, size, now)
+        if self.timeline is not None:
+            self.timeline.add(now, size, latency_ms)
         if steady and self.steady is not None:
             self.steady.record(latency_ms, size, now)
 
@@ -380,6 +396,11 @@ class ProducerPerfTest:
             self.report.line(self.steady.total_line())
         if args.print_metrics:
             self._print_metrics(producer)
+        if self.timeline is not None:
+            from shmq.cli._perf_plot import plot
+
+            plot(self.timeline, args.plot, f"producer-perf-test: {args.topic}",
+                 "latency (ms, produce to ack)")
         if remaining:
             sys.stdout.flush()
             print(f"Error: {remaining} records were not delivered", file=sys.stderr)

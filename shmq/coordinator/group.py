@@ -286,3 +286,33 @@ def parse_subscription_topics(data: bytes) -> list[str] | None:
         return topics
     except (struct.error, UnicodeDecodeError):
         return None
+
+
+def parse_assignment(data: bytes) -> list[tuple[str, list[int]]] | None:
+    """The partitions of a ConsumerProtocolAssignment (int16 version, then [topic string,
+    [int32 partition]]), or None when ``data`` is not one (another protocol type's bytes)."""
+    import struct
+
+    try:
+        pos = 2
+        (count,) = struct.unpack_from(">i", data, pos)
+        pos += 4
+        if count < 0 or count > len(data):
+            return None
+        out = []
+        for _ in range(count):
+            (n,) = struct.unpack_from(">h", data, pos)
+            pos += 2
+            if n < 0 or pos + n > len(data):
+                return None
+            topic = data[pos : pos + n].decode()
+            pos += n
+            (k,) = struct.unpack_from(">i", data, pos)
+            pos += 4
+            if k < 0 or pos + 4 * k > len(data):
+                return None
+            out.append((topic, list(struct.unpack_from(f">{k}i", data, pos))))
+            pos += 4 * k
+        return out
+    except (struct.error, UnicodeDecodeError):
+        return None

@@ -26,6 +26,12 @@ them), up to ``_MAX_HELD`` answers; then the run leaves in one write (Redis writ
 the same way, once per loop turn).  A lone request is answered at once, as before, and a slow
 request (a Produce waiting for an fsync, a long-polling Fetch) never holds an earlier answer
 back: the run is sent before it is handled.
+
+Metrics (``metrics``, a ``MetricsWriter`` or None): each read stamps its frames with one clock
+read (``perf_counter_ns``, vDSO: no system call); a request's count and its times (queue: read to
+handled, local and remote: the handler, remote being what the handler reported waiting in
+``router.remote_ns``, send: handled to written) go into the shared table with one call when its
+answer leaves (held quick answers when their run leaves).
 """
 
 from __future__ import annotations
@@ -36,8 +42,10 @@ import logging
 import os
 import socket
 from collections import deque
+from time import perf_counter_ns
 from typing import Any
 
+from shmq._fast._metrics_reference import CONNECTIONS_CLOSED, CONNECTIONS_OPENED, PROTOCOL_ERRORS
 from shmq.errors import ProtocolError
 from shmq.protocol.framing import FrameReceiver
 from shmq.storage.slices import FileSlice
@@ -77,21 +85,27 @@ class _FdFile:
 
 
 class KafkaConnection(asyncio.BufferedProtocol):
-    def __init__(self, router: Any, max_frame_bytes: int, stats: dict[str, int]) -> None:
+    def __init__(self, router: Any, max_frame_bytes: int, stats: dict[str, int],
+                 metrics: Any = None) -> None:
         self.router = router
         self.receiver = FrameReceiver(max_frame_bytes)
         self.stats = stats
+        self.metrics = metrics
         self.queue: deque[memoryview] = deque()
+        self.arrived: deque[int] = deque()  # perf_counter_ns of each queued frame's read
         self.transport: asyncio.Transport | None = None
         self.sock: socket.socket | None = None
         self.wakeup = asyncio.Event()
         self.task: asyncio.Task | None = None
         self.paused = False
         self.closed = False
+        self.closed_counted = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        if self.metrics is not None:
+            self.metrics.add(CONNECTIONS_OPENED)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -109,16 +123,23 @@ class KafkaConnection(asyncio.BufferedProtocol):
             frames = self.receiver.buffer_updated(nbytes)
         except ProtocolError as exc:
             log.info("closing connection: %s", exc)
+            if self.metrics is not None:
+                self.metrics.add(PROTOCOL_ERRORS)
             self._abort()
             return
         if frames:
             self.queue.extend(frames)
+            if self.metrics is not None:
+                self.arrived.extend([perf_counter_ns()] * len(frames))
             self.wakeup.set()
             if len(self.queue) > MAX_QUEUED and not self.paused and self.transport is not None:
                 self.transport.pause_reading()
                 self.paused = True
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.metrics is not None and not self.closed_counted:
+            self.closed_counted = True
+            self.metrics.add(CONNECTIONS_CLOSED)
         self.closed = True
         self.wakeup.set()
         if self.task is not None:
@@ -134,6 +155,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
         PEER.set(str(peer[0]) if isinstance(peer, tuple) else "")
         held: list[Any] = []  # answers not yet sent: the pieces of ``held_count`` responses
         held_count = 0
+        metrics = self.metrics
+        timed: list[tuple[int, int, int, int, int, int]] = []  # requests of ``held``, for metrics
         try:
             while not self.closed:
                 if not self.queue:
@@ -149,10 +172,17 @@ class KafkaConnection(asyncio.BufferedProtocol):
                     if held:
                         await self._send(held)
                         held, held_count = [], 0
+                        if timed:
+                            self._record(timed)
                     self.wakeup.clear()
                     await self.wakeup.wait()
                     continue
                 frame = self.queue.popleft()
+                if metrics is not None:
+                    arrived = self.arrived.popleft()
+                    api = frame[0] << 8 | frame[1] if len(frame) >= 4 else -1
+                    version = frame[2] << 8 | frame[3] if len(frame) >= 4 else -1
+                    started = perf_counter_ns()
                 if self.paused and len(self.queue) <= MAX_QUEUED // 2 and self.transport:
                     self.transport.resume_reading()
                     self.paused = False
@@ -162,6 +192,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 except ProtocolError as exc:
                     log.info("closing connection: %s", exc)
                     log.debug("offending frame: %s", bytes(frame[:256]).hex())
+                    if metrics is not None:
+                        metrics.add(PROTOCOL_ERRORS)
                     if held:  # the requests before the bad one are answered, as they would be
                         await self._send(held)
                     self._abort()
@@ -170,6 +202,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 del frame
                 if self.closed or self.transport is None:
                     continue
+                if metrics is not None:
+                    # the handler's wait, read before anything else can run on the loop
+                    remote, self.router.remote_ns = self.router.remote_ns, 0
+                    timed.append((api, version, arrived, started, perf_counter_ns(), remote))
                 if pieces is not None:
                     held.extend(pieces)
                     held_count += 1
@@ -180,6 +216,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 if held:
                     await self._send(held)
                     held, held_count = [], 0
+                if timed:
+                    self._record(timed)
         except asyncio.CancelledError:
             pass
         except (ConnectionError, OSError) as exc:
@@ -188,6 +226,14 @@ class KafkaConnection(asyncio.BufferedProtocol):
         except Exception:  # a bug in a handler: this connection dies, the broker stays up
             log.exception("internal error while serving a request")
             self._abort()
+
+    def _record(self, timed: list[tuple[int, int, int, int, int, int]]) -> None:
+        """Count the requests whose answers just left (acks=0 ones: when handled)."""
+        sent = perf_counter_ns()
+        request = self.metrics.request
+        for api, version, arrived, started, handled, remote in timed:
+            request(api, version, arrived, started, handled, sent, remote)
+        timed.clear()
 
     def _input_waiting(self) -> bool:
         """Whether bytes we have not read yet wait in the socket."""
@@ -260,8 +306,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
 
 
 async def serve(router: Any, host: str, port: int, max_frame_bytes: int,
-                stats: dict[str, int]) -> asyncio.base_events.Server:
+                stats: dict[str, int], metrics: Any = None) -> asyncio.base_events.Server:
     loop = asyncio.get_running_loop()
     return await loop.create_server(
-        lambda: KafkaConnection(router, max_frame_bytes, stats), host, port,
+        lambda: KafkaConnection(router, max_frame_bytes, stats, metrics), host, port,
         reuse_address=True, backlog=1024)

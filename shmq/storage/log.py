@@ -92,6 +92,10 @@ class LogReadResult(NamedTuple):
 class PartitionLog:
     """One partition's log in ``<log dir>/<topic>-<partition>/``."""
 
+    # Called with the nanoseconds of every flush that ran an fsync (Kafka's LogFlushStats), from
+    # whichever thread flushed; the broker process sets it to count into its metrics.
+    flush_observer: Any = None
+
     def __init__(self, directory: Path, config: LogConfig, segments: list[LogSegment],
                  log_start_offset: int, recovery_point: int, leader_epoch: int = -1,
                  recovered: Any = None) -> None:
@@ -543,12 +547,15 @@ class PartitionLog:
                 sync_dir, self._directory_dirty = self._directory_dirty, False
                 epochs = None if self._epochs_durable else list(self.epoch_entries)
                 self._epochs_durable = True
+            started = time.perf_counter_ns()
             for seg in todo:
                 seg.flush()
             if epochs is not None:  # before the recovery point passes the batches they start
                 self._write_epochs(epochs, sync=True)
             if sync_dir:
                 checkpoint.fsync_directory(self.directory)
+            if self.flush_observer is not None:
+                self.flush_observer(time.perf_counter_ns() - started)
             with self._lock:
                 self.recovery_point = max(self.recovery_point, target)
                 self.unflushed_messages = max(0, self.unflushed_messages - flushed_messages)

@@ -70,6 +70,7 @@ class WorkerHandle:
         self.acked = asyncio.Condition()
         self.started = 0.0  # monotonic time of its last ready message
         self.quick_crashes = 0  # deaths in a row within STABLE_AFTER_S of starting
+        self.restarts = 0
         self.boot_error: str | None = None
 
 
@@ -85,6 +86,8 @@ class Controller:
         self.port = 0
         self.state_table: Any = None
         self.shm_tracker: Any = None
+        self.metrics_table: Any = None   # shmq.ipc.MetricsTable (None: collection off)
+        self.http: Any = None            # shmq.monitor.http.MonitorServer (None: no listener)
 
     # -- ControllerApi ----------------------------------------------------------------------
 
@@ -102,6 +105,7 @@ class Controller:
         for c in creations:
             info = self.store.create_topic(c.name, c.partitions, sorted(self.workers), c.configs,
                                            c.leaders)
+            self._reset_metric_slots(info.partitions)
             results[c.index].topic_id = info.topic_id
         await self.publish_metadata()
         return results
@@ -156,7 +160,9 @@ class Controller:
         if grow and not validate_only:
             counts = {t["name"]: int(t["count"]) for t in topics}
             for name, leaders in grow.items():
+                before = len(self.store.metadata.topics[name].partitions)
                 self.store.add_partitions(name, counts[name], sorted(self.workers), leaders)
+                self._reset_metric_slots(self.store.metadata.topics[name].partitions[before:])
             await self.publish_metadata()
         return results
 
@@ -194,6 +200,13 @@ class Controller:
         if self.port:
             self.write_run_file()  # the slot directory changed
 
+    def _reset_metric_slots(self, partitions: Any) -> None:
+        """Zero the metrics of new partitions' slots, which a deleted partition may have used:
+        no worker leads them until the new metadata is published."""
+        if self.metrics_table is not None:
+            for p in partitions:
+                self.metrics_table.reset_partition(p.slot)
+
     # -- workers ----------------------------------------------------------------------------
 
     def _open_state_table(self, run: Path) -> None:
@@ -210,6 +223,12 @@ class Controller:
         slots = max(4096, 2 * self.store.metadata.slots_needed())
         self.shm_tracker = ShmTracker()
         self.state_table = StateTable.create(slots, tracker=self.shm_tracker)
+        if self.config.metrics_enabled:
+            from shmq.ipc.metrics_table import MetricsTable
+
+            self.metrics_table = MetricsTable.create(
+                len(self.workers) + 1, slots, boot_id=self.state_table.boot_id,
+                tracker=self.shm_tracker)
 
     def _worker_settings(self) -> str:
         c = self.config
@@ -222,7 +241,8 @@ class Controller:
             "fetch_max_bytes": c.fetch_max_bytes,
             "flush_on_ack": c.flush_on_ack, "log": asdict(c.log),
             "cluster_id": self.store.metadata.cluster_id,
-            "state_table": self.state_table.name if self.state_table else None})
+            "state_table": self.state_table.name if self.state_table else None,
+            "metrics_table": self.metrics_table.name if self.metrics_table else None})
 
     async def spawn(self, w: WorkerHandle) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -320,6 +340,7 @@ class Controller:
         else:
             log.warning("worker %d (pid %d) exited with %s; restarting it", w.node_id, proc.pid,
                         code)
+        w.restarts += 1
         await self.spawn(w)
         await asyncio.wait_for(w.ready.wait(), 60)
         await self.publish_metadata()
@@ -338,6 +359,8 @@ class Controller:
             "controller_pid": os.getpid(),
             "cluster_id": self.store.metadata.cluster_id if self.store else "",
             "state_table": self.state_table.name if self.state_table else None,
+            "metrics_table": self.metrics_table.name if self.metrics_table else None,
+            "http": self.http.address if self.http else None,
             "slots": self.store.metadata.slot_directory() if self.store else {},
             "workers": [{"node_id": w.node_id, "port": w.port,
                          "pid": w.proc.pid if w.proc else None, "started_by": w.started_by}
@@ -362,9 +385,12 @@ class Controller:
             loop.add_signal_handler(sig, self.stop_event.set)
         self.ctx = BrokerContext(node_id=0, config=self.config, metadata=self.store.metadata,
                                  controller=self)
+        if self.metrics_table is not None:
+            self.ctx.metrics = self._count_fsyncs(self.metrics_table.writer(0))
         self.ctx.coordinator = self._start_coordinator()
         server = await serve(Router(self.ctx), self.config.host, self.config.port,
-                             self.config.socket_request_max_bytes, self.ctx.stats)
+                             self.config.socket_request_max_bytes, self.ctx.stats,
+                             self.ctx.metrics)
         self.port = server.sockets[0].getsockname()[1]
         try:
             for w in self.workers.values():
@@ -386,10 +412,12 @@ class Controller:
                                  for w in self.workers.values()})
             self.store.save()
             await self.publish_metadata()
+            self._start_http()
             self.write_run_file()
             if ready_line:
+                web = f", dashboard http://{self.http.address}/" if self.http else ""
                 print(f"shmq broker ready: bootstrap {self.config.host}:{self.port} "
-                      f"({len(self.workers)} workers, data dir {self.data_dir})", flush=True)
+                      f"({len(self.workers)} workers, data dir {self.data_dir}{web})", flush=True)
             await self.stop_event.wait()
         finally:
             await self.shutdown(server)
@@ -397,6 +425,47 @@ class Controller:
         if self.halt_reason:
             raise BootError(self.halt_reason)
         return 0
+
+    @staticmethod
+    def _count_fsyncs(writer: Any) -> Any:
+        """The controller's fsyncs (``__consumer_offsets``) into its region, like a worker's."""
+        from shmq._fast._metrics_reference import FSYNC_HIST, FSYNCS
+        from shmq.storage.log import PartitionLog
+
+        def flushed(ns: int) -> None:
+            writer.add(FSYNCS)
+            writer.observe(FSYNC_HIST, ns)
+
+        PartitionLog.flush_observer = staticmethod(flushed)
+        return writer
+
+    def _start_http(self) -> None:
+        """The HTTP listener (``--http-listener``), a thread of its own (``monitor.http``).
+        The default port falls back to a free one when taken; a port given explicitly that
+        cannot be bound stops the broker."""
+        from shmq.monitor.collector import Collector, controller_view
+        from shmq.monitor.http import MonitorServer, parse_listener
+
+        where = parse_listener(self.config.http_listener)
+        if where is None:
+            return
+        collector = Collector(self.metrics_table, self.state_table)
+        loop = asyncio.get_running_loop()
+        default = self.config.http_listener == BrokerConfig.http_listener
+        for port in (where[1], 0) if default else (where[1],):
+            server = MonitorServer(collector, where[0], port, lambda: controller_view(self), loop)
+            try:
+                server.start()
+            except OSError as exc:
+                if port and default:
+                    log.warning("HTTP listener %s:%d: %s; using a free port", where[0], port,
+                                exc.strerror)
+                    continue
+                raise BootError(f"cannot listen on --http-listener "
+                                f"{self.config.http_listener}: {exc.strerror}") from None
+            collector.http_address = server.address
+            self.http = server
+            return
 
     def _start_coordinator(self) -> Any:
         """The group coordinator, its ``__consumer_offsets`` log under ``<data dir>/controller``
@@ -424,6 +493,8 @@ class Controller:
     async def shutdown(self, server: asyncio.base_events.Server) -> None:
         self.stop_event.set()
         server.close()
+        if self.http is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.http.stop)
         if self.ctx.coordinator is not None:
             self.ctx.coordinator.close()
         for w in self.workers.values():
@@ -447,3 +518,6 @@ class Controller:
         if self.state_table is not None:
             self.state_table.unlink()
             self.state_table.close()
+        if self.metrics_table is not None:
+            self.metrics_table.unlink()
+            self.metrics_table.close()

@@ -121,6 +121,41 @@ def create_led_logs(ctx: Any, manager: Any) -> int:
     return created
 
 
+def attach_metrics(name: str, node_id: int) -> tuple[Any, Any]:
+    """This worker's writer of the controller's metrics table (its region is its node id);
+    every fsync of its logs is counted there too."""
+    from shmq._fast._metrics_reference import FSYNC_HIST, FSYNCS
+    from shmq.ipc.metrics_table import MetricsTable
+    from shmq.storage.log import PartitionLog
+
+    table = MetricsTable.attach(name, readonly=False)
+    writer = table.writer(node_id)
+
+    def flushed(ns: int) -> None:
+        writer.add(FSYNCS)
+        writer.observe(FSYNC_HIST, ns)
+
+    PartitionLog.flush_observer = staticmethod(flushed)
+    return table, writer
+
+
+def publish_partition_gauges(ctx: Any, manager: Any,
+                             last: dict[tuple[str, int], tuple[int, int, int]]) -> None:
+    """Size and segment count of each led partition into its metrics slot (once a second,
+    only for the logs whose offsets or segments changed since the last time)."""
+    topics = ctx.metadata.topics
+    for key, plog in list(manager.logs.items()):
+        info = topics.get(key[0])
+        if info is None or not 0 <= key[1] < len(info.partitions):
+            continue
+        now = (plog.log_end_offset, plog.log_start_offset, len(plog.segments))
+        if last.get(key) == now:
+            continue
+        last[key] = now
+        ctx.metrics.partition_gauges(info.partitions[key[1]].slot, plog.size_in_bytes,
+                                     len(plog.segments))
+
+
 def _die_with_parent() -> None:
     """PR_SET_PDEATHSIG: SIGTERM when the controller dies, even if EOF is missed."""
     from shmq.supervisor.forkserver import PR_SET_PDEATHSIG, prctl
@@ -134,6 +169,7 @@ def preload() -> None:
     import shmq.broker.context
     import shmq.broker.metadata
     import shmq.broker.router
+    import shmq.ipc.metrics_table
     import shmq.ipc.state_table
     import shmq.net.connection
     import shmq.storage
@@ -174,8 +210,11 @@ async def run(args: argparse.Namespace) -> int:
             from shmq.ipc.state_table import StateTable
 
             ctx.state_table = StateTable.attach(settings["state_table"], readonly=False)
+        metrics_table = None
+        if settings.get("metrics_table"):
+            metrics_table, ctx.metrics = attach_metrics(settings["metrics_table"], args.node_id)
         server = await serve(Router(ctx), config.host, args.port, config.socket_request_max_bytes,
-                             ctx.stats)
+                             ctx.stats, ctx.metrics)
     except Exception as exc:  # noqa: BLE001 - report any boot failure, then halt the broker
         log.error("worker %d failed to start: %s", args.node_id, exc, exc_info=log.isEnabledFor(logging.DEBUG))
         channel.send({"type": "boot_error", "error": f"{type(exc).__name__}: {exc}"})
@@ -218,11 +257,15 @@ async def run(args: argparse.Namespace) -> int:
 
     stats_path = config.data_dir / "run" / f"worker-{args.node_id}.stats.json"
 
+    gauges: dict[tuple[str, int], tuple[int, int, int]] = {}
+
     async def housekeeping() -> None:
         last_retention = last_checkpoint = time.monotonic()
         while True:
             await asyncio.sleep(1.0)
             manager.flush_due()
+            if ctx.metrics is not None:
+                publish_partition_gauges(ctx, manager, gauges)
             # counters for local tools and tests (e.g. bytes sent with sendfile)
             checkpoint.write_atomically(stats_path, json.dumps(
                 {"node_id": args.node_id, "pid": os.getpid(), **ctx.stats}) + "\n", sync=False)
@@ -242,6 +285,8 @@ async def run(args: argparse.Namespace) -> int:
     manager.shutdown()
     if ctx.state_table is not None:
         ctx.state_table.close()
+    if metrics_table is not None:
+        metrics_table.close()
     return 0
 
 

@@ -342,3 +342,40 @@ def test_progress_bar_only_on_a_terminal(cluster: RunningBroker) -> None:
     plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen).replace("\r", "\n")
     finals = [line for line in plain.splitlines() if TOTAL.match(line.strip())]
     assert finals and finals[-1].startswith("600 records sent, "), plain
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", data[:8]
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_plot_draws_throughput_and_latency(cluster: RunningBroker, tmp_path: Path) -> None:
+    """--plot FILE.png: both tools still print Kafka's lines, and write a PNG (matplotlib)."""
+    pytest.importorskip("matplotlib")
+    create(cluster, "pt-plot")
+    png = tmp_path / "produce.png"
+    r = producer_perf(cluster, "pt-plot", "--num-records", "3000", "--record-size", "100",
+                      "--throughput", "2000", "--plot", str(png))
+    assert (r.code, r.err) == (0, ""), r
+    assert TOTAL.match(r.lines[-1]), r.lines[-1]
+    assert _png_size(png) == (1000, 650)
+    png = tmp_path / "consume.png"
+    r = shmq("consumer-perf-test", "--bootstrap-server", cluster.bootstrap, "--topic", "pt-plot",
+             "--messages", "3000", "--plot", str(png))
+    assert (r.code, r.err) == (0, ""), r
+    assert ROW.match(r.lines[-1]), r.lines[-1]
+    assert _png_size(png) == (1000, 650)
+
+
+@pytest.mark.parametrize("tool", ["producer-perf-test", "consumer-perf-test"])
+def test_plot_refuses_a_bad_file_before_the_run(cluster: RunningBroker, tool: str,
+                                                tmp_path: Path) -> None:
+    count = ["--num-records", "10", "--record-size", "10", "--throughput", "-1"] \
+        if tool == "producer-perf-test" else ["--messages", "10"]
+    for bad, message in ((str(tmp_path / "x.jpg"), "png"),
+                         ("/nonexistent/dir/x.png", "cannot write")):
+        r = shmq(tool, "--bootstrap-server", cluster.bootstrap, "--topic", "pt-plot-bad",
+                 *count, "--plot", bad)
+        assert r.code == 2 and message in r.err and len(r.err.splitlines()) == 1, r
+        assert not os.path.exists(bad)

@@ -34,8 +34,16 @@ it; kio's decode cost ~47 us a request), whose fields a version lacks hold Kafka
 from __future__ import annotations
 
 import asyncio
+from time import perf_counter_ns
 from typing import Any
 
+from shmq._fast._metrics_reference import (
+    FETCH_WAIT_HIST,
+    FETCH_WAITS_DONE,
+    FETCH_WAITS_STARTED,
+    P_BYTES_IN,
+    P_MESSAGES_IN,
+)
 from shmq.broker.context import BrokerContext
 from shmq.broker.handlers._epochs import check_leader_epoch
 from shmq.errors import OffsetOutOfRangeError
@@ -128,6 +136,37 @@ def _read_all(ctx: BrokerContext, topics: list[FetchTopic], request: FetchReques
     return out, total, errors, diverged
 
 
+def _count(ctx: BrokerContext, request: FetchRequest, asked: list[FetchTopic],
+           topics: list) -> None:
+    """Kafka's BrokerTopicMetrics for the partitions answered (per partition, as Kafka marks
+    them), plus messages out: the offsets from the fetch offset to the bound when the answer
+    reached it, else (cut by a byte limit) estimated from the partition's bytes per message."""
+    metrics = ctx.metrics
+    for t, (_name, parts) in zip(asked, topics, strict=True):
+        info = ctx.metadata.topics.get(t.topic)
+        for p, part in zip(t.partitions, parts, strict=True):
+            slot = (info.partitions[p.partition].slot
+                    if info is not None and 0 <= p.partition < len(info.partitions) else -1)
+            if part.error_code:
+                metrics.fetch_failed(slot)
+                metrics.error(1, part.error_code)
+                continue
+            size = sum(s.length for s in part.records) if part.records else 0
+            messages = 0
+            if size:
+                bound = part.last_stable_offset if request.isolation_level == 1 \
+                    else part.high_watermark
+                if size < p.partition_max_bytes:
+                    messages = max(0, bound - p.fetch_offset)
+                else:
+                    nbytes = metrics.partition_value(slot, P_BYTES_IN)
+                    if nbytes:
+                        messages = min(max(0, bound - p.fetch_offset),
+                                       size * metrics.partition_value(slot, P_MESSAGES_IN)
+                                       // nbytes)
+            metrics.fetched(slot, messages, size)
+
+
 async def handle(ctx: BrokerContext, request: FetchRequest, api_version: int,
                  correlation_id: int) -> list[Any]:
     loop = asyncio.get_running_loop()
@@ -138,6 +177,7 @@ async def handle(ctx: BrokerContext, request: FetchRequest, api_version: int,
     deadline = loop.time() + max(request.max_wait_ms / 1000, 0.0)
     unknown_at_first: set[tuple[str, int]] | None = None
     watched = True
+    waited = 0
     while True:
         # register before reading: an append between the read and the wait must wake us
         events = [ctx.data_event(t.topic, p.partition) for t in topics for p in t.partitions]
@@ -152,9 +192,20 @@ async def handle(ctx: BrokerContext, request: FetchRequest, api_version: int,
                 or not errors <= unknown_at_first):
             break
         waiters = [asyncio.ensure_future(ev.wait()) for ev in events]
+        if ctx.metrics is not None:
+            ctx.metrics.add(FETCH_WAITS_STARTED)
+        started = perf_counter_ns()
         try:
             await asyncio.wait(waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for w in waiters:
                 w.cancel()
+            waited += perf_counter_ns() - started or 1
+            if ctx.metrics is not None:
+                ctx.metrics.add(FETCH_WAITS_DONE)
+    if ctx.metrics is not None:
+        _count(ctx, request, topics, out)
+        if waited:  # Kafka's fetch purgatory (RemoteTimeMs)
+            ctx.remote_ns = waited
+            ctx.metrics.observe(FETCH_WAIT_HIST, waited)
     return encode_fetch_response(api_version, correlation_id, out, session_id=0)

@@ -12,7 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from time import perf_counter_ns
 
+from shmq._fast._metrics_reference import (
+    PRODUCE_WAIT_HIST,
+    PRODUCE_WAITS_DONE,
+    PRODUCE_WAITS_STARTED,
+)
 from shmq.broker.context import BrokerContext
 from shmq.broker.metadata import INTERNAL_TOPICS
 from shmq.errors import CorruptRecordError, KafkaApiError
@@ -30,6 +36,7 @@ async def handle(ctx: BrokerContext, frame: memoryview, header_size: int, api_ve
                                                                          api_version)
     results = []
     to_flush = []
+    metrics = ctx.metrics
     for topic, partitions in topics:
         out = []
         info = ctx.metadata.topics.get(topic)
@@ -69,12 +76,32 @@ async def handle(ctx: BrokerContext, frame: memoryview, header_size: int, api_ve
                     if acks == -1 and ctx.config.flush_on_ack:
                         to_flush.append((log, appended.last_offset + 1))
                 start = log.log_start_offset
+            if metrics is not None:  # Kafka's BrokerTopicMetrics, counted per partition
+                slot = (info.partitions[index].slot
+                        if info is not None and 0 <= index < len(info.partitions) else -1)
+                if code:
+                    metrics.produce_failed(slot)
+                    metrics.error(0, code)
+                else:
+                    metrics.produced(slot, appended.last_offset - appended.first_offset + 1
+                                     if appended.batch_count else 0, appended.size)
             out.append((index, code, base, append_time, start, message))
         results.append((topic, out))
     if to_flush:
         loop = asyncio.get_running_loop()
-        await asyncio.gather(*(loop.run_in_executor(None, log.flush, upto)
-                               for log, upto in to_flush))
+        if metrics is None:
+            await asyncio.gather(*(loop.run_in_executor(None, log.flush, upto)
+                                   for log, upto in to_flush))
+        else:  # Kafka's produce purgatory: acks=all waits here (RemoteTimeMs)
+            metrics.add(PRODUCE_WAITS_STARTED)
+            waited = perf_counter_ns()
+            try:
+                await asyncio.gather(*(loop.run_in_executor(None, log.flush, upto)
+                                       for log, upto in to_flush))
+            finally:
+                metrics.add(PRODUCE_WAITS_DONE)
+            ctx.remote_ns = waited = perf_counter_ns() - waited
+            metrics.observe(PRODUCE_WAIT_HIST, waited)
     if acks == 0:
         return None
     return encode_produce_response(api_version, correlation_id, 0, results)
