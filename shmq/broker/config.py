@@ -40,7 +40,7 @@ class BrokerConfig:
     offsets_retention_minutes: int = 10080          # offsets.retention.minutes (7 days)
     offsets_retention_check_interval_ms: int = 600_000  # offsets.retention.check.interval.ms
     offset_metadata_max_bytes: int = 4096           # offset.metadata.max.bytes
-    offsets_topic_num_partitions: int = 1           # offsets.topic.num.partitions (Kafka: 50)
+    offsets_topic_num_partitions: int = 50          # offsets.topic.num.partitions
     offsets_topic_segment_bytes: int = 16 << 20     # offsets.topic.segment.bytes (Kafka: 100 MiB)
 
     KAFKA_NAMES = {

@@ -56,6 +56,8 @@ class ControllerApi(Protocol):
     async def alter_configs(self, resources: list[dict[str, Any]], validate_only: bool,
                             incremental: bool) -> list[dict[str, Any]]: ...
 
+    async def create_internal_topic(self, name: str) -> bool: ...
+
 
 @dataclass
 class BrokerContext:
@@ -63,7 +65,7 @@ class BrokerContext:
     config: BrokerConfig
     metadata: ClusterMetadata
     controller: ControllerApi
-    logs: Any = None                     # LogManager in a worker, None in the controller
+    logs: Any = None                     # LogManager in a worker, InternalLogs in the controller
     coordinator: Any = None              # GroupCoordinator in the controller, None in a worker
     _data_events: dict[tuple[str, int], asyncio.Event] = field(default_factory=dict)
     _metadata_event: asyncio.Event | None = None
@@ -97,7 +99,8 @@ class BrokerContext:
 
             config = effective_log_config(self.metadata, self.config.log, self.node_id, topic)
             log = self.logs.get_or_create_log(topic, partition, config)
-            self.publish_state(topic, partition, log)
+            if log is not None:
+                self.publish_state(topic, partition, log)
         return log
 
     def data_event(self, topic: str, partition: int) -> asyncio.Event:

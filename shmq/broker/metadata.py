@@ -6,6 +6,9 @@ epochs and the ISR are in the model from day one even though every partition has
 the wire protocol carries them, clients fence on epochs, and replication will fill them in.
 
 A partition lives on one worker (Kafka node id = worker id, 1..N); the controller is node 0.
+Kafka's internal topics (``__consumer_offsets``; ``__transaction_state`` once transactions exist)
+are led by node 0: their logs belong to the coordinators in the controller
+(``shmq.broker.internal_topics``).  They have no slot in the shared state table.
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ from shmq.storage import checkpoint
 
 _LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
 # Kafka's internal topics: created by their coordinators only, never by clients
-INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
+OFFSETS_TOPIC = "__consumer_offsets"
+TRANSACTION_STATE_TOPIC = "__transaction_state"
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC})
+CONTROLLER_NODE = 0
 MAX_TOPIC_NAME = 249
 
 
@@ -98,7 +104,7 @@ class ClusterMetadata:
     def slot_directory(self) -> dict[str, int]:
         """"topic/partition" -> state table slot (listed in broker.json for local readers)."""
         return {f"{t.name}/{p.partition}": p.slot for t in self.topics.values()
-                for p in t.partitions}
+                for p in t.partitions if p.slot >= 0}
 
     def slots_needed(self) -> int:
         return 1 + max((p.slot for t in self.topics.values() for p in t.partitions), default=0)
@@ -130,12 +136,16 @@ class MetadataStore:
         self.metadata.generation += 1
         checkpoint.write_atomically(self.path, self.metadata.to_json())
 
+    def _partition_count(self) -> int:
+        """Partitions of the clients' topics: where round-robin leader placement goes on."""
+        return sum(len(t.partitions) for t in self.metadata.topics.values() if not t.internal)
+
     def create_topic(self, name: str, partitions: int, workers: list[int],
                      configs: dict[str, str] | None = None,
                      leaders: list[int] | None = None) -> TopicInfo:
         """A new topic; partition p lives on ``leaders[p]`` (a manual assignment) or else on
         the workers round-robin, continuing where the last topic stopped."""
-        start = sum(len(t.partitions) for t in self.metadata.topics.values())
+        start = self._partition_count()
         used = {p.slot for t in self.metadata.topics.values() for p in t.partitions}
         free = (i for i in range(1 << 30) if i not in used)
         parts = []
@@ -149,6 +159,22 @@ class MetadataStore:
         self.save()
         return topic
 
+    def register_internal_topic(self, name: str, partitions: int,
+                                configs: dict[str, str]) -> TopicInfo:
+        """An internal topic led by the controller (node 0), as Kafka lists it: ``is_internal``,
+        one replica, no state-table slot.  Idempotent: a registered topic stays as it is."""
+        topic = self.metadata.topics.get(name)
+        if topic is None:
+            node = CONTROLLER_NODE
+            topic = TopicInfo(name=name, topic_id=str(uuid.uuid4()), internal=True,
+                              configs=dict(configs), partitions=[
+                                  PartitionInfo(partition=p, leader=node, replicas=[node],
+                                                isr=[node], slot=-1)
+                                  for p in range(partitions)])
+            self.metadata.topics[name] = topic
+            self.save()
+        return topic
+
     def delete_topic(self, name: str) -> TopicInfo | None:
         topic = self.metadata.topics.pop(name, None)
         if topic is not None:
@@ -160,7 +186,7 @@ class MetadataStore:
         """Grow ``name`` to ``count`` partitions (CreatePartitions): the i-th new one on
         ``leaders[i]`` (a manual assignment), or else round-robin."""
         topic = self.metadata.topics[name]
-        start = sum(len(t.partitions) for t in self.metadata.topics.values())
+        start = self._partition_count()
         used = {p.slot for t in self.metadata.topics.values() for p in t.partitions}
         free = (i for i in range(1 << 30) if i not in used)
         for i, p in enumerate(range(len(topic.partitions), count)):
@@ -188,6 +214,8 @@ class MetadataStore:
         moves = []
         live = set(workers)
         for t in self.metadata.topics.values():
+            if t.internal:
+                continue  # led by the controller
             for p in t.partitions:
                 if p.leader not in live:
                     new = workers[p.partition % len(workers)]

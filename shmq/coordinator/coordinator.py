@@ -78,7 +78,7 @@ class CoordinatorConfig:
     offsets_retention_ms: int = 7 * 24 * 3600 * 1000   # offsets.retention.minutes
     retention_check_interval_ms: int = 600_000   # offsets.retention.check.interval.ms
     offset_metadata_max_bytes: int = 4096        # offset.metadata.max.bytes
-    offsets_partitions: int = 1                  # offsets.topic.num.partitions
+    offsets_partitions: int = 50                 # offsets.topic.num.partitions
     offsets_segment_bytes: int = 16 << 20        # offsets.topic.segment.bytes
 
 
@@ -144,13 +144,22 @@ class GroupCoordinator:
 
     def __init__(self, directory: Path, config: CoordinatorConfig,
                  topic_partitions: Callable[[str], int | None],
-                 snapshot_bytes: int | None = None) -> None:
+                 snapshot_bytes: int | None = None, *,
+                 registered_partitions: int | None = None,
+                 on_append: Callable[[int], None] | None = None) -> None:
+        """``registered_partitions``: the partition count ``__consumer_offsets`` has in the cluster
+        metadata, which fixes it; None while the topic is not registered (a new broker, or one
+        upgraded from the single-partition layout): then records already on disk are placed into
+        ``config.offsets_partitions`` partitions (``OffsetsLog.place``).  ``on_append(partition)``
+        runs after every append (the controller registers the topic and wakes fetchers)."""
         self.config = config
         self.topic_partitions = topic_partitions
         self.groups: dict[str, Group] = {}
-        self.log = OffsetsLog(directory, config.offsets_partitions, config.offsets_segment_bytes,
+        self.log = OffsetsLog(directory, registered_partitions or config.offsets_partitions,
+                              config.offsets_segment_bytes,
                               snapshot_bytes if snapshot_bytes is not None
-                              else config.offsets_segment_bytes)
+                              else config.offsets_segment_bytes,
+                              placed=registered_partitions is not None, on_append=on_append)
         self._pending_timers: dict[tuple[str, str], asyncio.TimerHandle] = {}
         self._snapshot_scheduled: set[int] = set()
         self._retention_timer: asyncio.TimerHandle | None = None
@@ -166,7 +175,7 @@ class GroupCoordinator:
         """Replay ``__consumer_offsets`` and start the timers (call on the event loop)."""
         started = time.monotonic()
         count = 0
-        for p in range(self.log.partitions):
+        for p in self.log.partitions_on_disk():
             for key, value in self.log.replay(p):
                 self._replay(key, value)
                 count += 1

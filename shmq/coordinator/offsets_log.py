@@ -5,7 +5,12 @@ Theory of operation
 The controller keeps ``<data dir>/controller/__consumer_offsets-<p>/`` through the ordinary storage
 layer (``LogManager`` / ``PartitionLog``: Kafka's segment format, recovery after a crash, clean
 shutdown marker).  A group lives in partition ``abs(javaHash(group)) % partitions``, as in Kafka.
+The same logs are what clients read when they fetch ``__consumer_offsets`` (the controller leads
+every partition of it: ``shmq.broker.internal_topics``).
 
+* Partitions: ``offsets.topic.num.partitions`` (Kafka's 50), fixed once the topic is registered
+  in the cluster metadata.  A partition's directory is created when it is first written or read
+  (creating 50 at once cost 0.05-0.8 s on the shared 2-core box, on every fresh broker).
 * Write: ``append`` encodes the records as uncompressed RecordBatch v2 batches (at most
   ``BATCH_RECORDS`` records each) and appends them to the page cache at once; ``durable`` then
   waits for an fsync that covers them.  Flushes are a group commit: one flush runs at a time in a
@@ -18,6 +23,13 @@ shutdown marker).  A group lives in partition ``abs(javaHash(group)) % partition
   partition), fsyncs them and moves the log start to the first of them, which deletes every older
   segment.  A crash at any point is safe: replaying old records and then the snapshot gives the
   same state as the snapshot alone, because every deletion was written as a tombstone before.
+* Placement of an older layout (``placed=False``: the topic is not registered yet, so whatever is
+  on disk was written before ``__consumer_offsets`` was a topic clients see, by a broker that kept
+  one partition, or another count): ``place`` compacts every partition on disk to its live records
+  (last value of each key, tombstones applied), appends each record to the partition its group
+  has now and fsyncs them all, and only then drops the old records (log start moved past them;
+  partitions beyond the count deleted).  A crash midway leaves only copies of the same state, and
+  the next start places again; registering the topic afterwards is what marks the layout placed.
 """
 
 from __future__ import annotations
@@ -25,9 +37,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from shmq.coordinator.records import group_of, partition_for
 from shmq.errors import CorruptRecordError
 from shmq.protocol.records import encode_batch, iter_batches
 from shmq.storage.log import PartitionLog
@@ -40,48 +53,70 @@ READ_CHUNK = 4 << 20
 
 log = logging.getLogger("shmq.coordinator")
 
+Records = list[tuple[bytes, bytes | None]]
+
 
 class OffsetsLog:
     def __init__(self, directory: Path, partitions: int, segment_bytes: int,
-                 snapshot_bytes: int) -> None:
+                 snapshot_bytes: int, *, placed: bool = True,
+                 on_append: Callable[[int], None] | None = None) -> None:
         self.directory = Path(directory)
         self.config = LogConfig(segment_bytes=segment_bytes, retention_ms=-1,
                                 cleanup_policy="compact", max_message_bytes=1 << 30)
         self.manager = LogManager(self.directory, self.config)
         self.manager.startup({TOPIC: self.config})
-        found = [p for (t, p) in self.manager.logs if t == TOPIC]
-        # Like Kafka, the partition count is fixed when the topic is first created: a changed
-        # offsets.topic.num.partitions would move groups to other partitions.
-        self.partitions = max(found) + 1 if found else partitions
-        if found and self.partitions != partitions:
-            log.warning("__consumer_offsets has %d partitions on disk; offsets.topic.num.partitions"
-                        "=%d is ignored", self.partitions, partitions)
-        self.logs: list[PartitionLog] = [
-            self.manager.get_or_create_log(TOPIC, p, self.config) for p in range(self.partitions)]
-        for plog in self.logs:
+        self.partitions = partitions
+        self.logs: dict[int, PartitionLog] = {
+            p: plog for (t, p), plog in self.manager.logs.items() if t == TOPIC}
+        for plog in self.logs.values():
             plog.update_high_watermark(plog.log_end_offset)
         self.snapshot_bytes = snapshot_bytes
-        self.live_bytes = [0] * self.partitions    # size of the last snapshot of each partition
-        self._flushing: list[asyncio.Future | None] = [None] * self.partitions
+        self.live_bytes: dict[int, int] = {}    # size of the last snapshot of each partition
+        self._flushing: dict[int, asyncio.Future | None] = {}
         self.closed = False
+        self.on_append: Callable[[int], None] | None = None
+        if not placed and self.logs:
+            self.place()
+        stray = sorted(p for p in self.logs if p >= partitions)
+        if stray:  # like Kafka, the count is fixed once the topic exists
+            log.warning("__consumer_offsets has %d partitions; partitions %s on disk are ignored",
+                        partitions, stray)
+        self.on_append = on_append
+
+    def log(self, partition: int) -> PartitionLog:
+        """The partition's log, created on first use."""
+        plog = self.logs.get(partition)
+        if plog is None:
+            if not 0 <= partition < self.partitions:
+                raise IndexError(f"{TOPIC} has no partition {partition}")
+            plog = self.manager.get_or_create_log(TOPIC, partition, self.config)
+            plog.update_high_watermark(plog.log_end_offset)
+            self.logs[partition] = plog
+        return plog
+
+    def has_records(self) -> bool:
+        return any(plog.log_end_offset > plog.log_start_offset for plog in self.logs.values())
 
     # -- write ------------------------------------------------------------------------------
 
-    def append(self, partition: int, records: list[tuple[bytes, bytes | None]]) -> int:
+    def append(self, partition: int, records: Records) -> int:
         """Append records to the page cache; returns the offset after the last one."""
-        plog = self.logs[partition]
+        plog = self.log(partition)
         batches = bytearray()
         for i in range(0, len(records), BATCH_RECORDS):
             batches += encode_batch(records[i : i + BATCH_RECORDS])
         plog.append(batches, validate=False)
-        return plog.update_high_watermark(plog.log_end_offset)
+        end = plog.update_high_watermark(plog.log_end_offset)
+        if self.on_append is not None:
+            self.on_append(partition)
+        return end
 
     async def durable(self, partition: int, end_offset: int) -> None:
         """Return once every record below ``end_offset`` is fsynced (group commit)."""
         plog = self.logs[partition]
         loop = asyncio.get_running_loop()
         while plog.recovery_point < end_offset and not self.closed:
-            running = self._flushing[partition]
+            running = self._flushing.get(partition)
             # a finished flush may predate our append: start the next one (awaiting a done
             # future does not yield, so reusing it here would spin the event loop)
             if running is None or running.done():
@@ -90,11 +125,11 @@ class OffsetsLog:
 
     def needs_snapshot(self, partition: int) -> bool:
         size = self.logs[partition].size_in_bytes
-        return size > max(self.snapshot_bytes, 4 * self.live_bytes[partition])
+        return size > max(self.snapshot_bytes, 4 * self.live_bytes.get(partition, 0))
 
-    def snapshot(self, partition: int, live: list[tuple[bytes, bytes | None]]) -> None:
+    def snapshot(self, partition: int, live: Records) -> None:
         """Rewrite the partition as ``live`` (every record the coordinator holds for it)."""
-        plog = self.logs[partition]
+        plog = self.log(partition)
         plog.roll()
         start = plog.log_end_offset
         if live:
@@ -106,11 +141,51 @@ class OffsetsLog:
         log.info("__consumer_offsets-%d snapshot: %d live records, %d bytes", partition,
                  len(live), plog.size_in_bytes)
 
+    def place(self) -> None:
+        """Move every live record to the partition its group has among ``self.partitions``
+        (see the module docstring: crash-safe, nothing dropped before the copies are fsynced)."""
+        old = sorted(self.logs)
+        live: dict[bytes, bytes] = {}
+        for p in old:
+            for key, value in self.replay(p):
+                live.pop(key, None)  # the last write of a key decides its place in the order
+                if value is not None:
+                    live[key] = value
+        moved: dict[int, Records] = {}
+        for key, value in live.items():
+            try:
+                group = group_of(key)
+            except (ValueError, IndexError) as exc:
+                log.error("dropping an unreadable __consumer_offsets key %r: %s", key[:64], exc)
+                continue
+            moved.setdefault(partition_for(group, self.partitions), []).append((key, value))
+        starts: dict[int, int] = {}
+        for p in old:  # the live copies go after everything already there
+            plog = self.logs[p]
+            plog.roll()
+            starts[p] = plog.log_end_offset
+        on_append, self.on_append = self.on_append, None
+        for p, records in sorted(moved.items()):
+            self.append(p, records)
+            self.logs[p].flush()
+        self.on_append = on_append
+        for p in old:
+            if p >= self.partitions:
+                self.manager.delete_log(TOPIC, p)
+                del self.logs[p]
+            else:
+                self.logs[p].delete_records_before(starts[p])
+        self.manager.checkpoint()
+        log.warning("__consumer_offsets: %d live records of %d partitions placed into %d "
+                    "partitions", len(live), len(old), self.partitions)
+
     # -- read -------------------------------------------------------------------------------
 
     def replay(self, partition: int) -> Iterator[tuple[bytes, bytes | None]]:
         """Every record's (key, value) from the log start to the end, in order."""
-        plog = self.logs[partition]
+        plog = self.logs.get(partition)
+        if plog is None:
+            return
         offset, end = plog.log_start_offset, plog.log_end_offset
         while offset < end:
             result = plog.read(offset, READ_CHUNK, upper_bound=end)
@@ -132,6 +207,10 @@ class OffsetsLog:
             offset = nxt
         self.live_bytes[partition] = plog.size_in_bytes
 
+    def partitions_on_disk(self) -> list[int]:
+        """The partitions that have a log, below the partition count."""
+        return sorted(p for p in self.logs if p < self.partitions)
+
     # -- life cycle -------------------------------------------------------------------------
 
     def checkpoint(self) -> None:
@@ -141,4 +220,3 @@ class OffsetsLog:
         if not self.closed:
             self.closed = True
             self.manager.shutdown()
-

@@ -193,6 +193,17 @@ def decode_key(key: bytes) -> OffsetCommitKey | GroupMetadataKey | None:
     return None
 
 
+def group_of(key: bytes) -> str:
+    """The group id of any coordinator record key: every key schema starts with it (the classic
+    keys above and KIP-848's group keys alike)."""
+    r = _Reader(key)
+    r.int16()
+    group = r.string()
+    if group is None:
+        raise CorruptRecordError("__consumer_offsets key without a group id")
+    return group
+
+
 def decode_offset_value(value: bytes) -> OffsetCommitValue:
     version = _H.unpack_from(value, 0)[0] if len(value) >= 2 else -1
     if not 0 <= version <= 4:

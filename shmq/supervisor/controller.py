@@ -7,7 +7,9 @@ Theory of operation (gunicorn's Arbiter, STYLE.md §6)
   socketpair as control channel), wait until each reports its port, publish the broker list to
   every worker, then write ``run/broker.json`` (0600) so local tools find the broker.
 * Serve: the controller answers ApiVersions, Metadata, CreateTopics, DeleteTopics and
-  InitProducerId itself, and the workers' RPCs for the same admin operations.  A metadata change
+  InitProducerId itself, and the workers' RPCs for the same admin operations.  It leads the
+  internal topic ``__consumer_offsets`` (the group coordinator's log) and serves Fetch and
+  ListOffsets for it (``shmq.broker.internal_topics``).  A metadata change
   is answered only after every live worker acknowledged it, so a client that creates a topic and
   produces at once never reaches a worker that has not heard of the topic.
 * Supervise: a worker that exits is restarted on the same port after recovering its logs; a
@@ -39,7 +41,8 @@ from typing import Any
 
 from shmq.broker.config import BrokerConfig
 from shmq.broker.context import BrokerContext, TopicRequest, TopicResult
-from shmq.broker.metadata import MetadataStore
+from shmq.broker.internal_topics import InternalLogs, offsets_topic_configs
+from shmq.broker.metadata import INTERNAL_TOPICS, OFFSETS_TOPIC, MetadataStore
 from shmq.broker.router import Router
 from shmq.net.connection import serve
 from shmq.storage import checkpoint
@@ -125,6 +128,8 @@ class Controller:
             if name is None:
                 results.append(TopicResult(None, UNKNOWN_TOPIC_ID,
                                            "This server does not host this topic ID.", topic_id))
+            elif name in INTERNAL_TOPICS:
+                results.append(_internal_not_deleted(name, topic_id))
             else:
                 doomed[topic_id] = name
         for name in names:
@@ -132,6 +137,8 @@ class Controller:
             if info is None:
                 results.append(TopicResult(name, UNKNOWN_TOPIC_OR_PARTITION,
                                            "This server does not host this topic-partition."))
+            elif name in INTERNAL_TOPICS:
+                results.append(_internal_not_deleted(name, info.topic_id))
             elif info.topic_id in doomed:
                 del doomed[info.topic_id]
                 results.append(TopicResult(name, INVALID_REQUEST, "The provided topic name maps "
@@ -146,6 +153,36 @@ class Controller:
             if self.ctx.coordinator is not None:  # their committed offsets go too
                 self.ctx.coordinator.on_topics_deleted(list(doomed.values()))
         return results
+
+    async def create_internal_topic(self, name: str) -> bool:
+        """List an internal topic whose coordinator runs here (Kafka creates it on the first
+        FindCoordinator or Metadata request naming it); False for one that has none yet."""
+        assert self.store is not None
+        if name in self.store.metadata.topics:
+            return True
+        if name != OFFSETS_TOPIC or self.ctx.coordinator is None:
+            return False
+        # the requesting client may go away meanwhile: the workers hear of the topic anyway
+        await asyncio.shield(self._register_offsets_topic())
+        return True
+
+    def _register_offsets_topic(self) -> asyncio.Future:
+        """List ``__consumer_offsets`` (at once here) and tell the workers (the future)."""
+        assert self.store is not None
+        self.store.register_internal_topic(
+            OFFSETS_TOPIC, self.ctx.coordinator.log.partitions,
+            offsets_topic_configs(self.config.offsets_topic_segment_bytes))
+        task = asyncio.ensure_future(self.publish_metadata())
+        task.add_done_callback(_log_failure)
+        return task
+
+    def _offsets_appended(self, partition: int) -> None:
+        """The coordinator appended to ``__consumer_offsets-<partition>``: the topic is listed
+        from its first record on, and long-polling fetches of the partition wake up."""
+        assert self.store is not None
+        if OFFSETS_TOPIC not in self.store.metadata.topics:
+            self._register_offsets_topic()
+        self.ctx.notify_data(OFFSETS_TOPIC, partition)
 
     async def allocate_producer_ids(self, count: int) -> int:
         assert self.store is not None
@@ -309,6 +346,8 @@ class Controller:
             elif op == "alter_configs":
                 result = await self.alter_configs(args["resources"], args["validate_only"],
                                                   args["incremental"])
+            elif op == "create_internal_topic":
+                result = await self.create_internal_topic(args["name"])
             else:
                 result = None
         except Exception:  # noqa: BLE001 - a failed RPC must not kill the controller
@@ -384,7 +423,7 @@ class Controller:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.stop_event.set)
         self.ctx = BrokerContext(node_id=0, config=self.config, metadata=self.store.metadata,
-                                 controller=self)
+                                 controller=self, logs=InternalLogs())
         if self.metrics_table is not None:
             self.ctx.metrics = self._count_fsyncs(self.metrics_table.writer(0))
         self.ctx.coordinator = self._start_coordinator()
@@ -469,10 +508,14 @@ class Controller:
 
     def _start_coordinator(self) -> Any:
         """The group coordinator, its ``__consumer_offsets`` log under ``<data dir>/controller``
-        replayed before the listener opens."""
+        replayed before the listener opens.  The topic's partition count is the one registered
+        in the metadata; a log from before it was registered is placed into
+        ``offsets.topic.num.partitions`` partitions first, then registered."""
         from shmq.coordinator import CoordinatorConfig, GroupCoordinator
 
         c = self.config
+        assert self.store is not None
+        registered = self.store.metadata.topics.get(OFFSETS_TOPIC)
 
         def topic_partitions(topic: str) -> int | None:
             info = self.ctx.metadata.topics.get(topic)
@@ -486,7 +529,13 @@ class Controller:
             retention_check_interval_ms=c.offsets_retention_check_interval_ms,
             offset_metadata_max_bytes=c.offset_metadata_max_bytes,
             offsets_partitions=c.offsets_topic_num_partitions,
-            offsets_segment_bytes=c.offsets_topic_segment_bytes), topic_partitions)
+            offsets_segment_bytes=c.offsets_topic_segment_bytes), topic_partitions,
+            registered_partitions=None if registered is None else len(registered.partitions),
+            on_append=self._offsets_appended)
+        self.ctx.coordinator = coordinator
+        self.ctx.logs.add(OFFSETS_TOPIC, coordinator.log.log)
+        if registered is None and coordinator.log.has_records():
+            self._register_offsets_topic()  # an upgraded broker's committed offsets
         coordinator.load()
         return coordinator
 
@@ -521,3 +570,15 @@ class Controller:
         if self.metrics_table is not None:
             self.metrics_table.unlink()
             self.metrics_table.close()
+
+
+def _log_failure(task: asyncio.Future) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("publishing the metadata failed: %s", task.exception())
+
+
+def _internal_not_deleted(name: str, topic_id: str) -> TopicResult:
+    """Kafka 4 would delete an internal topic, and every committed offset with it; shmq's
+    coordinators own theirs."""
+    return TopicResult(name, INVALID_REQUEST, f"'{name}' is an internal topic of the "
+                       "coordinators and cannot be deleted", topic_id)

@@ -79,6 +79,9 @@ class ControllerRpc:
         failed = {"error_code": -1, "error_message": "the controller could not do it"}
         return out if out is not None else [dict(failed) for _ in resources]
 
+    async def create_internal_topic(self, name: str) -> bool:
+        return bool(await self._call("create_internal_topic", name=name))
+
 
 def apply_log_configs(ctx: Any, manager: Any) -> None:
     """Give every live log the config its topic now has (AlterConfigs); a retention that got

@@ -23,12 +23,16 @@ SUB = struct.pack(">hih", 0, 1, 1) + b"t" + struct.pack(">i", -1)  # ConsumerPro
 PROTOCOLS = [("range", SUB), ("roundrobin", SUB)]
 
 
-def make(tmp_path: Path, **cfg: Any) -> GroupCoordinator:
+def make(tmp_path: Path, registered: int | None = -1, **cfg: Any) -> GroupCoordinator:
+    """A loaded coordinator; ``__consumer_offsets`` has one partition unless the test says
+    otherwise, registered (placed) with the configured count unless ``registered`` says."""
     snapshot_bytes = cfg.pop("snapshot_bytes", None)
     config = CoordinatorConfig(**{"initial_rebalance_delay_ms": 0, "min_session_timeout_ms": 10,
-                                  **cfg})
+                                  "offsets_partitions": 1, **cfg})
     c = GroupCoordinator(tmp_path / "controller", config, TOPICS.get,
-                         snapshot_bytes=snapshot_bytes)
+                         snapshot_bytes=snapshot_bytes,
+                         registered_partitions=config.offsets_partitions if registered == -1
+                         else registered)
     c.load()
     return c
 
@@ -430,7 +434,8 @@ def test_concurrent_commits_share_flushes_and_all_return(tmp_path: Path) -> None
 
 
 def test_several_offsets_partitions_and_a_changed_count(tmp_path: Path) -> None:
-    """Groups spread over partitions by Kafka's hash; the count on disk wins over the config."""
+    """Groups spread over partitions by Kafka's hash; the registered count wins over the config
+    (an unregistered layout is placed anew: test_offsets_topic.py)."""
 
     async def main() -> None:
         c = make(tmp_path, offsets_partitions=3)
@@ -440,7 +445,7 @@ def test_several_offsets_partitions_and_a_changed_count(tmp_path: Path) -> None:
         used = {c.partition_for(f"grp-{i}") for i in range(12)}
         assert len(used) > 1 and all(c.log.logs[p].log_end_offset > 0 for p in used)
         c.close()
-        again = make(tmp_path, offsets_partitions=50)
+        again = make(tmp_path, registered=3, offsets_partitions=50)
         assert again.log.partitions == 3
         assert [again.fetch_offsets(f"grp-{i}", [("t", [0])], False)[1][0][1][0].offset
                 for i in range(12)] == list(range(12))

@@ -5,6 +5,7 @@ OFFSET_OUT_OF_RANGE.  Whole segments below the new start are deleted at once, th
 offset checkpoint is rewritten before the answer (it survives a crash), and the state table slot
 is updated.  Fetches below the new start get OFFSET_OUT_OF_RANGE and clients reset per
 ``auto.offset.reset``.  A node that does not lead the partition answers NOT_LEADER_OR_FOLLOWER.
+Internal topics are INVALID_TOPIC_EXCEPTION, as in Kafka's ``ReplicaManager.deleteRecords``.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from typing import Any
 
 from shmq.broker.context import BrokerContext
 from shmq.broker.handlers._build import build, response_module
+from shmq.broker.metadata import INTERNAL_TOPICS
 from shmq.errors import OffsetOutOfRangeError
 
 NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER = 0, 1, 3, 6
+INVALID_TOPIC = 17
 HIGH_WATERMARK = -1
 
 
@@ -31,6 +34,8 @@ async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
             index = int(p.partition_index)
             if info is None or not 0 <= index < len(info.partitions):
                 code = UNKNOWN_TOPIC_OR_PARTITION
+            elif t.name in INTERNAL_TOPICS:
+                code = INVALID_TOPIC
             elif (log := ctx.log_for(t.name, index)) is None:
                 code = NOT_LEADER
             else:

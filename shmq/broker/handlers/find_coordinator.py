@@ -5,7 +5,8 @@ node 0's listener, from any node.  The transaction coordinator is later work: tr
 get COORDINATOR_NOT_AVAILABLE, which clients treat as retriable.  The API must be offered in any
 case: librdkafka enables LZ4 (and, in 2.0.2, the balanced consumer) only when the broker
 advertises FindCoordinator v0 (rdkafka_feature.c).  v1+ carries a key type (0 group,
-1 transaction); v4+ a batch of keys (KIP-699).
+1 transaction); v4+ a batch of keys (KIP-699).  The first group key lists ``__consumer_offsets``, as Kafka creates
+it then.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from shmq.broker.context import BrokerContext
 from shmq.broker.handlers._build import build, response_module
+from shmq.broker.metadata import OFFSETS_TOPIC
 
 NONE, COORDINATOR_NOT_AVAILABLE, INVALID_REQUEST = 0, 15, 42
 GROUP, TRANSACTION = 0, 1
@@ -33,6 +35,9 @@ def _find(ctx: BrokerContext, key_type: int) -> tuple[int, str | None, int, str,
 async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
     cls, m = response_module(10, header.api_version)
     key_type = int(getattr(request, "key_type", GROUP))
+    if key_type == GROUP and OFFSETS_TOPIC not in ctx.metadata.topics \
+            and ctx.controller is not None:
+        await ctx.controller.create_internal_topic(OFFSETS_TOPIC)
     error, message, node, host, port = _find(ctx, key_type)
     if header.api_version >= 4:
         coordinators = tuple(

@@ -2,7 +2,9 @@
 
 v0: an empty topic list means all topics; v1+: null means all, empty means none.  Unknown topics
 are created when the request (v4+) and ``auto.create.topics.enable`` allow it; illegal names get
-INVALID_TOPIC_EXCEPTION.  Brokers are advertised as IPv4 literals (librdkafka may resolve
+INVALID_TOPIC_EXCEPTION.  An internal topic is never created as a client's topic: asking for
+``__consumer_offsets`` that way lists it with its coordinator's partitions, as Kafka's
+``AutoTopicCreationManager`` creates it (``shmq.broker.internal_topics``).  Brokers are advertised as IPv4 literals (librdkafka may resolve
 "localhost" to ::1).
 """
 
@@ -28,10 +30,15 @@ async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
         names = [t.name for t in request.topics]
     auto = ctx.config.auto_create_topics and (version < 4 or request.allow_auto_topic_creation)
     missing = [n for n in names if n is not None and n not in meta.topics
-               and validate_topic_name(n) is None and n not in INTERNAL_TOPICS]
+               and validate_topic_name(n) is None]
     if missing and auto:
-        await ctx.controller.create_topics(
-            [TopicRequest(n, ctx.config.num_partitions, 1, {}) for n in missing], False)
+        internal = [n for n in missing if n in INTERNAL_TOPICS]
+        for name in internal:
+            await ctx.controller.create_internal_topic(name)
+        if len(internal) < len(missing):
+            await ctx.controller.create_topics(
+                [TopicRequest(n, ctx.config.num_partitions, 1, {}) for n in missing
+                 if n not in INTERNAL_TOPICS], False)
         meta = ctx.metadata
     topics = []
     for name in names:
@@ -40,7 +47,8 @@ async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
             code = INVALID_TOPIC if name is None or validate_topic_name(name) else (
                 UNKNOWN_TOPIC_OR_PARTITION)
             topics.append(build(m.MetadataResponseTopic, error_code=code, name=name,
-                                topic_id=_nil_uuid(), is_internal=False, partitions=(),
+                                topic_id=_nil_uuid(), is_internal=name in INTERNAL_TOPICS,
+                                partitions=(),
                                 topic_authorized_operations=NO_AUTHORIZED_OPS))
             continue
         parts = tuple(
