@@ -771,9 +771,11 @@ class GroupCoordinator:
 
     async def commit_offsets(self, group_id: str, generation: int, member_id: str,
                              instance_id: str | None,
-                             topics: Sequence[tuple[str, Sequence[tuple[int, int, int, str | None]]]],
+                             topics: Sequence[tuple[str, Sequence[tuple[Any, ...]]]],
                              version: int) -> list[list[int]]:
-        """One error per (topic, partition) of the request, in request order."""
+        """One error per (topic, partition) of the request, in request order.  A partition is
+        ``(partition, offset, leader epoch, metadata[, commit timestamp])``; the timestamp
+        (OffsetCommit v1) replaces the broker's time unless it is -1, as in Kafka 3.9."""
         if not group_id:
             return [[INVALID_GROUP_ID] * len(parts) for _, parts in topics]
         error, group = self._validate_commit(self.groups.get(group_id), group_id, generation,
@@ -787,13 +789,14 @@ class GroupCoordinator:
         for topic, parts in topics:
             n = self.topic_partitions(topic)
             errors = []
-            for partition, offset, epoch, metadata in parts:
+            for partition, offset, epoch, metadata, *timestamp in parts:
                 if n is None or not 0 <= partition < n:
                     errors.append(UNKNOWN_TOPIC_OR_PARTITION)
                 elif metadata is not None and len(metadata) > self.config.offset_metadata_max_bytes:
                     errors.append(OFFSET_METADATA_TOO_LARGE)
                 else:
-                    o = OffsetAndMetadata(offset, epoch, metadata or "", now)
+                    committed_at = timestamp[0] if timestamp and timestamp[0] != -1 else now
+                    o = OffsetAndMetadata(offset, epoch, metadata or "", committed_at)
                     committed.append((topic, partition, o))
                     records.append(self._offset_record(group_id, topic, partition, o))
                     errors.append(NONE)

@@ -1,11 +1,17 @@
 """The broker's supported API versions: one table, advertised in ApiVersions and enforced on decode.
 
-``SUPPORTED`` is the *advertised* range per API key (protocol.md §6.1).  It differs from what the
-broker will actually serve in one place: Produce is advertised from v0 but v0–v2 are rejected
-with UNSUPPORTED_VERSION, exactly like Kafka 4.0 (KAFKA-18659, apache/kafka PR #18727): librdkafka
-before the fix only compresses when Produce v0 is in the advertised range, and silently sends
-uncompressed batches otherwise.  ``implemented_min`` gives the lowest version actually served;
-``is_supported`` answers with the served range.
+``SUPPORTED`` is the *advertised* range per API key: Kafka 4.0's (protocol.md §6.1), extended
+down to Kafka 3.9's minimum wherever the older versions carry no record batches (ListOffsets v0,
+OffsetCommit v0-1, OffsetFetch v0, CreateTopics v0-1, DeleteTopics v0, DescribeConfigs v0,
+OffsetForLeaderEpoch v0-1: the versions KIP-896 removed in Kafka 4.0; their schemas are in
+``protocol.legacy``).  Fetch v0-3 and Produce v0-2 carry message format v0/v1 and would need
+record conversion: Fetch starts at v4, as in Kafka 4.0, and Produce is advertised from v0 but
+served from v3, exactly like Kafka 4.0 (KAFKA-18659, apache/kafka PR #18727): librdkafka before
+the fix only compresses when Produce v0 is in the advertised range, and silently sends
+uncompressed batches otherwise.  A request of a version outside the served range ends the
+connection, as Kafka 4's ``SocketServer`` does ("... which is not enabled"), except ApiVersions
+(KIP-511).  ``implemented_min`` gives the lowest version actually served; ``is_supported``
+answers with the served range.
 
 Add an API here only together with its handler.
 """
@@ -58,31 +64,31 @@ DESCRIBE_PRODUCERS = 61
 DESCRIBE_TRANSACTIONS = 65
 LIST_TRANSACTIONS = 66
 
-# api key -> (min, max) advertised in ApiVersions.  Exactly protocol.md §6.1 for the APIs the
-# broker implements now.
+# api key -> (min, max) advertised in ApiVersions: protocol.md §6.1, with Kafka 3.9's minimum
+# where the versions Kafka 4.0 removed carry no records.
 SUPPORTED: dict[int, tuple[int, int]] = {
     PRODUCE: (0, 11),  # served from v3, see implemented_min (KAFKA-18659)
-    FETCH: (4, 12),  # 13+ address topics by id only
-    LIST_OFFSETS: (1, 8),
+    FETCH: (4, 12),  # 0-3 need message format v0/v1; 13+ address topics by id only
+    LIST_OFFSETS: (0, 8),  # v0: max_num_offsets / old_style_offsets (Kafka 4.0: 1-10)
     METADATA: (0, 12),
     API_VERSIONS: (0, 4),
-    CREATE_TOPICS: (2, 7),
-    DELETE_TOPICS: (1, 6),
+    CREATE_TOPICS: (0, 7),  # Kafka 4.0: 2-7
+    DELETE_TOPICS: (0, 6),  # Kafka 4.0: 1-6
     INIT_PRODUCER_ID: (0, 5),  # 6 is 2PC (KIP-939)
-    OFFSET_FOR_LEADER_EPOCH: (2, 4),
+    OFFSET_FOR_LEADER_EPOCH: (0, 4),  # Kafka 4.0: 2-4
     FIND_COORDINATOR: (0, 6),  # librdkafka enables LZ4 only when FindCoordinator v0 is offered
     JOIN_GROUP: (0, 9),  # group APIs: min 0 for librdkafka 2.0.2's balanced-consumer check
     SYNC_GROUP: (0, 5),
     HEARTBEAT: (0, 4),
     LEAVE_GROUP: (0, 5),
-    OFFSET_COMMIT: (2, 9),  # 10 addresses topics by id
-    OFFSET_FETCH: (1, 9),
+    OFFSET_COMMIT: (0, 9),  # 10 addresses topics by id; Kafka 4.0: 2-10
+    OFFSET_FETCH: (0, 9),  # Kafka 4.0: 1-10
     DESCRIBE_GROUPS: (0, 5),
     LIST_GROUPS: (0, 5),
     DELETE_GROUPS: (0, 2),
     OFFSET_DELETE: (0, 0),
     CREATE_PARTITIONS: (0, 3),
-    DESCRIBE_CONFIGS: (1, 4),
+    DESCRIBE_CONFIGS: (0, 4),  # Kafka 4.0: 1-4
     ALTER_CONFIGS: (0, 2),
     INCREMENTAL_ALTER_CONFIGS: (0, 1),
     DELETE_RECORDS: (0, 2),

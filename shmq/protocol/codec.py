@@ -37,7 +37,7 @@ from kio.serial import entity_writer
 from kio.serial.errors import SerialError
 
 from shmq.errors import LocalProtocolError, RemoteProtocolError, ShmqError
-from shmq.protocol import api_versions
+from shmq.protocol import api_versions, legacy
 from shmq.protocol.kio_guard import read_entity, skip_tagged_fields
 
 _HEADER_FIXED = struct.Struct(">hhi")  # api_key, api_version, correlation_id
@@ -76,14 +76,15 @@ class UnsupportedVersionError(ShmqError):
 
 @functools.cache
 def request_class(api_key: int, version: int) -> Any:
-    """kio's request body class for a version ``is_supported`` accepts."""
-    return load_request_schema(api_key, version)
+    """The request body class for a version ``is_supported`` accepts: kio's, or for a version
+    Kafka 4 removed, the one in ``protocol.legacy``."""
+    return legacy.request_class(api_key, version) or load_request_schema(api_key, version)
 
 
 @functools.cache
 def response_class(api_key: int, version: int) -> Any:
-    """kio's response body class (build the handler's response with it)."""
-    return load_response_schema(api_key, version)
+    """The response body class (build the handler's response with it)."""
+    return legacy.response_class(api_key, version) or load_response_schema(api_key, version)
 
 
 @functools.cache

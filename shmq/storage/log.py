@@ -411,6 +411,28 @@ class PartitionLog:
                     return found
         return None
 
+    def legacy_offsets_before(self, timestamp: int, max_num_offsets: int) -> list[int]:
+        """ListOffsets v0 (Kafka's ``UnifiedLog.legacyFetchOffsetsBefore``): up to
+        ``max_num_offsets`` offsets, highest first, from the list of every segment's base offset
+        (at least the log start) with its file's mtime, plus the log end offset stamped now
+        when the active segment holds data.  -1 starts from the newest entry, -2 from the
+        oldest, a time from the newest entry modified at or before it."""
+        segments = list(self.segments)
+        entries = [(max(seg.base_offset, self.log_start_offset), seg.last_modified_ms)
+                   for seg in segments]
+        if segments[-1].size > 0:
+            entries.append((self.log_end_offset, int(time.time() * 1000)))
+        if timestamp == LATEST_TIMESTAMP:
+            start = len(entries) - 1
+        elif timestamp == EARLIEST_TIMESTAMP:
+            start = 0
+        else:
+            start = len(entries) - 1
+            while start >= 0 and entries[start][1] > timestamp:
+                start -= 1
+        count = min(max_num_offsets, start + 1)
+        return sorted((entries[start - j][0] for j in range(count)), reverse=True)
+
     # -- roll, retention, truncation ----------------------------------------------------------
 
     def roll(self, now_ms: int | None = None) -> LogSegment:

@@ -336,6 +336,11 @@ class LogSegment:
         return None
 
     @property
+    def last_modified_ms(self) -> int:
+        """The ``.log`` file's mtime (Kafka's ``LogSegment.lastModified``)."""
+        return os.fstat(self.handle.fd).st_mtime_ns // 1_000_000
+
+    @property
     def largest_timestamp(self) -> int:
         """Max record timestamp, or the file's mtime when no batch has one (retention)."""
         if self.max_timestamp_so_far >= 0:

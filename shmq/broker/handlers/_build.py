@@ -9,15 +9,18 @@ from functools import cache
 from types import ModuleType
 from typing import Any
 
-from kio.index import load_response_schema
 from kio.schema.errors import ErrorCode
+
+from shmq.protocol.codec import response_class
 
 ZERO = datetime.timedelta(0)
 
 
 @cache
 def response_module(api_key: int, version: int) -> tuple[type, ModuleType]:
-    cls = load_response_schema(api_key, version)
+    """The response class of a version and the module of its nested classes (kio's, or
+    ``protocol.legacy``'s for a version Kafka 4 removed)."""
+    cls = response_class(api_key, version)
     return cls, sys.modules[cls.__module__]
 
 

@@ -2,7 +2,8 @@
 
 A created topic is answered with its id, partition count, replication factor and, from v5, its
 effective configs (Kafka's ``CreatableTopicResult``: Java's AdminClient reads them and fails on
-a missing list); an error with the defaults (-1, an empty config list).
+a missing list); an error with the defaults (-1, an empty config list).  v0 has no
+``validate_only``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
                            [[a.partition_index, [int(b) for b in a.broker_ids]]
                             for a in t.assignments])
               for t in request.topics]
-    results = await ctx.controller.create_topics(wanted, bool(request.validate_only))
+    results = await ctx.controller.create_topics(wanted,
+                                                 bool(getattr(request, "validate_only", False)))
     topics = []
     for r in results:
         configs = tuple(build(m.CreatableTopicConfigs, name=name, value=value, read_only=ro,

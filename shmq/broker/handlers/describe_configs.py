@@ -3,7 +3,9 @@
 Served by any node from its copy of the metadata (the controller pushes every change to all
 workers before it answers an alter, so a read after a write sees it).  Topic resources list every
 Kafka topic config; broker resources ("1", or "" for the cluster-wide dynamic defaults) list
-shmq's broker configs.  v3+ documentation is sent only when asked for.
+shmq's broker configs.  v3+ documentation is sent only when asked for.  v0 says ``is_default``
+(the value is Kafka's default) where v1+ give the source: Kafka 3.9 left it false for every
+config (its generated v0 writer is never given one), shmq sets it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
         configs = tuple(
             build(m.DescribeConfigsResourceResult, name=e.name, value=e.value,
                   read_only=e.read_only, config_source=e.source, is_sensitive=e.sensitive,
+                  is_default=e.source == dc.DEFAULT_CONFIG,
                   synonyms=tuple(build(m.DescribeConfigsSynonym, name=n, value=v, source=s)
                                  for n, v, s in e.synonyms) if synonyms else (),
                   config_type=e.type, documentation=e.doc if docs else None)

@@ -3,6 +3,11 @@ v8+) or the first offset whose timestamp is at or after a given one.
 
 "Latest" is the high watermark for read_uncommitted and the last stable offset for
 read_committed: a consumer never positions itself past what it may read.
+
+v0 (Kafka 3.9's ``handleListOffsetRequestV0``) answers a list of up to ``max_num_offsets``
+segment base offsets instead (``PartitionLog.legacy_offsets_before``); a consumer (replica id -1)
+gets the high watermark in place of any offset above it.  Timestamps below -2 are
+UNSUPPORTED_VERSION there.
 """
 
 from __future__ import annotations
@@ -12,9 +17,11 @@ from typing import Any
 from shmq.broker.context import BrokerContext
 from shmq.broker.handlers._build import build, response_module
 from shmq.broker.handlers._epochs import check_leader_epoch
-from shmq.storage.log import MAX_TIMESTAMP
+from shmq.storage.log import MAX_TIMESTAMP, PartitionLog
 
 NONE, UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER = 0, 3, 6
+UNKNOWN_SERVER_ERROR, UNSUPPORTED_VERSION = -1, 35
+CONSUMER_REPLICA_ID = -1
 
 
 async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
@@ -26,12 +33,16 @@ async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
         parts = []
         for p in t.partitions:
             code, offset, ts, epoch = NONE, -1, -1, -1
+            old_style: list[int] = []
             info = ctx.metadata.topics.get(t.name)
             log = ctx.log_for(t.name, p.partition_index)
             if info is None or not 0 <= p.partition_index < len(info.partitions):
                 code = UNKNOWN_TOPIC_OR_PARTITION
             elif log is None:
                 code = NOT_LEADER
+            elif version == 0:
+                code, old_style = _legacy_offsets(log, p.timestamp, p.max_num_offsets,
+                                                  request.replica_id == CONSUMER_REPLICA_ID)
             else:
                 epoch = info.partitions[p.partition_index].leader_epoch
                 code = check_leader_epoch(getattr(p, "current_leader_epoch", -1), epoch)
@@ -51,7 +62,20 @@ async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
                         offset, ts = found
             parts.append(build(m.ListOffsetsPartitionResponse, partition_index=p.partition_index,
                                error_code=code, timestamp=ts, offset=offset, leader_epoch=epoch,
-                               old_style_offsets=(offset,) if offset >= 0 else ()))
+                               old_style_offsets=tuple(old_style)))
         topics.append(build(m.ListOffsetsTopicResponse, name=t.name, partitions=tuple(parts)))
     _ = committed
     return build(cls, topics=tuple(topics))
+
+
+def _legacy_offsets(log: PartitionLog, timestamp: int, max_num_offsets: int,
+                    from_consumer: bool) -> tuple[int, list[int]]:
+    if timestamp < -2:
+        return UNSUPPORTED_VERSION, []
+    if max_num_offsets < 0:
+        return UNKNOWN_SERVER_ERROR, []  # Kafka 3.9 fails the same way (a negative array size)
+    offsets = log.legacy_offsets_before(timestamp, max_num_offsets)
+    hw = log.high_watermark
+    if from_consumer and any(o > hw for o in offsets):  # Partition.legacyFetchOffsetsForTimestamp
+        offsets = [hw] + [o for o in offsets if o <= hw]
+    return NONE, offsets

@@ -4,7 +4,8 @@ The answer is Kafka's ``LeaderEpochFileCache.endOffsetFor`` over the partition's
 (``leader-epoch-checkpoint``): the largest epoch at or below the requested one and the offset
 where the next epoch starts, or the LEO for the current epoch; -1/-1 (and no error) for an epoch
 newer than any.  A ``current_leader_epoch`` below the partition's is FENCED_LEADER_EPOCH, above it
-UNKNOWN_LEADER_EPOCH (``Partition.checkCurrentLeaderEpoch``; -1 skips the check).
+UNKNOWN_LEADER_EPOCH (``Partition.checkCurrentLeaderEpoch``; -1 skips the check).  v0-1 carry
+no current leader epoch (no fencing); v0 answers no leader epoch.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
                 code = NOT_LEADER
             else:
                 current = info.partitions[p.partition].leader_epoch
-                code = check_leader_epoch(p.current_leader_epoch, current)
+                code = check_leader_epoch(getattr(p, "current_leader_epoch", -1), current)
                 if code == NONE:
                     epoch, end = log.end_offset_for_epoch(p.leader_epoch, current)
             parts.append(build(m.EpochEndOffset, error_code=code, partition=p.partition,

@@ -136,6 +136,40 @@ def module_of(cls: type) -> Any:
 _REGISTRY: dict[tuple[int, str], Any] = {}
 
 
+# The versions Kafka 4 removed that shmq serves (``shmq.protocol.legacy``): kafka-python's
+# Kafka-4 schemas no longer have them, its hand-written ``kafka.protocol.old`` classes do.
+_OLD_CLASSES = {
+    2: ("list_offsets", "ListOffsets"), 8: ("commit", "OffsetCommit"),
+    9: ("commit", "OffsetFetch"), 19: ("admin", "CreateTopics"), 20: ("admin", "DeleteTopics"),
+    32: ("admin", "DescribeConfigs"), 23: ("offset_for_leader_epoch", "OffsetForLeaderEpoch"),
+}  # fmt: skip
+
+
+def kafka_python_old_class(api_key: int, kind: str, version: int) -> Any:
+    """kafka-python's ``kafka.protocol.old`` class of a version Kafka 4 removed."""
+    module, name = _OLD_CLASSES[api_key]
+    old = importlib.import_module(f"kafka.protocol.old.{module}")
+    return getattr(old, f"{name}{kind.title()}_v{version}")
+
+
+class _WithOldVersions:
+    """``cls[version]`` as kafka-python's ApiMessage classes index, with the removed versions
+    taken from ``kafka.protocol.old``."""
+
+    def __init__(self, cls: Any, api_key: int, kind: str) -> None:
+        self.cls, self.api_key, self.kind = cls, api_key, kind
+
+    def __getitem__(self, version: int) -> Any:
+        from shmq.protocol import legacy
+
+        if (self.api_key, version) in legacy.MODULES:
+            return kafka_python_old_class(self.api_key, self.kind, version)
+        return self.cls[version]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.cls, name)
+
+
 def kafka_python_class(api_key: int, kind: str) -> Any:
     """kafka-python's primary message class for (api_key, "request" | "response")."""
     if not _REGISTRY:
@@ -156,4 +190,4 @@ def kafka_python_class(api_key: int, kind: str) -> Any:
                 walk(sub)
 
         walk(ApiMessage)
-    return _REGISTRY[(api_key, kind)]
+    return _WithOldVersions(_REGISTRY[(api_key, kind)], api_key, kind)
