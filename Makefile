@@ -11,9 +11,11 @@ PYTEST := $(PY) -m pytest
 
 # Debian packages the tests use, as "package:command": kcat (a client in the client tests),
 # prometheus (scrapes /metrics), chromium (the dashboard test, driven by Playwright), tmux
-# (`shmq top`).  Missing ones are installed with one apt-get update; in CI (CI set) a package
-# that cannot be installed fails the setup instead of skipping its tests.
-DEB_PACKAGES := kcat:kcat prometheus:prometheus chromium:chromium tmux:tmux
+# (`shmq top`), burrow (a consumer-lag monitor reading __consumer_offsets) and the zookeeper it
+# keeps its locks in.  Missing ones are installed with one apt-get update; in CI (CI set) a
+# package that cannot be installed fails the setup instead of skipping its tests.
+DEB_PACKAGES := kcat:kcat prometheus:prometheus chromium:chromium tmux:tmux burrow:Burrow \
+                zookeeper:/usr/share/zookeeper/bin/zkServer.sh
 
 system-packages:
 	@missing=$$(for pc in $(DEB_PACKAGES); do command -v $${pc#*:} >/dev/null || echo $${pc%%:*}; done); \

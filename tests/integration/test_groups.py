@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from _debian import require
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from conftest import RunningBroker, start_broker
@@ -372,8 +373,7 @@ def test_aiokafka_group(gbroker: RunningBroker) -> None:
 
 
 def test_kcat_balanced_consumer(gbroker: RunningBroker) -> None:
-    if not os.path.exists("/usr/bin/kcat"):
-        pytest.skip("kcat is not installed")
+    require("kcat", "kcat")
     topic = new_topic(gbroker.bootstrap)
     produced = produce(gbroker.bootstrap, topic, 0, 120)
     group = f"kcat-{uuid.uuid4().hex[:6]}"
