@@ -12,7 +12,8 @@ every partition of it: ``shmq.broker.internal_topics``).
   in the cluster metadata.  A partition's directory is created when it is first written or read
   (creating 50 at once cost 0.05-0.8 s on the shared 2-core box, on every fresh broker).
 * Write: ``append`` encodes the records as uncompressed RecordBatch v2 batches (at most
-  ``BATCH_RECORDS`` records each) and appends them to the page cache at once; ``durable`` then
+  ``BATCH_RECORDS`` records each, stamped with the partitions' leader epoch, 0, as Kafka's
+  coordinator stamps its leader's) and appends them to the page cache at once; ``durable`` then
   waits for an fsync that covers them.  Flushes are a group commit: one flush runs at a time in a
   thread, and every commit appended before it started is answered by it.  A commit is answered
   only after ``durable`` returns.
@@ -48,6 +49,7 @@ from shmq.storage.log_config import LogConfig
 from shmq.storage.log_manager import LogManager
 
 TOPIC = "__consumer_offsets"
+LEADER_EPOCH = 0  # the epoch the metadata gives its partitions: node 0 leads them for good
 BATCH_RECORDS = 500
 READ_CHUNK = 4 << 20
 
@@ -105,7 +107,7 @@ class OffsetsLog:
         batches = bytearray()
         for i in range(0, len(records), BATCH_RECORDS):
             batches += encode_batch(records[i : i + BATCH_RECORDS])
-        plog.append(batches, validate=False)
+        plog.append(batches, validate=False, leader_epoch=LEADER_EPOCH)
         end = plog.update_high_watermark(plog.log_end_offset)
         if self.on_append is not None:
             self.on_append(partition)

@@ -142,6 +142,10 @@ def test_a_registered_count_is_fixed_and_partitions_are_created_when_used(tmp_pa
         assert await c.commit_offsets("g", -1, "", None, [("t", [(0, 1, -1, "")])], 8) == [[0]]
         p = rec.partition_for("g", 50)
         assert sorted(c.log.logs) == [p]
+        # the batch carries the leader epoch Metadata gives the partition (0), as in Kafka
+        segment = next((tmp_path / "controller" / f"{TOPIC}-{p}").glob("*.log")).read_bytes()
+        assert struct.unpack_from(">qii", segment, 0)[2] == 0  # partitionLeaderEpoch
+        assert c.log.log(p).end_offset_for_epoch(0, 0) == (0, c.log.log(p).log_end_offset)
         assert c.log.log(49).log_end_offset == 0 and sorted(c.log.logs) == sorted({p, 49})
         with pytest.raises(IndexError):
             c.log.log(50)
