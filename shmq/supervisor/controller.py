@@ -154,16 +154,19 @@ class Controller:
                 self.ctx.coordinator.on_topics_deleted(list(doomed.values()))
         return results
 
-    async def create_internal_topic(self, name: str) -> bool:
+    async def create_internal_topic(self, name: str, wait: bool = True) -> bool:
         """List an internal topic whose coordinator runs here (Kafka creates it on the first
-        FindCoordinator or Metadata request naming it); False for one that has none yet."""
+        FindCoordinator or Metadata request naming it); False for one that has none yet.
+        ``wait``: return once every worker has the new metadata (a Metadata answer lists the
+        topic from any node), else at once (FindCoordinator does not need the workers)."""
         assert self.store is not None
         if name in self.store.metadata.topics:
             return True
         if name != OFFSETS_TOPIC or self.ctx.coordinator is None:
             return False
-        # the requesting client may go away meanwhile: the workers hear of the topic anyway
-        await asyncio.shield(self._register_offsets_topic())
+        published = self._register_offsets_topic()
+        if wait:  # the requesting client may go away meanwhile: the workers hear of it anyway
+            await asyncio.shield(published)
         return True
 
     def _register_offsets_topic(self) -> asyncio.Future:
@@ -347,7 +350,7 @@ class Controller:
                 result = await self.alter_configs(args["resources"], args["validate_only"],
                                                   args["incremental"])
             elif op == "create_internal_topic":
-                result = await self.create_internal_topic(args["name"])
+                result = await self.create_internal_topic(args["name"], args["wait"])
             else:
                 result = None
         except Exception:  # noqa: BLE001 - a failed RPC must not kill the controller

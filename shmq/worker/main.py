@@ -79,8 +79,8 @@ class ControllerRpc:
         failed = {"error_code": -1, "error_message": "the controller could not do it"}
         return out if out is not None else [dict(failed) for _ in resources]
 
-    async def create_internal_topic(self, name: str) -> bool:
-        return bool(await self._call("create_internal_topic", name=name))
+    async def create_internal_topic(self, name: str, wait: bool = True) -> bool:
+        return bool(await self._call("create_internal_topic", name=name, wait=wait))
 
 
 def apply_log_configs(ctx: Any, manager: Any) -> None:

@@ -37,7 +37,7 @@ async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
     key_type = int(getattr(request, "key_type", GROUP))
     if key_type == GROUP and OFFSETS_TOPIC not in ctx.metadata.topics \
             and ctx.controller is not None:
-        await ctx.controller.create_internal_topic(OFFSETS_TOPIC)
+        await ctx.controller.create_internal_topic(OFFSETS_TOPIC, wait=False)
     error, message, node, host, port = _find(ctx, key_type)
     if header.api_version >= 4:
         coordinators = tuple(
