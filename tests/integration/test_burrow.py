@@ -27,12 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _debian import require
+from _monitoring import require_binary
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from conftest import RunningBroker, start_broker
 
 ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
+ZOOKEEPER_SERVER = "/usr/share/zookeeper/bin/zkServer.sh"
 COMMITTED = {0: 2000, 1: 1400, 2: 1000}
 PRODUCED_LATER = {0: 0, 1: 600, 2: 1000}
 
@@ -56,8 +57,8 @@ def stop(proc: subprocess.Popen, timeout: float = 15) -> None:
 @pytest.fixture
 def zookeeper(tmp_path: Path) -> Iterator[str]:
     """A standalone ZooKeeper on 127.0.0.1 (Debian's package), as ``host:port``."""
-    java = require("java", "default-jre-headless")
-    require(ZOOKEEPER_JAR, "zookeeper")
+    java = require_binary("java")
+    require_binary(ZOOKEEPER_SERVER)  # Debian's zookeeper package: its jar and scripts
     home = tmp_path / "zookeeper"
     home.mkdir()
     port = free_port()
@@ -91,7 +92,7 @@ def zookeeper(tmp_path: Path) -> Iterator[str]:
 
 
 def start_burrow(directory: Path, zookeeper: str, bootstrap: str) -> tuple[subprocess.Popen, str]:
-    burrow = require("Burrow", "burrow")
+    burrow = require_binary("Burrow")
     directory.mkdir()
     http = f"127.0.0.1:{free_port()}"
     (directory / "burrow.toml").write_text(f"""

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from _debian import require
+from _monitoring import require_binary
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from conftest import RunningBroker, start_broker
@@ -373,7 +373,7 @@ def test_aiokafka_group(gbroker: RunningBroker) -> None:
 
 
 def test_kcat_balanced_consumer(gbroker: RunningBroker) -> None:
-    require("kcat", "kcat")
+    require_binary("kcat")
     topic = new_topic(gbroker.bootstrap)
     produced = produce(gbroker.bootstrap, topic, 0, 120)
     group = f"kcat-{uuid.uuid4().hex[:6]}"

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _debian import require
+from _monitoring import require_binary
 from _offsets_records import committed, decode
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
@@ -166,7 +166,7 @@ def test_kafka_python_reads_it_with_exclude_internal_topics_false(
 
 
 def test_kcat_reads_it(ibroker: RunningBroker) -> None:
-    kcat = require("kcat", "kcat")
+    kcat = require_binary("kcat")
     topic = create_topic(ibroker.bootstrap)
     group = f"lag-{uuid.uuid4().hex[:6]}"
     commit(ibroker.bootstrap, group, topic, LAG)
