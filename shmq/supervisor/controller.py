@@ -170,14 +170,22 @@ class Controller:
         return True
 
     def _register_offsets_topic(self) -> asyncio.Future:
-        """List ``__consumer_offsets`` (at once here) and tell the workers (the future)."""
+        """List ``__consumer_offsets`` (at once here) and tell the workers (the future); its
+        partition logs are created in a thread meanwhile, as Kafka creates them with the
+        topic."""
         assert self.store is not None
         self.store.register_internal_topic(
             OFFSETS_TOPIC, self.ctx.coordinator.log.partitions,
             offsets_topic_configs(self.config.offsets_topic_segment_bytes))
+        self._prepare_offsets_partitions()
         task = asyncio.ensure_future(self.publish_metadata())
-        task.add_done_callback(_log_failure)
+        task.add_done_callback(_log_failure("publishing the metadata"))
         return task
+
+    def _prepare_offsets_partitions(self) -> None:
+        prepared = asyncio.get_running_loop().run_in_executor(
+            None, self.ctx.coordinator.log.prepare)
+        prepared.add_done_callback(_log_failure(f"creating the {OFFSETS_TOPIC} partitions"))
 
     def _offsets_appended(self, partition: int) -> None:
         """The coordinator appended to ``__consumer_offsets-<partition>``: the topic is listed
@@ -539,6 +547,8 @@ class Controller:
         self.ctx.logs.add(OFFSETS_TOPIC, coordinator.log.log)
         if registered is None and coordinator.log.has_records():
             self._register_offsets_topic()  # an upgraded broker's committed offsets
+        elif registered is not None:
+            self._prepare_offsets_partitions()  # any a crash left uncreated
         coordinator.load()
         return coordinator
 
@@ -575,9 +585,14 @@ class Controller:
             self.metrics_table.close()
 
 
-def _log_failure(task: asyncio.Future) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("publishing the metadata failed: %s", task.exception())
+def _log_failure(what: str) -> Any:
+    """A done callback that logs the failure of a task nobody awaits."""
+
+    def check(task: asyncio.Future) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s failed: %s", what, task.exception())
+
+    return check
 
 
 def _internal_not_deleted(name: str, topic_id: str) -> TopicResult:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +154,49 @@ def test_a_registered_count_is_fixed_and_partitions_are_created_when_used(tmp_pa
         again = make(tmp_path, 7, 50)  # offsets.topic.num.partitions changed: ignored
         assert again.log.partitions == 50 and again.fetch_offsets(
             "g", [("t", [0])], False)[1][0][1][0].offset == 1
+        again.close()
+
+    asyncio.run(main())
+
+
+def test_prepare_creates_every_partition_while_groups_commit(tmp_path: Path) -> None:
+    """Kafka creates every partition with the topic; ``prepare`` does it in a thread while the
+    event loop creates the ones it needs first, each once, each with epoch 0 checkpointed."""
+
+    async def main() -> None:
+        c = make(tmp_path, 50, 50)
+        preparer = threading.Thread(target=c.log.prepare)
+        preparer.start()
+        for i in range(40):
+            assert await c.commit_offsets(f"g{i}", -1, "", None, [("t", [(0, i, -1, "")])],
+                                          8) == [[0]]
+        preparer.join(60)
+        assert sorted(c.log.logs) == list(range(50))
+        assert c.log.prepare() == 0  # nothing left to create
+        for p in range(50):
+            text = (tmp_path / "controller" / f"{TOPIC}-{p}" / "leader-epoch-checkpoint").read_text()
+            assert text.split("\n")[2] == "0 0", (p, text)
+        before = state(c)
+        c.close()
+        again = make(tmp_path, 50, 50)
+        assert state(again) == before and len(before) == 40
+        again.close()
+
+    asyncio.run(main())
+
+
+def test_close_stops_prepare(tmp_path: Path) -> None:
+    async def main() -> None:
+        c = make(tmp_path, 50, 50)
+        done: list[int] = []
+        preparer = threading.Thread(target=lambda: done.append(c.log.prepare()))
+        preparer.start()
+        c.close()  # waits for a creation under way, then prepare stops
+        preparer.join(60)
+        created = len(list((tmp_path / "controller").glob(f"{TOPIC}-*")))
+        assert done == [created]
+        again = make(tmp_path, 50, 50)  # whatever was created opens cleanly
+        assert again.log.prepare() == 50 - created
         again.close()
 
     asyncio.run(main())
