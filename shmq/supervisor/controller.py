@@ -54,6 +54,7 @@ log = logging.getLogger("shmq.controller")
 
 UNKNOWN_TOPIC_OR_PARTITION, INVALID_REQUEST, UNKNOWN_TOPIC_ID = 3, 42, 100
 STABLE_AFTER_S = 10.0  # a worker that ran this long before dying restarts at once
+PREPARE_AFTER_S = 2.0  # __consumer_offsets partitions are created this long after it is listed
 RESTART_BACKOFF_S, RESTART_BACKOFF_MAX_S = 0.1, 10.0
 
 
@@ -183,9 +184,18 @@ class Controller:
         return task
 
     def _prepare_offsets_partitions(self) -> None:
-        prepared = asyncio.get_running_loop().run_in_executor(
-            None, self.ctx.coordinator.log.prepare)
-        prepared.add_done_callback(_log_failure(f"creating the {OFFSETS_TOPIC} partitions"))
+        """Create the partition logs in a thread, starting ``PREPARE_AFTER_S`` from now: the
+        first groups, which listed the topic, commit meanwhile without competing with 100
+        fsyncs for the disk (they create their own partition if it is not there yet)."""
+        loop = asyncio.get_running_loop()
+
+        def start() -> None:
+            if self.ctx.coordinator.log.closed:
+                return
+            prepared = loop.run_in_executor(None, self.ctx.coordinator.log.prepare)
+            prepared.add_done_callback(_log_failure(f"creating the {OFFSETS_TOPIC} partitions"))
+
+        loop.call_later(PREPARE_AFTER_S, start)
 
     def _offsets_appended(self, partition: int) -> None:
         """The coordinator appended to ``__consumer_offsets-<partition>``: the topic is listed
