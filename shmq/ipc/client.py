@@ -175,9 +175,12 @@ class _Session:
         self.inflight: deque[_InFlight] = deque()
         self.by_corr: dict[int, _InFlight] = {}
         self.alive = True
+        self.gone_at = 0.0     # monotonic time the worker's death was noticed
+        self.kicks = 0         # eventfd writes to the worker (wake-ups it needed)
         self._rpc = 0
 
     def kick(self) -> None:
+        self.kicks += 1
         try:
             os.eventfd_write(self.worker_efd, 1)
         except OSError:
@@ -195,6 +198,7 @@ class _Session:
             data = b""
         if not data:
             self.alive = False
+            self.gone_at = time.monotonic()
         return not self.alive
 
     def wait(self, timeout: float) -> None:
@@ -223,6 +227,7 @@ class _Session:
                     os.close(fd)
                 if reply is None:
                     self.alive = False
+                    self.gone_at = time.monotonic()
                     raise SessionLostError(f"worker {self.node_id} went away")
                 if reply.get("id") == self._rpc:
                     return reply
@@ -446,12 +451,44 @@ class LocalBroker:
         ``acks`` is Kafka's (0, 1, -1 / "all"; the default is Kafka's all).  Returns a
         ``BatchFuture``; ``on_delivery(result)`` runs from ``poll``.  Raises ``BufferError``
         when the ring stays full for ``timeout`` seconds (nothing was sent)."""
+        if not isinstance(records, list):
+            records = list(records)
+        if not records:
+            raise ValueError("a batch holds at least one record")
+        now = int(time.time() * 1000)
+        encode = _fast.ring.encode_batch_into
+
+        def write(view: Any, at: int, size: int, pid: int, epoch: int, seq: int) -> int:
+            if size < 0:  # the size alone (the first pass; nothing is written)
+                return -encode(view, 0, 0, records, now, pid, epoch, seq)
+            return encode(view, at, size, records, now, pid, epoch, seq)
+
+        return self._submit(topic, partition, write, len(records), acks, timeout, on_delivery)
+
+    def send_encoded(self, topic: str, partition: int, batch: Any, *, acks: int | str = -1,
+                     timeout: float = 30.0,
+                     on_delivery: Callable[[BatchResult], Any] | None = None) -> BatchFuture:
+        """Send bytes already encoded as a RecordBatch v2 (compressed ones, say) as they are:
+        no producer id or sequence is added, and the broker validates them like any Produce."""
+        data = bytes(batch)
+        count = int.from_bytes(data[57:61], "big", signed=True) if len(data) >= 61 else 0
+
+        def write(view: Any, at: int, size: int, pid: int, epoch: int, seq: int) -> int:
+            if size >= 0:
+                view[at : at + len(data)] = data
+            return len(data)
+
+        return self._submit(topic, partition, write, count, acks, timeout, on_delivery,
+                            sequenced=False)
+
+    def _submit(self, topic: str, partition: int, write: Callable[..., int], count: int,
+                acks: int | str, timeout: float,
+                on_delivery: Callable[[BatchResult], Any] | None,
+                sequenced: bool = True) -> BatchFuture:
         if self.closed:
             raise ValueError("attachment is closed")
         if acks not in ACKS:
             raise ValueError(f"acks must be 0, 1, -1 or 'all', not {acks!r}")
-        if not isinstance(records, list):
-            records = list(records)
         deadline = time.monotonic() + timeout
         ack = ACKS[acks]
         key = (topic, partition)
@@ -462,14 +499,14 @@ class LocalBroker:
                 raise NotLocalError("the broker lists no workers")
             node = nodes[0]
         session = self._session(node)
-        self._ensure_producer(session)
+        sequenced = sequenced and self.idempotent
+        if sequenced:
+            self._ensure_producer(session)
         while self._unanswered.get(key, 0) >= self.max_in_flight:
             self._poll_session(session)
             if self._unanswered.get(key, 0) < self.max_in_flight:
                 break
-            if not session.alive:
-                session = self._session(node)
-                continue
+            session = self._session(node)
             left = deadline - time.monotonic()
             if left <= 0:
                 raise BufferError(f"{self.max_in_flight} batches to {topic}-{partition} are "
@@ -480,12 +517,10 @@ class LocalBroker:
         name = topic.encode("utf-8")
         if len(name) > 0xFFFF:
             raise ValueError("topic name too long")
-        seq = self._sequences.get(key, 0) if self.idempotent else -1
-        pid = self.producer_id if self.idempotent else -1
-        epoch = self.producer_epoch if self.idempotent else -1
-        now = int(time.time() * 1000)
-        encode = _fast.ring.encode_batch_into
-        size = -encode(session.view, 0, 0, records, now, pid, epoch, seq)
+        seq = self._sequences.get(key, 0) if sequenced else -1
+        pid = self.producer_id if sequenced else -1
+        epoch = self.producer_epoch if sequenced else -1
+        size = write(session.view, 0, -1, pid, epoch, seq)
         entry_size = rings.PRODUCE_HEADER_SIZE + len(name) + size
         if entry_size > session.max_entry:
             raise ValueError(f"a batch of {entry_size} bytes does not fit the ring "
@@ -502,12 +537,12 @@ class LocalBroker:
                                        partition, len(name), ack, 0, 0)
         body = at + rings.PRODUCE_HEADER_SIZE
         view[body : body + len(name)] = name
-        written = encode(view, body + len(name), size, records, now, pid, epoch, seq)
+        written = write(view, body + len(name), size, pid, epoch, seq)
         assert written == size
-        future = BatchFuture(self, topic, partition, len(records), ack, on_delivery)
-        if self.idempotent:
+        future = BatchFuture(self, topic, partition, count, ack, on_delivery)
+        if sequenced:
             future._sequence = seq
-            self._sequences[key] = (seq + len(records)) & 0x7FFFFFFF
+            self._sequences[key] = (seq + count) & 0x7FFFFFFF
         if session.submit.commit(entry_size, at):
             session.kick()
         entry = _InFlight(self._corr, at, entry_size, session.submit.tail, future)
