@@ -329,6 +329,7 @@ class LocalBroker:
         self._reset_producer = False
         self._corr = 0
         self.reattached = 0
+        self.losses: list[tuple[int, float]] = []  # (node id, when its death was noticed)
         self.closed = False
 
     # -- where things are -------------------------------------------------------------------
@@ -393,6 +394,7 @@ class LocalBroker:
         assert dead.view is not None
         todo = [(e, bytes(dead.view[e.at : e.at + e.length])) for e in dead.inflight
                 if e.future.value is None]
+        self.losses.append((dead.node_id, dead.gone_at or time.monotonic()))
         dead.close()
         deadline = time.monotonic() + self.reattach_timeout
         delay = 0.005

@@ -147,6 +147,7 @@ class RingSession:
         self.submit, self.completion = rings.session_rings(self.view, layout)
         self.loop.add_reader(self.worker_efd, self._on_kick)
         self.stats["ring_sessions"] += 1
+        self.stats["ring_sessions_open"] += 1
         self._schedule()
 
     async def _init_producer_id(self, rid: Any) -> None:
@@ -317,6 +318,8 @@ class RingSession:
             except rings.RingCorruptError:
                 pass
         self.closed = True
+        if self.view is not None:
+            self.stats["ring_sessions_open"] -= 1
         self.server.sessions.pop(self.id, None)
         for fd in (self.sock.fileno(), self.worker_efd):
             if fd >= 0:
@@ -345,7 +348,7 @@ class RingServer:
         self.ctx = ctx
         self.path = path
         self.stats = stats
-        for key in ("ring_sessions", "ring_entries", "ring_wakeups", "ring_kicks", "ring_refused"):
+        for key in ("ring_sessions", "ring_sessions_open", "ring_entries", "ring_wakeups", "ring_kicks", "ring_refused"):
             stats.setdefault(key, 0)
         self.loop = asyncio.get_running_loop()
         self.sessions: dict[int, RingSession] = {}
