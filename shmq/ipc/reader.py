@@ -54,22 +54,45 @@ class NotReadableError(ShmqError):
 
 
 class _Segment:
-    __slots__ = ("base", "path", "fd", "map", "view", "index")
+    """One mapped ``.log`` file.  The compiled ``MappedFile`` maps ``MAP_BYTES`` at once (past the
+    end of the file is address space only); the twin's ``mmap.mmap`` cannot map past the end, so
+    there the mapping follows the file's size."""
+
+    __slots__ = ("base", "path", "fd", "map", "view", "mapped")
 
     def __init__(self, base: int, path: Path) -> None:
         self.base = base
         self.path = path
         self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self.map: Any = None
+        self.view = memoryview(b"")
+        self.mapped = 0
         try:
-            self.map = _fast.MappedFile(self.fd, MAP_BYTES, False)
+            self.remap(self.size())
         except BaseException:
             os.close(self.fd)
             raise
+
+    def remap(self, size: int) -> None:
+        length = MAP_BYTES if _fast.HAVE_FAST else size
+        if length <= self.mapped:
+            return
+        old_view, old_map = self.view, self.map
+        self.map = _fast.MappedFile(self.fd, length, False)
         self.view = memoryview(self.map)
-        self.index: Any = None
+        self.mapped = length
+        old_view.release()
+        if old_map is not None:
+            try:
+                old_map.close()
+            except BufferError:  # a caller still holds a view of it: unmapped when that goes
+                pass
 
     def size(self) -> int:
-        return os.fstat(self.fd).st_size
+        size = os.fstat(self.fd).st_size
+        if size > self.mapped:
+            self.remap(size)
+        return size
 
     def index_position(self, offset: int) -> int:
         """Byte position of a batch at or before ``offset`` from the .index (0: from the start)."""
@@ -100,10 +123,11 @@ class _Segment:
 
     def close(self) -> None:
         self.view.release()
-        try:
-            self.map.close()
-        except BufferError:  # a caller still holds a view of it: unmapped when that goes
-            pass
+        if self.map is not None:
+            try:
+                self.map.close()
+            except BufferError:  # a caller still holds a view of it: unmapped when that goes
+                pass
         os.close(self.fd)
 
 
