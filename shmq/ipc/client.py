@@ -62,6 +62,11 @@ DEFAULT_SUBMIT_BYTES = 8 << 20
 DEFAULT_COMPLETION_BYTES = 1 << 20
 MAX_IN_FLIGHT = 5
 REATTACH_TIMEOUT_S = 30.0
+# Before sleeping on its eventfd for an answer, a client looks at the completion ring for this
+# long: the worker usually answers within microseconds, and a sleeping client costs the worker
+# an eventfd write per answer and itself a wake-up (measured: 14,760 kicks for 20,000 small
+# batches without it).
+SPIN_S = 0.00005
 ACKS = {0: 0, 1: 1, -1: -1, "all": -1}
 NOT_LEADER, UNKNOWN_TOPIC_OR_PARTITION = 6, 3
 
@@ -513,9 +518,7 @@ class LocalBroker:
             if left <= 0:
                 raise BufferError(f"{self.max_in_flight} batches to {topic}-{partition} are "
                                   f"unanswered: the batch was not sent")
-            if session.completion.set_sleeping():
-                session.wait(min(left, 0.05))
-            session.completion.clear_sleeping()
+            self._await_answer(session, min(left, 0.05))
         name = topic.encode("utf-8")
         if len(name) > 0xFFFF:
             raise ValueError("topic name too long")
@@ -575,9 +578,19 @@ class LocalBroker:
             session = waiting[0]
             if not session.alive:
                 continue
-            if session.completion.set_sleeping():
-                session.wait(min(left, 0.1))
-            session.completion.clear_sleeping()
+            self._await_answer(session, min(left, 0.1))
+
+    def _await_answer(self, session: _Session, timeout: float) -> None:
+        """Until the completion ring has an entry (spinning ``SPIN_S``, then asleep on the
+        eventfd and the socket) or ``timeout`` passed."""
+        completion = session.completion
+        spin_until = time.monotonic() + min(SPIN_S, timeout)
+        while time.monotonic() < spin_until:
+            if completion.published() != completion.head:
+                return
+        if completion.set_sleeping():
+            session.wait(timeout)
+        completion.clear_sleeping()
 
     def _poll_session(self, session: _Session) -> int:
         handled = 0

@@ -182,14 +182,15 @@ class RingSession:
         if self.closed or self.submit is None:
             return
         try:
-            more = self.drain()
+            taken, more = self.drain()
         except rings.RingCorruptError as exc:
             log.warning("ring session %d (pid %d): %s; closing it", self.id, self.peer_pid, exc)
             self.close()
             return
         now = time.monotonic()
-        if more:
+        if taken:
             self.last_entry = now
+        if more:
             self._schedule()
         elif now - self.last_entry < IDLE_SPIN_S:
             self._schedule()  # entries usually follow closely: look again on the next loop turn
@@ -204,8 +205,8 @@ class RingSession:
         assert self.completion is not None
         return self.completion.free_space() < (self.unanswered + 1) * COMPLETION_ROOM
 
-    def drain(self, limit: int = DRAIN_BATCH) -> bool:
-        """Take up to ``limit`` entries; True when more may be waiting."""
+    def drain(self, limit: int = DRAIN_BATCH) -> tuple[int, bool]:
+        """Take up to ``limit`` entries; (entries taken, whether more may be waiting)."""
         submit, completion, view = self.submit, self.completion, self.view
         assert submit is not None and completion is not None and view is not None
         durable: list[tuple[list, int, PartitionResult, Durable]] = []
@@ -253,7 +254,7 @@ class RingSession:
         if durable:
             asyncio.ensure_future(self._answer_when_durable(durable))
         self._release()
-        return more
+        return taken, more
 
     def _answer(self, slot: list, corr: int, result: PartitionResult) -> None:
         completion, view = self.completion, self.view
@@ -313,7 +314,7 @@ class RingSession:
             return
         if self.submit is not None:
             try:  # what the client published before it went is whole: append it
-                while self.drain():
+                while self.drain()[1]:
                     pass
             except rings.RingCorruptError:
                 pass
