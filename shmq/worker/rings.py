@@ -389,19 +389,44 @@ class RingServer:
                 self.stats["ring_refused"] += 1
                 log.warning("refused a ring session from pid %d: uid %d is not the broker's "
                             "uid %d", pid, uid, os.geteuid())
-                try:
-                    send_message(conn, {"op": "refused", "error":
-                                        f"uid {uid} may not attach: this broker runs as uid "
-                                        f"{os.geteuid()} and serves only that uid"})
-                except OSError:
-                    pass
-                conn.close()
+                self._refuse(conn, f"uid {uid} may not attach: this broker runs as uid "
+                                   f"{os.geteuid()} and serves only that uid")
                 continue
             sid = self.next_id
             self.next_id += 1
             session = RingSession(self, conn, pid, sid)
             self.sessions[sid] = session
             session.start()
+
+    def _refuse(self, conn: socket.socket, why: str) -> None:
+        """Send the refusal, then close once the client has read it: closing a Unix socket with
+        the client's hello still unread would reset the connection and drop the message."""
+        try:
+            send_message(conn, {"op": "refused", "error": why})
+            conn.shutdown(socket.SHUT_WR)
+        except OSError:
+            conn.close()
+            return
+        conn.setblocking(False)
+        fd = conn.fileno()
+
+        def done() -> None:
+            if conn.fileno() >= 0:
+                self.loop.remove_reader(fd)
+                conn.close()
+
+        def readable() -> None:
+            try:
+                while conn.recv(65536):  # whatever it sent; EOF once it closed
+                    pass
+            except BlockingIOError:
+                return
+            except OSError:
+                pass
+            done()
+
+        self.loop.add_reader(fd, readable)
+        self.loop.call_later(2.0, done)
 
     def close(self) -> None:
         for session in list(self.sessions.values()):
