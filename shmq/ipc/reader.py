@@ -109,16 +109,18 @@ class _Segment:
         finally:
             os.close(fd)
         with view:
-            table = np.frombuffer(view, dtype=">i4", count=length // 8 * 2).reshape(-1, 2)
-            positions = table[:, 1]
             # a preallocated (active) index ends in zero entries: valid ones have positions > 0
-            # and increasing (an entry is written once more than index.interval.bytes preceded it)
-            count = int(np.searchsorted(-(positions > 0).astype(np.int8), 0))
-            slot = -1
-            if count:
-                slot = _fast.largest_lower_bound(view, count, 8, 0, 4, offset - self.base)
-            pos = int(positions[slot]) if slot >= 0 else 0
-            del table, positions
+            # (an entry is written once more than index.interval.bytes preceded it), so the
+            # count is the first entry with position 0, found by bisection (~20 probes)
+            lo, hi = 0, length // 8
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if int.from_bytes(view[mid * 8 + 4 : mid * 8 + 8], "big"):
+                    lo = mid + 1
+                else:
+                    hi = mid
+            slot = _fast.largest_lower_bound(view, lo, 8, 0, 4, offset - self.base) if lo else -1
+            pos = int.from_bytes(view[slot * 8 + 4 : slot * 8 + 8], "big") if slot >= 0 else 0
         return pos
 
     def close(self) -> None:
@@ -192,47 +194,61 @@ def spark_schema(include_headers: bool = False) -> Any:
 def batches_to_spark_arrow(buf: Any, topic: str, partition: int, min_offset: int,
                            max_offset: int, *, include_headers: bool = False) -> Any:
     """Decode the batches in ``buf`` (records in ``[min_offset, max_offset)``, no control
-    batches) into the spark_bridge schema: key and value from one Cython pass into Arrow
-    buffers (``records.batches_to_arrow``), topic / partition / timestampType filled by numpy."""
+    batches) into the spark_bridge schema.
+
+    One scan of the headers (CRC checked), one Cython pass from the records into Arrow buffers
+    (``_fast.fill_columns``: no Python object per record), then the constant columns from numpy.
+    The buffers come from pyarrow's pool, as in ``records.batches_to_arrow`` (whose allocation
+    this repeats, to get the timestamp type of each section from the same scan)."""
     import pyarrow as pa
 
-    base = rec.batches_to_arrow(buf, min_offset=min_offset, max_offset=max_offset,
-                                timestamp_unit="us")
-    n = base.num_rows
-    offsets = base.column(0)
-    # timestampType per record, from its batch's attributes
-    table = rec.scan_headers(buf, verify_crc=False) if n else np.empty((0, _COLS), np.int64)
-    if n:
-        keep = ((table[:, _fast.COL_ATTRIBUTES] & rec.CONTROL_FLAG) == 0)
-        table = table[keep]
-        lo = np.maximum(table[:, _fast.COL_BASE_OFFSET], min_offset)
-        hi = np.minimum(table[:, _fast.COL_LAST_OFFSET] + 1, max_offset)
-        counts = np.maximum(hi - lo, 0)
-        types = ((table[:, _fast.COL_ATTRIBUTES] & rec.TIMESTAMP_TYPE_MASK) != 0).astype(np.int32)
+    bodies, meta = rec._records_sections(buf, verify_crc=True,
+                                         max_decompressed=rec.codecs.DEFAULT_MAX_DECOMPRESSED_BYTES,
+                                         min_offset=min_offset, max_offset=max_offset,
+                                         skip_control=True)
+    counts = meta[0::4]
+    rows = int(counts.sum())
+    data = sum(len(b) for b in bodies) + 64  # fill_columns may copy 32 bytes past a field
+    alloc = pa.allocate_buffer
+    offsets, stamps = alloc(8 * rows), alloc(8 * rows)
+    koff, voff = alloc(4 * (rows + 1)), alloc(4 * (rows + 1))
+    kdata, vdata = alloc(data), alloc(data)
+    kvalid, vvalid = alloc(rows // 8 + 1), alloc(rows // 8 + 1)
+    mv = memoryview
+    n, klen, vlen, knulls, vnulls = _fast.fill_columns(
+        bodies, meta, mv(offsets).cast("q"), mv(stamps).cast("q"), mv(koff).cast("i"),
+        mv(kdata).cast("B"), mv(kvalid).cast("B"), mv(voff).cast("i"), mv(vdata).cast("B"),
+        mv(vvalid).cast("B"), min_offset, max_offset, 1000)
+
+    def binary(off: Any, data: Any, valid: Any, nulls: int, used: int) -> Any:
+        return pa.Array.from_buffers(
+            pa.binary(), n, [valid if nulls else None, off, data.slice(0, used)], null_count=nulls)
+
+    offsets_arr = pa.Array.from_buffers(pa.int64(), n, [None, offsets])
+    # timestampType per record: 1 where its batch is LogAppendTime (meta's 4th column is set)
+    types = (meta[3::4] != _fast.NO_LOG_APPEND_TIME).astype(np.int32)
+    if n == rows:
         ts_type = np.repeat(types, counts)
-        if len(ts_type) != n:  # a batch whose records skip offsets (compacted): per record
-            starts = table[:, _fast.COL_BASE_OFFSET]
-            idx = np.searchsorted(starts, offsets.to_numpy(), side="right") - 1
-            ts_type = types[idx]
-    else:
-        ts_type = np.empty(0, np.int32)
+    else:  # the first or last section was cut by the offset bounds: go by offset
+        firsts = meta[1::4]
+        idx = np.searchsorted(firsts, np.frombuffer(offsets, np.int64, n), side="right") - 1
+        ts_type = types[idx]
     name = topic.encode("utf-8")
-    topic_arr = pa.Array.from_buffers(
-        pa.string(), n, [None, pa.py_buffer((np.arange(n + 1, dtype=np.int32) * len(name)).tobytes()),
-                         pa.py_buffer(name * n)])
-    arrays = [base.column(2), base.column(3), topic_arr,
-              pa.array(np.full(n, partition, np.int32)), offsets,
-              base.column(1).cast(pa.timestamp("us", tz="UTC")), pa.array(ts_type)]
+    topic_arr = pa.Array.from_buffers(pa.string(), n, [
+        None, pa.py_buffer(np.arange(0, (n + 1) * len(name), len(name) or 1,
+                                     dtype=np.int32)[: n + 1] if name else np.zeros(n + 1, np.int32)),
+        pa.py_buffer(name * n)])
+    arrays = [binary(koff, kdata, kvalid, knulls, klen), binary(voff, vdata, vvalid, vnulls, vlen),
+              topic_arr, pa.array(np.full(n, partition, np.int32)), offsets_arr,
+              pa.Array.from_buffers(pa.timestamp("us", tz="UTC"), n, [None, stamps]),
+              pa.array(ts_type)]
     if include_headers:
-        items = rec.decode_batches(buf)
-        wanted = [r.headers for r in items if min_offset <= r.offset < max_offset]
-        if len(wanted) != n:  # control records were decoded too: go by offset
-            by_offset = {r.offset: r.headers for r in items}
-            wanted = [by_offset[o] for o in offsets.to_pylist()]
+        items = _fast.decode_sections(bodies, meta, rec.Record)
+        by_offset = {r.offset: r.headers for r in items}
+        wanted = [by_offset[o] for o in offsets_arr.to_pylist()]
         # Spark's KafkaRecordToRowConverter: null (not []) when a record has no headers
         arrays.append(pa.array([[{"key": k, "value": v} for k, v in h] if h else None
-                                for h in wanted],
-                               type=spark_schema(True).field("headers").type))
+                                for h in wanted], type=spark_schema(True).field("headers").type))
     return pa.RecordBatch.from_arrays(arrays, schema=spark_schema(include_headers))
 
 

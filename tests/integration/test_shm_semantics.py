@@ -151,14 +151,19 @@ def _play(side, suffix: str) -> list:
     return out
 
 
-def test_produce_answers_are_the_same_over_tcp_and_rings(shm_broker: RunningBroker) -> None:
+@pytest.fixture(scope="module")
+def played(shm_broker: RunningBroker) -> tuple[list, list]:
+    """Every case over both paths, once per module (the Fetch test reads what they wrote)."""
     tcp, ring = TcpSide(shm_broker), RingSide(shm_broker)
     try:
-        over_tcp = _play(tcp, "tcp")
-        over_ring = _play(ring, "ring")
+        return _play(tcp, "tcp"), _play(ring, "ring")
     finally:
         tcp.close()
         ring.close()
+
+
+def test_produce_answers_are_the_same_over_tcp_and_rings(played: tuple[list, list]) -> None:
+    over_tcp, over_ring = played
     assert [n for n, _ in over_tcp] == [n for n, _ in over_ring]
     mismatched = [(n, a, b) for (n, a), (_, b) in zip(over_tcp, over_ring) if a != b]
     assert not mismatched, mismatched
@@ -199,7 +204,8 @@ def _read_all(local: LocalBroker, topic: str, partition: int) -> list[tuple]:
         offset = r.next_offset
 
 
-def test_fetch_and_ring_reads_return_the_same_records(shm_broker: RunningBroker) -> None:
+def test_fetch_and_ring_reads_return_the_same_records(shm_broker: RunningBroker,
+                                                       played: tuple[list, list]) -> None:
     local = attach(shm_broker.data_dir)
     leader = Wire(next(iter(shm_broker.run_info["workers"]))["port"])
     try:
