@@ -322,3 +322,38 @@ def test_reader_follows_rolls_and_deletions(tmp_path: Path) -> None:
             local.close()
     finally:
         assert b.stop() == 0, b.log_path.read_text()
+
+
+def test_attach_by_bootstrap_address(shm_broker: RunningBroker, monkeypatch) -> None:
+    """By bootstrap: broker.json of the default data dirs first, else the broker's log.dirs over
+    the Kafka protocol (DescribeConfigs); a broker that is not here is NotLocalError."""
+    from shmq.ipc.client import NotLocalError, find_data_dir
+
+    monkeypatch.setenv("SHMQ_DATA_DIR", str(shm_broker.data_dir))
+    assert find_data_dir(shm_broker.bootstrap) == shm_broker.data_dir
+    monkeypatch.setenv("SHMQ_DATA_DIR", str(shm_broker.data_dir.parent / "elsewhere"))
+    monkeypatch.setenv("HOME", str(shm_broker.data_dir.parent / "home"))
+    assert find_data_dir(shm_broker.bootstrap) == shm_broker.data_dir  # via log.dirs
+    with attach(bootstrap=shm_broker.bootstrap) as local:
+        assert local.send_batch("sem-ring", 1, [b"by bootstrap"], acks=1).result(10).error_code == 0
+    import socket as sk
+
+    with sk.socket() as s:  # a port nobody serves
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(NotLocalError):
+        find_data_dir(f"127.0.0.1:{port}", timeout=2)
+
+
+def test_a_failed_batch_does_not_wedge_the_idempotent_producer(shm_broker: RunningBroker) -> None:
+    """A batch the broker refuses before it checks sequences (too large) leaves the partition's
+    sequence unused: the client starts over with a new producer id once nothing is in flight."""
+    with attach(shm_broker.data_dir) as local:
+        ok = local.send_batch("sem-ring", 0, [b"before"]).result(10)
+        with pytest.raises(Exception) as err:
+            local.send_batch("sem-ring", 0, [b"x" * (MAX_MESSAGE + 10)]).result(10)
+        assert getattr(err.value, "code", None) == 10
+        pid = local.producer_id
+        after = local.send_batch("sem-ring", 0, [b"after"]).result(10)
+        assert after.base_offset == ok.base_offset + 1
+        assert local.producer_id != pid
