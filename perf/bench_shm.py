@@ -479,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
                             _, t0, t1, got, _ = res
                             assert got == args.records, (got, args.records)
                             rate(label2, [args.records / (t1 - t0)])
-                rate(f"ring produce, 1/call, acks=1", [])
+                rate("ring produce, 1/call, acks=1", [])
                 t = topic()
                 n1 = args.per_message
                 res = h.run_one(ring_producer, (data_dir, t, n1, 1, 1), args.phase_timeout)
@@ -509,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
                     finally:
                         mq.close()
                         mq.unlink()
-                    label = f"per message" if not per else f"packed {per} (8 KiB limit)"
+                    label = "per message" if not per else f"packed {per} (8 KiB limit)"
                     rate(f"posix_ipc MessageQueue, {label}", [nm / (r["consumer"][2] - r["producer"][1])])
             if "tcp" in only:
                 n = args.per_message * 5

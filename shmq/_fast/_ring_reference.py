@@ -70,7 +70,7 @@ def encode_batch_into(out: Any, pos: int, limit: int, records: list, timestamp: 
     view = memoryview(out).cast("B")
     if pos < 0 or limit < 0 or pos > view.nbytes - limit:
         raise IndexError("encode window is outside the buffer")
-    items = []
+    items: list[tuple[Any, Any, int, Any]] = []
     for rec in records:
         if isinstance(rec, bytes):
             items.append((None, rec, timestamp, ()))

@@ -643,10 +643,10 @@ class LocalBroker:
                 session.kick()
         # acks=0 entries are done once the worker took them (its head passed them)
         head = _fast.ring.load_u64(view, session.submit.control + rings.HEAD)
-        inflight = session.inflight
-        while inflight and (inflight[0].future.value is not None or
-                            (inflight[0].future.acks == 0 and inflight[0].end <= head)):
-            e = inflight.popleft()
+        queue = session.inflight
+        while queue and (queue[0].future.value is not None or
+                         (queue[0].future.acks == 0 and queue[0].end <= head)):
+            e = queue.popleft()
             if e.future.value is None:
                 f = e.future
                 f._set(BatchResult(f.topic, f.partition, -1, f.count, 0, None, -1, -1))

@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 

@@ -133,7 +133,7 @@ def _play(side, suffix: str) -> list:
     case("lz4", t, 0, build_batch([b"lz4-%d" % i for i in range(20)], compression=3))
     case("keys and headers", t, 0, build_batch([b"v"], key=b"k", headers=[("h", b"x")]))
     case("unknown partition", t, 9, good)
-    case(f"unknown topic", f"nope-{suffix}", 0, good)
+    case("unknown topic", f"nope-{suffix}", 0, good)
     case("internal topic", "__consumer_offsets", 0, good)
     pid, epoch = side.init_producer_id()
     first = build_batch([b"i0", b"i1"], pid=pid, epoch=epoch, seq=0)
@@ -165,7 +165,8 @@ def played(shm_broker: RunningBroker) -> tuple[list, list]:
 def test_produce_answers_are_the_same_over_tcp_and_rings(played: tuple[list, list]) -> None:
     over_tcp, over_ring = played
     assert [n for n, _ in over_tcp] == [n for n, _ in over_ring]
-    mismatched = [(n, a, b) for (n, a), (_, b) in zip(over_tcp, over_ring) if a != b]
+    mismatched = [(n, a, b) for (n, a), (_, b) in zip(over_tcp, over_ring, strict=True)
+                  if a != b]
     assert not mismatched, mismatched
     answers = dict(over_ring)
     # the answers themselves are Kafka's (not merely equal)
@@ -255,7 +256,7 @@ def test_a_waiting_reader_wakes_within_milliseconds(shm_broker: RunningBroker) -
         for i in range(20):
             sent: list[float] = []
 
-            def produce() -> None:
+            def produce(i: int = i, sent: list[float] = sent) -> None:
                 time.sleep(0.01)
                 sent.append(time.monotonic())
                 writer.send_batch("sem-ring", 0, [b"wake-%d" % i], acks=1)

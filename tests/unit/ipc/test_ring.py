@@ -7,7 +7,6 @@ the ``crc32c`` package (independent of both), and a plain list of the entries se
 from __future__ import annotations
 
 import os
-import random
 import stat
 import struct
 import threading
