@@ -48,6 +48,7 @@ _RANGES = (
 
 
 _WAITERS = 56
+_U32 = struct.Struct("=I")
 _SYS_FUTEX = 202 if sys.maxsize > 2**32 else 240  # x86-64 (aarch64 is 98)
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 _libc: Any = None
@@ -112,11 +113,11 @@ def write_slot(
                 seq_word[0] = seq
             _FIELDS.pack_into(view, slot_offset + 8, *values)
             seq_word[0] = (seq + 1) & 0xFFFFFFFFFFFFFFFF
-        with view[slot_offset + _WAITERS : slot_offset + _WAITERS + 4] as raw, \
-                raw.cast("I") as waiters:
-            if waiters[0]:
+        if _U32.unpack_from(view, slot_offset + _WAITERS)[0]:  # a reader sleeps: wake it
+            with view[slot_offset + _WAITERS : slot_offset + _WAITERS + 4] as raw, \
+                    raw.cast("I") as waiters:
                 waiters[0] = 0
-                _futex(view, slot_offset, _FUTEX_WAKE, 0x7FFFFFFF)
+            _futex(view, slot_offset, _FUTEX_WAKE, 0x7FFFFFFF)
 
 
 def read_slot(
