@@ -67,6 +67,10 @@ REATTACH_TIMEOUT_S = 30.0
 # an eventfd write per answer and itself a wake-up (measured: 14,760 kicks for 20,000 small
 # batches without it).
 SPIN_S = 0.00005
+# A client that never blocks (poll(0) between sends) peeks at the session socket this often at
+# most while answers are due: a worker's death is noticed that fast without a system call per
+# batch (a blocking wait watches the socket and notices at once).
+PEEK_EVERY_S = 0.02
 ACKS = {0: 0, 1: 1, -1: -1, "all": -1}
 NOT_LEADER, UNKNOWN_TOPIC_OR_PARTITION = 6, 3
 
@@ -181,6 +185,7 @@ class _Session:
         self.by_corr: dict[int, _InFlight] = {}
         self.alive = True
         self.gone_at = 0.0     # monotonic time the worker's death was noticed
+        self.peeked = 0.0      # monotonic time of the last look at the socket
         self.kicks = 0         # eventfd writes to the worker (wake-ups it needed)
         self._rpc = 0
 
@@ -597,7 +602,10 @@ class LocalBroker:
         if session.alive:
             handled = self._read_completions(session)
             if not handled and session.by_corr:
-                session.worker_gone()  # one peek at the socket: did the worker die?
+                now = time.monotonic()
+                if now - session.peeked >= PEEK_EVERY_S:  # did the worker die? (every wait
+                    session.peeked = now                 # watches the socket anyway)
+                    session.worker_gone()
         if not session.alive and session.view is not None:
             handled += self._read_completions(session)  # answers written before it died
             if any(e.future.value is None for e in session.inflight):
