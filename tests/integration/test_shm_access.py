@@ -196,3 +196,77 @@ def test_no_wakeup_per_batch_under_load(broker: RunningBroker) -> None:
     # generous bounds for a shared 2-core machine; a kick per batch would be ratio 1
     assert wakeups < n / 4 and client_kicks < n / 4, (wakeups, client_kicks, n)
     assert kicks < n / 2, (kicks, n)
+
+
+def test_full_ring_is_back_pressure_with_a_timeout(broker: RunningBroker) -> None:
+    """A worker that does not drain (SIGSTOP): sends wait, then fail with BufferError after
+    their timeout with nothing sent; once it runs again every batch that was accepted is
+    answered, and the refused one is not in the log."""
+    import signal
+
+    with attach(broker.data_dir, submit_bytes=1 << 16) as local:
+        local.send_batch("acc", 2, [b"warm"], acks=1).result(10)
+        start = local.reader("acc", 2).state().high_watermark
+        worker = broker.worker_pids()[1]
+        os.kill(worker, signal.SIGSTOP)
+        futures, refused = [], None
+        try:
+            payload = [b"f" * 1000] * 10  # ~10 KiB a batch: the 64 KiB ring holds a few
+            for i in range(50):
+                try:
+                    futures.append(local.send_batch("acc", 2, payload, acks=1, timeout=0.2))
+                except BufferError as exc:
+                    refused = (i, str(exc))
+                    break
+        finally:
+            os.kill(worker, signal.SIGCONT)
+        assert refused is not None, "a stopped worker's ring never filled"
+        assert "not sent" in refused[1] or "not" in refused[1]
+        assert local.flush(30) == 0
+        bases = [f.result(10).base_offset for f in futures]
+        assert bases == [start + 10 * i for i in range(len(futures))]
+        assert local.reader("acc", 2).state().high_watermark == start + 10 * len(futures)
+
+
+def test_a_client_that_never_reads_answers_stalls_only_itself(broker: RunningBroker) -> None:
+    with attach(broker.data_dir, completion_bytes=4096, idempotent=False) as slow, \
+            attach(broker.data_dir) as other:
+        session = slow._session(1)
+        before = broker.worker_stats(time.time())[0]["ring_entries"]
+        futures = []
+        for _ in range(200):  # written straight into the ring: no poll, so no answer is read
+            at = session.submit.reserve(200)
+            if at < 0:
+                break
+            batch = bytearray(200 - 24 - 3)
+            from shmq._fast import ring as fast_ring
+
+            n = fast_ring.encode_batch_into(batch, 0, len(batch), [b"s" * 80], 1)
+            entry = 24 + 3 + n
+            rings.PRODUCE_HEADER.pack_into(session.view, at, entry, rings.PRODUCE, 0,
+                                           len(futures) + 1, 3, 3, 1, 0, 0)
+            session.view[at + 24 : at + 27] = b"acc"
+            session.view[at + 27 : at + 27 + n] = batch[:n]
+            session.submit.commit(entry, at)
+            futures.append(at)
+        session.kick()
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        assert other.send_batch("acc", 3, [b"other"], acks=1).result(10).error_code == 0
+        assert time.monotonic() - t0 < 2
+        # the worker took only what it can answer (the 4 KiB completion ring holds ~90 answers)
+        taken = broker.worker_stats(time.time())[0]["ring_entries"] - before - 1
+        assert len(futures) == 200 and 0 < taken < 200, taken
+        # the slow client's answers are waiting for it; reading them lets the rest through
+        deadline = time.monotonic() + 10
+        seen = 0
+        while seen < len(futures) and time.monotonic() < deadline:
+            entry_ = session.completion.peek()
+            if entry_ is None:
+                session.completion.release() and session.kick()
+                time.sleep(0.01)
+                continue
+            session.completion.advance(entry_[1])
+            seen += 1
+        session.completion.release()
+        assert seen == len(futures)

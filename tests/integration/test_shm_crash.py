@@ -186,7 +186,7 @@ def _kill_cycles(tmp_path: Path, cycles: int) -> None:
         del admin
         worker = b.worker_pids()[1]
         time.sleep(0.5)
-        baseline = _fds(worker)
+        baseline: int | None = _fds(worker)  # descriptors of this worker with no client
         rng = random.Random(14)
         tags = []
         for cycle in range(cycles):
@@ -202,6 +202,7 @@ def _kill_cycles(tmp_path: Path, cycles: int) -> None:
                 if cycle % 10 == 9:  # a worker kill while the client streams
                     _kill_worker(b, 1)
                     worker = b.worker_pids()[1]
+                    baseline = None  # measured again once this client is gone
                     time.sleep(rng.uniform(0.05, 0.2))
                 child.send_signal(signal.SIGKILL)
             finally:
@@ -213,9 +214,12 @@ def _kill_cycles(tmp_path: Path, cycles: int) -> None:
             while time.monotonic() < deadline and _ring_maps(worker):
                 time.sleep(0.01)
             assert _ring_maps(worker) == 0, f"cycle {cycle}: a dead client's ring is still mapped"
-        time.sleep(0.2)
-        if cycles < 10:
-            assert _fds(worker) <= baseline, (baseline, os.listdir(f"/proc/{worker}/fd"))
+            if baseline is None:
+                baseline = _fds(worker)
+            deadline = time.monotonic() + 5
+            while _fds(worker) > baseline and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert _fds(worker) <= baseline, (cycle, baseline, os.listdir(f"/proc/{worker}/fd"))
         local = attach(b.data_dir)
         try:
             values = [v.decode() for _, v in _all_values(local, "kills", 0)]
