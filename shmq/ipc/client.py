@@ -72,7 +72,7 @@ SPIN_S = 0.00005
 # batch (a blocking wait watches the socket and notices at once).
 PEEK_EVERY_S = 0.02
 ACKS = {0: 0, 1: 1, -1: -1, "all": -1}
-NOT_LEADER, UNKNOWN_TOPIC_OR_PARTITION = 6, 3
+NOT_LEADER, UNKNOWN_TOPIC_OR_PARTITION, NETWORK_EXCEPTION = 6, 3, 13
 
 
 class NotLocalError(ShmqError):
@@ -415,8 +415,16 @@ class LocalBroker:
                 break
             except (OSError, AttachError) as exc:
                 if time.monotonic() + delay > deadline:
-                    raise SessionLostError(f"worker {dead.node_id} did not come back within "
-                                           f"{self.reattach_timeout} s: {exc}") from exc
+                    # every unanswered batch is answered with a retriable error: never silence
+                    why = f"worker {dead.node_id} did not come back within {self.reattach_timeout} s"
+                    self.sessions.pop(dead.node_id, None)
+                    for entry, _ in todo:
+                        f = entry.future
+                        if f.acks != 0:
+                            self._unanswered[(f.topic, f.partition)] -= 1
+                        f._set(BatchResult(f.topic, f.partition, -1, f.count, NETWORK_EXCEPTION,
+                                           why, -1, -1))
+                    raise SessionLostError(f"{why}: {exc}") from exc
                 time.sleep(delay)
                 delay = min(delay * 2, 0.1)
                 self._load_run_info()
@@ -513,7 +521,11 @@ class LocalBroker:
         session = self._session(node)
         sequenced = sequenced and self.idempotent
         if sequenced:
-            self._ensure_producer(session)
+            try:
+                self._ensure_producer(session)
+            except SessionLostError:  # the worker died under the request: once more
+                session = self._session(node)
+                self._ensure_producer(session)
         while self._unanswered.get(key, 0) >= self.max_in_flight:
             self._poll_session(session)
             if self._unanswered.get(key, 0) < self.max_in_flight:

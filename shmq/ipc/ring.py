@@ -33,6 +33,18 @@ is preceded by a PAD entry that fills the rest of the ring.  Kinds and payloads:
        8  correlation u32 | 12 error_code i16 | 14 zero u16 | 16 base_offset i64
       24  log_append_time i64 | 32 log_start_offset i64 | 40 error message (utf-8, optional)
 
+Changes from the sketch in DESIGN.md §4, and why:
+
+* A PRODUCE entry names its partition by topic and partition, not by state-table slot: a slot
+  is reused after a topic is deleted, a client's slot directory can be stale, and the wire path's
+  answers (UNKNOWN_TOPIC_OR_PARTITION for a topic the worker does not know, INVALID_TOPIC for an
+  internal one) need the name.  The name costs a few bytes against a batch of kilobytes.
+* A COMPLETION also carries the log start offset and the error message (Produce v5+/v8+ answer
+  both), so the two paths' answers are the same field for field.
+* One memfd holds both rings (one descriptor to pass and seal), and the client's kick channel is
+  an eventfd per direction rather than bytes on the socket: the socket stays free for the
+  session's few control messages and for death notices.
+
 Theory of operation:
 
 * **Publication.**  The producer writes an entry (PAD included) past ``tail``, then stores the
