@@ -47,7 +47,7 @@ from typing import Any, NamedTuple
 from shmq import _fast
 from shmq.errors import KafkaApiError, ShmqError
 from shmq.ipc import ring as rings
-from shmq.ipc.reader import READ_UNCOMMITTED, PartitionReader, ReadResult
+from shmq.ipc.reader import READ_UNCOMMITTED, PartitionReader, ReadResult, read_state
 from shmq.ipc.session import (
     VERSION,
     AttachError,
@@ -365,7 +365,7 @@ class LocalBroker:
         slot = self.slot_of(topic, partition)
         if slot is None or not 0 <= slot < self.table.slot_count:
             return None
-        st = self.table.read(slot)
+        st = read_state(self.table, slot)
         return st.leader if st is not None and st.leader > 0 else None
 
     def partition_dir(self, topic: str, partition: int, node_id: int) -> Path:

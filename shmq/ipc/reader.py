@@ -48,6 +48,29 @@ _SCAN_ROWS = 1024
 _COLS = _fast.SCAN_COLUMNS
 
 
+# How long a reader waits for a slot whose seq stays odd.  A writer preempted mid-update (a
+# loaded box) holds it odd for milliseconds, longer than read()'s spin budget; only a writer
+# that died mid-update holds it longer (the controller or the restarted worker completes it).
+STUCK_SLOT_S = 1.0
+
+
+def read_state(table: StateTable, slot: int, patience: float = STUCK_SLOT_S) -> PartitionState | None:
+    """A consistent snapshot of ``slot``, retrying (with short sleeps) for ``patience`` seconds
+    while a write is in progress; None when it never settled."""
+    st = table.read(slot)
+    if st is not None:
+        return st
+    deadline = time.monotonic() + patience
+    pause = 0.0001
+    while time.monotonic() < deadline:
+        time.sleep(pause)
+        pause = min(pause * 2, 0.01)
+        st = table.read(slot)
+        if st is not None:
+            return st
+    return None
+
+
 class NotReadableError(ShmqError):
     """The partition's state or files cannot be read here (no published state, unknown slot,
     files not readable): read over the Kafka protocol instead."""
@@ -269,10 +292,11 @@ class PartitionReader:
 
     # -- state ------------------------------------------------------------------------------
 
-    def state(self) -> PartitionState:
-        st = self.table.read(self.slot)
+    def state(self, patience: float = STUCK_SLOT_S) -> PartitionState:
+        st = read_state(self.table, self.slot, patience)
         if st is None:
-            raise NotReadableError(f"state table slot {self.slot} is being written (seq stuck odd)")
+            raise NotReadableError(f"state table slot {self.slot} stayed odd for {patience} s "
+                                   f"(its writer died mid-update): read over the Kafka protocol")
         if st.leader < 0:
             raise NotReadableError(f"slot {self.slot} has no published state")
         return st

@@ -229,3 +229,34 @@ def test_wait_slot_sleeps_until_a_write_and_times_out(impl) -> None:
         assert struct.unpack_from("=I", view, 64 + 56)[0] == 0  # the writer cleared the flag
         del th
     mapping.close()
+
+
+def test_reader_waits_out_a_preempted_writer_and_gives_up_on_a_dead_one() -> None:
+    """A slot whose seq is odd (a writer mid-update): the reader waits for it, briefly when the
+    writer finishes, and reports NotReadableError when it never does (a writer that died)."""
+    from shmq.ipc.reader import NotReadableError, PartitionReader
+    from shmq.ipc.state_table import HEADER_SIZE, StateTable
+
+    with StateTable.create(2) as table:
+        table.write(1, 1, 0, 0, 7, 7, 7, 3, 0)
+        at = HEADER_SIZE + 64
+        view = table._buffer()
+        seq = fast.ring.load_u64(view, at)
+        fast.ring.store_u64(view, at, seq + 1)  # odd: "being written"
+
+        def finish() -> None:
+            time.sleep(0.05)
+            fast.ring.store_u64(view, at, seq + 2)
+
+        th = threading.Thread(target=finish)
+        th.start()
+        reader = PartitionReader(table, 1, lambda node: "/nonexistent")
+        t0 = time.monotonic()
+        assert reader.state().high_watermark == 7
+        assert 0.04 < time.monotonic() - t0 < 0.5
+        th.join()
+        fast.ring.store_u64(view, at, seq + 3)  # odd for good
+        with pytest.raises(NotReadableError):
+            reader.state(patience=0.1)
+        table.clear(1)
+        del view
