@@ -434,7 +434,9 @@ def main(argv: list[str] | None = None) -> int:
 
     print_environment("shmq shared-memory data path vs IPC peers")
     print(f"  records     {args.records:,} x {SIZE} B (batched rows), {args.per_message:,} "
-          f"(per-message rows), batch {args.batch}, repeat {args.repeat}\n")
+          f"(per-message rows), batch {args.batch}, repeat {args.repeat}")
+    print("  timing      wall time (time.monotonic) in the producer and consumer processes (the "
+          "clock line above is _common's default and does not apply here)\n")
     work = Path(tempfile.mkdtemp(prefix="bench-shm-", dir=args.dir))
     broker = start_shmq(args.workers, work / "data", work)
     data_dir = str(work / "data")
@@ -457,6 +459,8 @@ def main(argv: list[str] | None = None) -> int:
 
         def rate(name: str, values: list[float], note: str = "") -> None:
             rows.append((name, values, note))
+            if values:
+                print(f"   {name:<50} {values[0]:>13,.0f}", flush=True)
 
         for rep in range(args.repeat):
             print(f"-- repeat {rep + 1}/{args.repeat}", flush=True)

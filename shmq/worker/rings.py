@@ -21,6 +21,13 @@ Theory of operation
 * **Sleeping.**  With nothing to drain the session keeps looking for ``IDLE_SPIN_S`` (entries
   usually follow each other closely under load, and a sleeping worker costs the client a write to
   the eventfd per entry), then sets ``consumer_sleeping`` and waits for the eventfd.
+* **What is trusted.**  The worker validates the batch where it lies in the ring and appends it
+  from there (no copy).  A client of the same uid that rewrote an entry after publishing it,
+  between the CRC check and the ``pwritev``, could store a batch whose CRC fails; that client
+  could as well write the segment files themselves (same uid, 0600 files), so the ring does not
+  pretend to guard against it.  What it does guarantee against any content: every length and
+  counter is checked against the ring's bounds before use, so garbage ends the session, never
+  the worker, and never reads outside the mapping.
 * **Clients that die.**  EOF on the socket: the entries the client published are drained (they
   are whole: half-written ones were never published), then the mapping and the eventfds are
   released; the memfd is gone once the client's mapping is too.  Garbage in a ring
