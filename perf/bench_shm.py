@@ -86,7 +86,8 @@ def ring_producer(data_dir: str, topic: str, n: int, batch: int, acks: Any, read
     broker.close()
 
 
-def ring_reader(data_dir: str, topic: str, n: int, arrow: bool, ready, go, out) -> None:
+def ring_reader(data_dir: str, topic: str, n: int, arrow: bool, chunk: int, ready, go,
+                out) -> None:
     from shmq.ipc.client import attach
 
     broker = attach(data_dir)
@@ -97,10 +98,10 @@ def ring_reader(data_dir: str, topic: str, n: int, arrow: bool, ready, go, out) 
     deadline = t0 + 300
     while got < n and time.monotonic() < deadline:
         if arrow:
-            rb, nxt = broker.read_arrow(topic, 0, offset, 1 << 20, timeout=1.0)
+            rb, nxt = broker.read_arrow(topic, 0, offset, chunk, timeout=1.0)
             got += rb.num_rows
         else:
-            r = broker.read(topic, 0, offset, 1 << 20, timeout=1.0)
+            r = broker.read(topic, 0, offset, chunk, timeout=1.0)
             nxt = r.next_offset
             got += len(r)
         offset = nxt
@@ -421,6 +422,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-message", type=int, default=200_000, help="records of per-message rows")
     p.add_argument("--batch", type=int, default=1000, help="records per send_batch / packed msg")
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--read-chunk", type=int, default=65536, help="max_records of each read")
+    p.add_argument("--latency-rates", default="10000:1,1000000:100",
+                   help="rate:records-per-call pairs of the ring latency rows")
     p.add_argument("--latency-seconds", type=float, default=3.0)
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--phase-timeout", type=float, default=300.0)
@@ -476,10 +480,11 @@ def main(argv: list[str] | None = None) -> int:
                     rate(f"ring produce, {args.batch}/call, {label}", [args.records / (t1 - t0)])
                     cpu_rows.setdefault(f"ring produce {label}", []).append(cpu / args.records)
                     if acks == 1:
-                        for arrow, label2 in ((True, "ring read -> Arrow (spark schema)"),
-                                              (False, "ring read (zero-copy views)")):
-                            res = h.run_one(ring_reader, (data_dir, t, args.records, arrow),
-                                            args.phase_timeout)
+                        for arrow, label2 in (
+                                (True, f"ring read -> Arrow (spark schema), {args.read_chunk}/read"),
+                                (False, f"ring read (zero-copy views), {args.read_chunk}/read")):
+                            res = h.run_one(ring_reader, (data_dir, t, args.records, arrow,
+                                                          args.read_chunk), args.phase_timeout)
                             _, t0, t1, got, _ = res
                             assert got == args.records, (got, args.records)
                             rate(label2, [args.records / (t1 - t0)])
@@ -528,7 +533,8 @@ def main(argv: list[str] | None = None) -> int:
                                (broker.bootstrap, t, n), args.phase_timeout)
                 rate("confluent-kafka TCP end to end", [n / (r["consumer"][2] - r["producer"][1])])
             if "latency" in only:
-                for rate_, per_call in ((10_000, 1), (1_000_000, 100)):
+                for pair in args.latency_rates.split(","):
+                    rate_, per_call = (int(x) for x in pair.split(":"))
                     t = topic()
                     expect = int(args.latency_seconds * rate_ / per_call) * per_call
                     r = h.run_pair(lat_ring_producer, (data_dir, t, rate_, per_call,
