@@ -283,7 +283,7 @@ class RingSession:
 
     async def _answer_when_durable(self, durable: list) -> None:
         try:
-            await flush_for_acks(d for _, _, _, d in durable)
+            await flush_for_acks(self.ctx, (d for _, _, _, d in durable))
         except OSError as exc:  # the fsync failed: the answer says so (Kafka: storage error)
             log.error("flush for acks=all failed: %s", exc)
             durable = [(slot, corr, result._replace(error_code=56, base_offset=-1,

@@ -259,4 +259,3 @@ def test_reader_waits_out_a_preempted_writer_and_gives_up_on_a_dead_one() -> Non
         with pytest.raises(NotReadableError):
             reader.state(patience=0.1)
         table.clear(1)
-        del view
