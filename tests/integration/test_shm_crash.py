@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -28,6 +29,23 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from conftest import RunningBroker, start_broker
 
 from shmq.ipc.client import attach
+
+READER = """
+import json, select, sys
+from shmq.ipc.client import attach
+local = attach(sys.argv[1])
+offsets, seen, errors = {0: 0, 1: 0}, {0: [], 1: []}, []
+print("ready", flush=True)
+try:
+    while not select.select([sys.stdin], [], [], 0)[0]:
+        for p in (0, 1):
+            r = local.read("crash", p, offsets[p], 1000, timeout=0.02)
+            seen[p] += [(x.offset, x.value.decode()) for x in r.records()]
+            offsets[p] = r.next_offset
+except Exception as exc:
+    errors.append(repr(exc))
+print(json.dumps({"seen": seen, "errors": errors}))
+"""
 
 CHILD = """
 import sys, time
@@ -100,30 +118,16 @@ def _all_values(local, topic: str, partition: int) -> list[tuple[int, bytes]]:
 
 def test_worker_sigkill_under_ring_stream_with_live_reader(tmp_path: Path) -> None:
     b = start_broker(tmp_path / "data")
+    reader: subprocess.Popen | None = None
     try:
         admin = AdminClient({"bootstrap.servers": b.bootstrap})
         admin.create_topics([NewTopic("crash", 2, 1)])["crash"].result(30)
         producer = attach(b.data_dir)
-        seen: dict[int, list[tuple[int, bytes]]] = {0: [], 1: []}
-        stop = threading.Event()
-        reader_errors: list[str] = []
-
-        def consume() -> None:
-            local = attach(b.data_dir)
-            offsets = {0: 0, 1: 0}
-            try:
-                while not stop.is_set():
-                    for p in (0, 1):
-                        r = local.read("crash", p, offsets[p], 1000, timeout=0.02)
-                        seen[p] += [(x.offset, x.value) for x in r.records()]
-                        offsets[p] = r.next_offset
-            except Exception as exc:  # noqa: BLE001 - reported by the test
-                reader_errors.append(repr(exc))
-            finally:
-                local.close()
-
-        th = threading.Thread(target=consume)
-        th.start()
+        # the live reader is another process (a thread would share the producer's GIL and
+        # delay its noticing a death): it reads until stdin closes, then prints what it saw
+        reader = subprocess.Popen([sys.executable, "-c", READER, str(b.data_dir)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert reader.stdout is not None and reader.stdout.readline().startswith("ready")
         acked: dict[int, list[bytes]] = {0: [], 1: []}
         futures = []
         kills: list[float] = []
@@ -148,8 +152,10 @@ def test_worker_sigkill_under_ring_stream_with_live_reader(tmp_path: Path) -> No
             assert producer.flush(60) == 0
         finally:
             kth.join(60)
-            stop.set()
-            th.join(30)
+            out, _ = reader.communicate("", timeout=60)
+        seen_json = json.loads(out)
+        seen = {int(p): [(o, v.encode()) for o, v in rows] for p, rows in seen_json["seen"].items()}
+        reader_errors = seen_json["errors"]
         for p, batch, f in futures:
             r = f.result(0)
             assert r.error_code == 0
@@ -172,6 +178,9 @@ def test_worker_sigkill_under_ring_stream_with_live_reader(tmp_path: Path) -> No
             assert not changed, f"the reader saw {len(changed)} records not in the final log"
         producer.close()
     finally:
+        if reader is not None and reader.poll() is None:
+            reader.kill()
+            reader.wait()
         assert b.stop() == 0, b.log_path.read_text()
 
 
