@@ -244,6 +244,14 @@ class _Session:
         finally:
             self.sock.setblocking(False)
 
+    def __del__(self) -> None:
+        # a LocalBroker dropped without close(): release the descriptors and the mapping
+        if getattr(self, "sock", None) is not None and self.sock.fileno() >= 0:
+            try:
+                self.close()
+            except Exception:  # noqa: BLE001 - nothing to report to at collection time
+                pass
+
     def close(self) -> None:
         self.alive = False
         self.sock.close()

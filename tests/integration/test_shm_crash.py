@@ -119,6 +119,7 @@ def _all_values(local, topic: str, partition: int) -> list[tuple[int, bytes]]:
 def test_worker_sigkill_under_ring_stream_with_live_reader(tmp_path: Path) -> None:
     b = start_broker(tmp_path / "data")
     reader: subprocess.Popen | None = None
+    producer = None
     try:
         admin = AdminClient({"bootstrap.servers": b.bootstrap})
         admin.create_topics([NewTopic("crash", 2, 1)])["crash"].result(30)
@@ -176,8 +177,9 @@ def test_worker_sigkill_under_ring_stream_with_live_reader(tmp_path: Path) -> No
             by_offset = dict(final)
             changed = [(o, v) for o, v in seen[p] if by_offset.get(o) != v]
             assert not changed, f"the reader saw {len(changed)} records not in the final log"
-        producer.close()
     finally:
+        if producer is not None:
+            producer.close(timeout=5)
         if reader is not None and reader.poll() is None:
             reader.kill()
             reader.wait()
