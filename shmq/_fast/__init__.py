@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from shmq._fast import _metrics_reference, _reference, _seqlock_reference
+from shmq._fast import _metrics_reference, _reference, _ring_reference, _seqlock_reference
 
 HAVE_FAST = False
 if not os.environ.get("SHMQ_PURE"):
@@ -18,6 +18,7 @@ if not os.environ.get("SHMQ_PURE"):
         from shmq._fast import index as _index
         from shmq._fast import mapping as _mapping
         from shmq._fast import metrics as _metrics
+        from shmq._fast import ring as _ring
         from shmq._fast import seqlock as _seqlock
         from shmq._fast import wire as _wire  # noqa: F401  (used by shmq.protocol)
 
@@ -45,6 +46,8 @@ if HAVE_FAST:
     write_slot = _seqlock.write_slot
     slot_seq = _seqlock.slot_seq
     MetricsWriter = _metrics.MetricsWriter
+    wait_slot = _seqlock.wait_slot
+    ring = _ring
 else:
     crc32c = _reference.crc32c
     crc32c_software = _reference.crc32c_software
@@ -65,6 +68,8 @@ else:
     write_slot = _seqlock_reference.write_slot
     slot_seq = _seqlock_reference.slot_seq
     MetricsWriter = _metrics_reference.MetricsWriter  # type: ignore[misc,assignment]
+    wait_slot = _seqlock_reference.wait_slot
+    ring = _ring_reference  # type: ignore[misc,assignment]
 
 from shmq._fast._reference import (  # noqa: E402  (constants are shared)
     COL_ATTRIBUTES,
@@ -91,7 +96,7 @@ from shmq._fast._seqlock_reference import DEFAULT_MAX_SPINS, SLOT_SIZE  # noqa: 
 
 __all__ = [
     "MetricsWriter",
-    "DEFAULT_MAX_SPINS", "SLOT_SIZE", "read_slot", "slot_seq", "write_slot",
+    "DEFAULT_MAX_SPINS", "SLOT_SIZE", "read_slot", "ring", "slot_seq", "wait_slot", "write_slot",
     "COL_ATTRIBUTES", "COL_BASE_OFFSET", "COL_BASE_SEQUENCE", "COL_BASE_TIMESTAMP",
     "COL_LAST_OFFSET", "COL_LEADER_EPOCH", "COL_MAX_TIMESTAMP", "COL_POSITION",
     "COL_PRODUCER_EPOCH", "COL_PRODUCER_ID", "COL_RECORDS_COUNT", "COL_SIZE", "HAVE_FAST",

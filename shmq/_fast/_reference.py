@@ -459,3 +459,15 @@ class MappedFile(mmap.mmap):
     @property
     def length(self) -> int:
         return len(self)
+
+    def populate(self, start: int, length: int) -> None:
+        """As the compiled one: ``MADV_POPULATE_READ`` over the range (best effort)."""
+        if length <= 0:
+            return
+        if start < 0 or start > len(self) - length:
+            raise ValueError("range outside the mapping")
+        lo = start - start % mmap.PAGESIZE
+        try:
+            self.madvise(22, lo, start + length - lo)  # MADV_POPULATE_READ (Linux >= 5.14)
+        except OSError:
+            pass

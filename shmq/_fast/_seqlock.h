@@ -2,7 +2,14 @@
  *
  * Slot layout (native byte order: every party is on the same host), offsets in bytes:
  *   0 seq u64 | 8 leader i32 | 12 epoch i32 | 16 log_start i64 | 24 hw i64 | 32 lso i64
- *   40 leo i64 | 48 segments_gen u32 | 52 flags u32 | 56..64 reserved (zero)
+ *   40 leo i64 | 48 segments_gen u32 | 52 flags u32 | 56 waiters u32 | 60 reserved (zero)
+ *
+ * Waiting: a reader that wants more than the slot says sets ``waiters`` (seq_cst exchange),
+ * re-reads seq and sleeps in FUTEX_WAIT on seq's low 32 bits while they still hold the value it
+ * saw.  The writer, after publishing, looks at ``waiters`` (after a seq_cst fence) and only when
+ * it is set clears it and calls FUTEX_WAKE: no system call per write while nobody waits.  One of
+ * the two always sees the other's store (store -> fence -> load on both sides), so a wake-up is
+ * never lost; a reader that died asleep costs its slot one spurious wake, then the flag is clear.
  *
  * One writer per slot.  Every field is accessed with a (relaxed) atomic load or store, so a
  * reader racing a writer is not a C data race (Boehm, "Can seqlocks get along with programming
@@ -13,6 +20,12 @@
 #ifndef SHMQ_SEQLOCK_H
 #define SHMQ_SEQLOCK_H
 #include <stdint.h>
+#include <limits.h>
+#include <time.h>
+#include <errno.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+#include <linux/futex.h>
 
 typedef struct {
     uint64_t seq;
@@ -24,7 +37,8 @@ typedef struct {
     int64_t leo;
     uint32_t segments_gen;
     uint32_t flags;
-    uint64_t reserved;
+    uint32_t waiters;
+    uint32_t reserved;
 } shmq_slot_t;
 
 _Static_assert(sizeof(shmq_slot_t) == 64, "state-table slot must be 64 bytes");
@@ -51,6 +65,15 @@ static inline void shmq_cpu_relax(void) {
 #endif
 }
 
+/* The 32 bits of seq that change on every write (its low half), as a futex word. */
+static inline uint32_t *shmq_slot_futex_word(shmq_slot_t *s) {
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    return (uint32_t *)&s->seq + 1;
+#else
+    return (uint32_t *)&s->seq;
+#endif
+}
+
 /* Writer.  A seq that is already odd on entry was left by a writer that died mid-update: keep it
  * odd (readers are already retrying) and finish the update, which makes it even again. */
 static inline void shmq_slot_write(unsigned char *base, const shmq_slot_values_t *v) {
@@ -74,6 +97,32 @@ static inline void shmq_slot_write(unsigned char *base, const shmq_slot_values_t
     __atomic_thread_fence(__ATOMIC_RELEASE);
     /* Release: every field store above is visible before the even seq. */
     __atomic_store_n(&s->seq, seq + 1, __ATOMIC_RELEASE);
+    /* Store-load order between the even seq and the waiters flag (see the top of the file). */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&s->waiters, __ATOMIC_RELAXED)
+            && __atomic_exchange_n(&s->waiters, 0, __ATOMIC_SEQ_CST))
+        syscall(SYS_futex, shmq_slot_futex_word(s), FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Sleep until the slot's seq is no longer ``seen`` or ``timeout_ns`` passed (< 0: no limit).
+ * Returns 1 when seq changed (or may have: a wake-up), 0 on timeout.  Spurious returns are
+ * allowed: the caller re-reads the slot. */
+static inline int shmq_slot_wait(unsigned char *base, uint64_t seen, int64_t timeout_ns) {
+    shmq_slot_t *s = (shmq_slot_t *)base;
+    struct timespec ts, *tp = NULL;
+    long r;
+    __atomic_exchange_n(&s->waiters, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&s->seq, __ATOMIC_SEQ_CST) != seen)
+        return 1;
+    if (timeout_ns >= 0) {
+        ts.tv_sec = timeout_ns / 1000000000;
+        ts.tv_nsec = timeout_ns % 1000000000;
+        tp = &ts;
+    }
+    r = syscall(SYS_futex, shmq_slot_futex_word(s), FUTEX_WAIT, (uint32_t)seen, tp, NULL, 0);
+    if (r == -1 && errno == ETIMEDOUT)
+        return 0;
+    return 1;
 }
 
 /* Reader.  Returns 1 and fills *out with a consistent snapshot, or 0 after max_spins attempts

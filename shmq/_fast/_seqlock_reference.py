@@ -12,12 +12,19 @@ through ``struct``; the seq checks cover them.  On weaker memory models it is be
 Slot layout, native byte order, see ``seqlock.pyx`` for the full picture::
 
     seq u64 | leader i32 | epoch i32 | log_start i64 | hw i64 | lso i64 | leo i64
-    | segments_gen u32 | flags u32 | reserved 8 B
+    | segments_gen u32 | flags u32 | waiters u32 | reserved 4 B
+
+Waiting (``wait_slot``) uses the same futex protocol as the compiled module, through libc's
+``syscall`` with ctypes.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
 import struct
+import sys
 from typing import Any
 
 SLOT_SIZE = 64
@@ -38,6 +45,36 @@ _RANGES = (
     ("segments_gen", 0, 2**32 - 1),
     ("flags", 0, 2**32 - 1),
 )
+
+
+_WAITERS = 56
+_U32 = struct.Struct("=I")
+_SYS_FUTEX = 202 if sys.maxsize > 2**32 else 240  # x86-64 (aarch64 is 98)
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1
+_libc: Any = None
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def _futex(view: memoryview, slot_offset: int, op: int, value: int,
+           timeout: float | None = None) -> int:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        import platform
+        global _SYS_FUTEX
+        if platform.machine() in ("aarch64", "arm64"):
+            _SYS_FUTEX = 98
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(view, slot_offset)) + (
+        4 if sys.byteorder == "big" else 0)
+    ts = None
+    if timeout is not None and timeout >= 0:
+        ts = _Timespec(int(timeout), int((timeout - int(timeout)) * 1e9))
+    r = _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(addr), op, ctypes.c_uint32(value),
+                      ctypes.byref(ts) if ts is not None else None, None, 0)
+    return 0 if r != -1 else ctypes.get_errno()
 
 
 def _check_slot(buf: memoryview, slot_offset: int) -> None:
@@ -76,6 +113,11 @@ def write_slot(
                 seq_word[0] = seq
             _FIELDS.pack_into(view, slot_offset + 8, *values)
             seq_word[0] = (seq + 1) & 0xFFFFFFFFFFFFFFFF
+        if _U32.unpack_from(view, slot_offset + _WAITERS)[0]:  # a reader sleeps: wake it
+            with view[slot_offset + _WAITERS : slot_offset + _WAITERS + 4] as raw, \
+                    raw.cast("I") as waiters:
+                waiters[0] = 0
+            _futex(view, slot_offset, _FUTEX_WAKE, 0x7FFFFFFF)
 
 
 def read_slot(
@@ -104,3 +146,20 @@ def slot_seq(buf: Any, slot_offset: int) -> int:
         _check_slot(view, slot_offset)
         with view[slot_offset : slot_offset + 8] as raw, raw.cast("Q") as seq_word:
             return int(seq_word[0])
+
+
+def wait_slot(buf: Any, slot_offset: int, seen: int, timeout: float) -> bool:
+    """Sleep until the slot's seq is no longer ``seen`` or ``timeout`` passed (see seqlock.pyx)."""
+    with memoryview(buf).cast("B") as view:
+        if view.readonly:
+            raise BufferError("underlying buffer is not writable")
+        _check_slot(view, slot_offset)
+        with view[slot_offset + _WAITERS : slot_offset + _WAITERS + 4] as raw, \
+                raw.cast("I") as waiters:
+            waiters[0] = 1
+        with view[slot_offset : slot_offset + 8] as raw, raw.cast("Q") as seq_word:
+            if seq_word[0] != seen:
+                return True
+        err = _futex(view, slot_offset, _FUTEX_WAIT, seen & 0xFFFFFFFF,
+                     None if timeout < 0 else timeout)
+        return err != errno.ETIMEDOUT

@@ -12,7 +12,8 @@ Slot layout, native byte order (the state table never leaves the host), offsets 
     40 log_end       i64
     48 segments_gen  u32   bumped on roll / delete / truncate: mmap readers re-list segments
     52 flags         u32
-    56 reserved      8 B   zero
+    56 waiters       u32   set by a reader asleep on the slot (``wait_slot``), cleared by the writer
+    60 reserved      4 B   zero
 
 Theory of operation (one writer per slot, any number of readers, in any processes):
 
@@ -45,6 +46,7 @@ cdef extern from "_seqlock.h":
     int shmq_slot_read(const unsigned char *base, shmq_slot_values_t *out,
                        long max_spins) noexcept nogil
     uint64_t shmq_slot_seq(const unsigned char *base) noexcept nogil
+    int shmq_slot_wait(unsigned char *base, uint64_t seen, int64_t timeout_ns) noexcept nogil
 
 SLOT_SIZE = 64
 # Each attempt costs one `pause` (~40-140 cycles) at most: 10,000 attempts bound a reader to
@@ -98,3 +100,17 @@ def slot_seq(const unsigned char[::1] buf not None, Py_ssize_t slot_offset):
     """The slot's seq word (acquire load): even when stable, odd while written."""
     _check_slot(buf.shape[0], &buf[0], slot_offset)
     return shmq_slot_seq(&buf[slot_offset])
+
+
+def wait_slot(unsigned char[::1] buf not None, Py_ssize_t slot_offset, uint64_t seen,
+              double timeout):
+    """Sleep (FUTEX_WAIT, no spinning) until the slot's seq is no longer ``seen`` or
+    ``timeout`` seconds passed (negative: no limit).  True when it changed or may have (a
+    wake-up; the caller re-reads the slot), False on timeout.  The buffer must be writable: the
+    reader sets the slot's ``waiters`` flag so the writer knows to wake it."""
+    cdef int r
+    cdef int64_t ns = -1 if timeout < 0 else <int64_t>(timeout * 1e9)
+    _check_slot(buf.shape[0], &buf[0], slot_offset)
+    with nogil:
+        r = shmq_slot_wait(&buf[slot_offset], seen, ns)
+    return r == 1

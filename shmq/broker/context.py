@@ -87,7 +87,7 @@ class BrokerContext:
         if 0 <= info.slot < table.slot_count:
             table.write(info.slot, self.node_id, info.leader_epoch, log.log_start_offset,
                         log.high_watermark, log.high_watermark, log.log_end_offset,
-                        len(log.segments))
+                        log.generation)
 
     def log_for(self, topic: str, partition: int) -> PartitionLog | None:
         """The local log of a partition this node leads (created on first use), else None."""

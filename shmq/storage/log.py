@@ -26,6 +26,7 @@ writer appends: it only reads the segment list under ``_lock`` and fsyncs outsid
 
 from __future__ import annotations
 
+import secrets
 import struct
 import threading
 import time
@@ -105,6 +106,10 @@ class PartitionLog:
         self.config = config
         self.segments = segments
         self._bases = [s.base_offset for s in segments]
+        # bumped whenever the segment list changes (roll, deletion, truncation) and published in
+        # the state table (segments_gen): local readers re-list the segment files when it moves.
+        # Random at open, so a restarted worker's log never repeats the value a reader cached.
+        self.generation = secrets.randbits(32)
         self.log_start_offset = log_start_offset
         self.recovery_point = recovery_point
         self.high_watermark = self.log_end_offset
@@ -450,6 +455,7 @@ class PartitionLog:
         new.next_offset = base
         self.segments.append(new)
         self._bases.append(base)
+        self.generation = (self.generation + 1) & 0xFFFFFFFF
         self._directory_dirty = True  # the new file's name is durable only after a dir fsync
         return new
 
@@ -504,6 +510,7 @@ class PartitionLog:
                 self.segments.remove(seg)
                 seg.delete()
             self._bases = [s.base_offset for s in self.segments]
+            self.generation = (self.generation + 1) & 0xFFFFFFFF
             self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
             self.producer_state.delete_snapshots_below(self.segments[0].base_offset)
             return len(doomed)
@@ -538,6 +545,7 @@ class PartitionLog:
                     seg.make_active()
                 seg.truncate_to(offset)
             self._bases = [s.base_offset for s in self.segments]
+            self.generation = (self.generation + 1) & 0xFFFFFFFF
             leo = self.log_end_offset
             self.high_watermark = min(self.high_watermark, leo)
             self.recovery_point = min(self.recovery_point, leo)

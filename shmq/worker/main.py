@@ -176,7 +176,8 @@ def preload() -> None:
     import shmq.ipc.state_table
     import shmq.net.connection
     import shmq.storage
-    import shmq.supervisor.control  # noqa: F401
+    import shmq.supervisor.control
+    import shmq.worker.rings  # noqa: F401
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -218,6 +219,11 @@ async def run(args: argparse.Namespace) -> int:
             metrics_table, ctx.metrics = attach_metrics(settings["metrics_table"], args.node_id)
         server = await serve(Router(ctx), config.host, args.port, config.socket_request_max_bytes,
                              ctx.stats, ctx.metrics)
+        from shmq.ipc.session import socket_path
+        from shmq.worker.rings import RingServer
+
+        ring_server = RingServer(ctx, socket_path(config.data_dir, args.node_id), ctx.stats)
+        ring_server.start()  # the shared-memory produce path for local clients
     except Exception as exc:  # noqa: BLE001 - report any boot failure, then halt the broker
         log.error("worker %d failed to start: %s", args.node_id, exc, exc_info=log.isEnabledFor(logging.DEBUG))
         channel.send({"type": "boot_error", "error": f"{type(exc).__name__}: {exc}"})
@@ -274,7 +280,10 @@ async def run(args: argparse.Namespace) -> int:
                 {"node_id": args.node_id, "pid": os.getpid(), **ctx.stats}) + "\n", sync=False)
             now = time.monotonic()
             if now - last_retention >= RETENTION_CHECK_S:
-                manager.run_retention()
+                if manager.run_retention():  # local readers follow segments_gen
+                    for (topic, partition), plog in list(manager.logs.items()):
+                        if topic in ctx.metadata.topics:
+                            ctx.publish_state(topic, partition, plog)
                 last_retention = now
             if now - last_checkpoint >= CHECKPOINT_S:
                 manager.checkpoint()
@@ -283,6 +292,7 @@ async def run(args: argparse.Namespace) -> int:
     tasks = [asyncio.ensure_future(control()), asyncio.ensure_future(housekeeping())]
     await stop.wait()
     server.close()
+    ring_server.close()
     for t in tasks:
         t.cancel()
     manager.shutdown()

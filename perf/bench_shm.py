@@ -1,0 +1,587 @@
+"""The shared-memory data path against the Python IPC peers and the Kafka wire path, in one run.
+
+    python perf/bench_shm.py [--records 2000000] [--per-message 200000] [--batch 1000]
+                             [--repeat 3] [--latency-seconds 3] [--workers 1] [--dir /tmp]
+                             [--only ring,peers,tcp,latency,cpu]
+
+Every row moves 100 B records from one producer process to one consumer process (both started
+with ``multiprocessing``'s spawn context; their start-up is not timed).  The shmq rows go
+through a real ``shmq broker`` (``--workers`` partition workers, data dir in a fresh temporary
+directory under ``--dir``): the records are persisted in the partition's log (page cache, as
+Kafka's acks=1/all without fsync... except that acks=all fsyncs with ``flush.on.ack``), not only
+handed over.  The peers persist nothing; they are the anchors.
+
+Rows (median of ``--repeat`` runs, with the spread (max - min) / median):
+
+* ``ring produce``: ``LocalBroker.send_batch`` of ``--batch`` records per call to one partition,
+  pipelined (``poll(0)`` after each call, at most 5 unanswered batches per partition: Kafka's
+  idempotent-producer bound), timed from the first call to the end of ``flush()`` (every batch
+  acknowledged: in the log).  acks=all is the client default (Kafka's); acks=1 is named beside.
+* ``ring read -> Arrow``: another process reads the partition from offset 0 with
+  ``LocalBroker.read_arrow`` (the spark_bridge schema) until it has every record; ``ring read
+  (views)`` the same with zero-copy ``read`` only (batches found, not decoded).
+* ``multiprocessing.Queue``, ``pyzmq ipc://`` (PUSH/PULL), ``posix_ipc MessageQueue``: per
+  message (one ``put``/``send`` per record, ``--per-message`` records) and packed (``--batch``
+  records joined into one message; posix_ipc: as many as fit its 8 KiB message limit).  Timed
+  from the producer's first send to the consumer's last receive.
+* ``confluent-kafka TCP``: a default-config librdkafka Producer to the same broker over loopback
+  (``produce`` per record, ``flush``), and a default-config Consumer (``assign`` from the start)
+  in another process reading them back; end to end.
+* ``latency``: the produce call to a waiting reader (another process in ``read(timeout=...)``,
+  asleep on the state table's futex), the send time carried in each record, at 10,000 records/s
+  (one record per call) and at 1,000,000 records/s (100 records per call every 100 us);
+  p50 / p99 / max.  The anchor row is confluent-kafka at 10,000 msg/s (defaults, so linger.ms 5).
+* ``broker CPU per record``: utime+stime of the broker's processes (controller and workers)
+  during the ring produce and during the confluent-kafka produce of the same records.
+
+Targets (issue 14): batched produce >= 11 M records/s persisted and >= 2x the best peer's packed
+rate; read into Arrow >= 20 M records/s; latency p99 <= 100 us at 10 k/s and <= 1 ms at 1 M/s;
+broker CPU per record <= 0.5x the TCP path's.  Only loopback and Unix sockets; every loop is
+bounded by a count and by --phase-timeout; the broker is stopped by PID at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+SIZE = 100
+MQ_LIMIT = 8192
+
+
+# -- child roles (module level: the spawn context imports them) -------------------------------
+
+def _payload(n: int) -> list[bytes]:
+    return [b"x" * SIZE] * n
+
+
+def ring_producer(data_dir: str, topic: str, n: int, batch: int, acks: Any, ready, go, out) -> None:
+    from shmq.ipc.client import attach
+
+    broker = attach(data_dir)
+    values = _payload(batch)
+    broker.send_batch(topic, 0, values[:1], acks=acks).result(30)  # session, producer id
+    ready.set()
+    go.wait()
+    t0 = time.monotonic()
+    sent = 0
+    while sent < n:
+        k = min(batch, n - sent)
+        broker.send_batch(topic, 0, values if k == batch else values[:k], acks=acks)
+        broker.poll(0)
+        sent += k
+    left = broker.flush(120)
+    t1 = time.monotonic()
+    out.put(("producer", t0, t1, left, time.process_time()))
+    broker.close()
+
+
+def ring_reader(data_dir: str, topic: str, n: int, arrow: bool, chunk: int, ready, go,
+                out) -> None:
+    from shmq.ipc.client import attach
+
+    broker = attach(data_dir)
+    ready.set()
+    go.wait()
+    t0 = time.monotonic()
+    offset, got = 1, 0  # offset 0 is the warm-up record
+    deadline = t0 + 300
+    while got < n and time.monotonic() < deadline:
+        if arrow:
+            rb, nxt = broker.read_arrow(topic, 0, offset, chunk, timeout=1.0)
+            got += rb.num_rows
+        else:
+            r = broker.read(topic, 0, offset, chunk, timeout=1.0)
+            nxt = r.next_offset
+            got += len(r)
+        offset = nxt
+    t1 = time.monotonic()
+    out.put(("reader", t0, t1, got, time.process_time()))
+    broker.close()
+
+
+def mpq_producer(q, n: int, packed: int, ready, go, out) -> None:
+    ready.set()
+    go.wait()
+    t0 = time.monotonic()
+    if packed:
+        chunk = _payload(packed)
+        for _ in range(n // packed):
+            q.put(chunk)
+    else:
+        v = b"x" * SIZE
+        for _ in range(n):
+            q.put(v)
+    out.put(("producer", t0, time.monotonic(), 0, 0))
+
+
+def mpq_consumer(q, n: int, packed: int, ready, go, out) -> None:
+    ready.set()
+    got = 0
+    while got < n:
+        item = q.get()
+        got += len(item) if packed else 1
+    out.put(("consumer", 0, time.monotonic(), got, 0))
+
+
+def zmq_producer(addr: str, n: int, packed: int, ready, go, out) -> None:
+    import zmq
+
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.PUSH)
+    s.connect(addr)
+    ready.set()
+    go.wait()
+    t0 = time.monotonic()
+    if packed:
+        blob = b"x" * (SIZE * packed)  # fixed-size records: no length prefixes needed
+        for _ in range(n // packed):
+            s.send(blob)
+    else:
+        v = b"x" * SIZE
+        for _ in range(n):
+            s.send(v)
+    out.put(("producer", t0, time.monotonic(), 0, 0))
+    s.close(linger=10_000)
+    ctx.term()
+
+
+def zmq_consumer(addr: str, n: int, packed: int, ready, go, out) -> None:
+    import zmq
+
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.PULL)
+    s.bind(addr)
+    ready.set()
+    got = 0
+    while got < n:
+        m = s.recv()
+        got += len(m) // SIZE
+    out.put(("consumer", 0, time.monotonic(), got, 0))
+    s.close()
+    ctx.term()
+
+
+def mq_producer(name: str, n: int, packed: int, ready, go, out) -> None:
+    import posix_ipc
+
+    q = posix_ipc.MessageQueue(name)
+    ready.set()
+    go.wait()
+    t0 = time.monotonic()
+    if packed:
+        blob = b"x" * (SIZE * packed)
+        for _ in range(n // packed):
+            q.send(blob)
+    else:
+        v = b"x" * SIZE
+        for _ in range(n):
+            q.send(v)
+    out.put(("producer", t0, time.monotonic(), 0, 0))
+    q.close()
+
+
+def mq_consumer(name: str, n: int, packed: int, ready, go, out) -> None:
+    import posix_ipc
+
+    q = posix_ipc.MessageQueue(name)
+    ready.set()
+    got = 0
+    while got < n:
+        m, _ = q.receive()
+        got += len(m) // SIZE
+    out.put(("consumer", 0, time.monotonic(), got, 0))
+    q.close()
+
+
+def tcp_producer(bootstrap: str, topic: str, n: int, ready, go, out) -> None:
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap})
+    p.produce(topic, b"w", partition=0)
+    p.flush(30)
+    ready.set()
+    go.wait()
+    t0 = time.monotonic()
+    v = b"x" * SIZE
+    for _ in range(n):
+        while True:
+            try:
+                p.produce(topic, v, partition=0)
+                break
+            except BufferError:
+                p.poll(0.01)
+    left = p.flush(120)
+    out.put(("producer", t0, time.monotonic(), left, time.process_time()))
+
+
+def tcp_consumer(bootstrap: str, topic: str, n: int, ready, go, out) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-shm",
+                  "enable.auto.commit": False})
+    c.assign([TopicPartition(topic, 0, 1)])
+    c.consume(1, 0.5)  # connected before the clock starts (the consumed ones are counted)
+    ready.set()
+    got = 0
+    deadline = time.monotonic() + 300
+    while got < n and time.monotonic() < deadline:
+        for m in c.consume(10_000, 1.0):
+            if not m.error():
+                got += 1
+    out.put(("consumer", 0, time.monotonic(), got, 0))
+    c.close()
+
+
+def _pace(due: float) -> None:
+    """Sleep until ~80 us before ``due`` (sleep overshoots by ~60 us here), then spin: a pure
+    spin would take a whole core from the broker and the reader on a 2-core box."""
+    left = due - time.monotonic()
+    if left > 0.00012:
+        time.sleep(left - 0.00008)
+    while time.monotonic() < due:
+        pass
+
+
+WARMUP_S = 0.5  # records sent first and not measured (stamp 0): connections, caches, offsets
+
+
+def lat_ring_producer(data_dir: str, topic: str, rate: int, per_call: int, seconds: float,
+                      ready, go, out) -> None:
+    from shmq.ipc.client import attach
+
+    broker = attach(data_dir)
+    broker.send_batch(topic, 0, [b"w" * SIZE], acks=1).result(30)
+    ready.set()
+    go.wait()
+    interval = per_call / rate
+    calls = int(seconds / interval)
+    warm = int(WARMUP_S / interval)
+    pad = b"x" * (SIZE - 8)
+    start = time.monotonic()
+    for i in range(warm + calls):
+        _pace(start + i * interval)
+        now = (time.monotonic_ns() if i >= warm else 0).to_bytes(8, "little")
+        broker.send_batch(topic, 0, [now + pad] * per_call, acks=1)
+        broker.poll(0)
+    broker.flush(60)
+    out.put(("producer", start, time.monotonic(), calls * per_call, 0))
+    broker.close()
+
+
+def lat_ring_reader(data_dir: str, topic: str, expect: int, ready, go, out) -> None:
+    import numpy as np
+
+    from shmq.ipc.client import attach
+
+    broker = attach(data_dir)
+    offset = broker.reader(topic, 0).state().high_watermark
+    ready.set()
+    lat: list[Any] = []
+    got = 0
+    deadline = time.monotonic() + 300
+    while got < expect and time.monotonic() < deadline:
+        r = broker.read(topic, 0, offset, 1 << 16, timeout=1.0)
+        now = time.monotonic_ns()
+        if not len(r):
+            continue
+        stamps = np.fromiter((int.from_bytes(x.value[:8], "little") for x in r.records()),
+                             dtype=np.int64)
+        lat.append(now - stamps[stamps != 0])
+        got += int((stamps != 0).sum())
+        offset = r.next_offset
+    allv = np.concatenate(lat) if lat else np.zeros(1, np.int64)
+    out.put(("reader", 0, 0, got, allv.tolist()))
+    broker.close()
+
+
+def lat_tcp_producer(bootstrap: str, topic: str, rate: int, seconds: float, ready, go, out) -> None:
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap})
+    p.produce(topic, b"w" * SIZE, partition=0)
+    p.flush(30)
+    ready.set()
+    go.wait()
+    interval = 1 / rate
+    calls = int(seconds * rate)
+    warm = int(WARMUP_S / interval)
+    pad = b"x" * (SIZE - 8)
+    start = time.monotonic()
+    for i in range(warm + calls):
+        _pace(start + i * interval)
+        now = time.monotonic_ns() if i >= warm else 0
+        p.produce(topic, now.to_bytes(8, "little") + pad, partition=0)
+        p.poll(0)
+    p.flush(60)
+    out.put(("producer", start, time.monotonic(), calls, 0))
+
+
+def lat_tcp_consumer(bootstrap: str, topic: str, expect: int, ready, go, out) -> None:
+    from confluent_kafka import OFFSET_END, Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-shm-lat",
+                  "enable.auto.commit": False})
+    c.assign([TopicPartition(topic, 0, OFFSET_END)])
+    c.consume(1, 1.0)
+    ready.set()
+    lat = []
+    deadline = time.monotonic() + 300
+    while len(lat) < expect and time.monotonic() < deadline:
+        for m in c.consume(1000, 0.5):
+            now = time.monotonic_ns()
+            if not m.error() and len(m.value()) == SIZE:
+                sent = int.from_bytes(m.value()[:8], "little")
+                if sent:
+                    lat.append(now - sent)
+    out.put(("reader", 0, 0, len(lat), lat))
+    c.close()
+
+
+# -- driver -------------------------------------------------------------------------------------
+
+class Harness:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.ctx = mp.get_context("spawn")
+
+    def run_pair(self, producer: Any, pargs: tuple, consumer: Any, cargs: tuple,
+                 timeout: float) -> dict[str, tuple]:
+        """Start both roles, wait until both are ready, release the producer, collect."""
+        ctx = self.ctx
+        out = ctx.Queue()
+        go = ctx.Event()
+        r1, r2 = ctx.Event(), ctx.Event()
+        procs = [ctx.Process(target=consumer, args=(*cargs, r2, go, out)),
+                 ctx.Process(target=producer, args=(*pargs, r1, go, out))]
+        procs[0].start()
+        if not r2.wait(60):
+            raise RuntimeError("consumer did not start")
+        procs[1].start()
+        try:
+            if not r1.wait(60):
+                raise RuntimeError("producer did not start")
+            go.set()
+            results: dict[str, tuple] = {}
+            deadline = time.monotonic() + timeout
+            while len(results) < 2:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("phase timed out")
+                item = out.get(timeout=left)
+                results[item[0]] = item
+            return results
+        finally:
+            for p in procs:
+                p.join(5)
+                if p.is_alive():
+                    p.kill()  # by its handle: a process we started
+                    p.join()
+
+    def run_one(self, producer: Any, pargs: tuple, timeout: float) -> tuple:
+        ctx = self.ctx
+        out, go, ready = ctx.Queue(), ctx.Event(), ctx.Event()
+        p = ctx.Process(target=producer, args=(*pargs, ready, go, out))
+        p.start()
+        try:
+            if not ready.wait(60):
+                raise RuntimeError("did not start")
+            go.set()
+            return out.get(timeout=timeout)
+        finally:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+def _noop_consumer(ready, go, out) -> None:
+    ready.set()
+    out.put(("consumer", 0, 0, 0, 0))
+
+
+def stats(xs: list[float]) -> tuple[float, float]:
+    med = statistics.median(xs)
+    return med, ((max(xs) - min(xs)) / med if med else 0.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--records", type=int, default=2_000_000, help="records of the batched rows")
+    p.add_argument("--per-message", type=int, default=200_000, help="records of per-message rows")
+    p.add_argument("--batch", type=int, default=1000, help="records per send_batch / packed msg")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--read-chunk", type=int, default=65536, help="max_records of each read")
+    p.add_argument("--latency-rates", default="10000:1,1000000:100",
+                   help="rate:records-per-call pairs of the ring latency rows")
+    p.add_argument("--latency-seconds", type=float, default=3.0)
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--phase-timeout", type=float, default=300.0)
+    p.add_argument("--only", default="ring,peers,tcp,latency,cpu")
+    p.add_argument("--dir", default=tempfile.gettempdir())
+    args = p.parse_args(argv)
+    only = set(args.only.split(","))
+
+    from _common import print_environment
+    from bench_broker import cpu_delta, start_shmq
+
+    print_environment("shmq shared-memory data path vs IPC peers")
+    print(f"  records     {args.records:,} x {SIZE} B (batched rows), {args.per_message:,} "
+          f"(per-message rows), batch {args.batch}, repeat {args.repeat}")
+    print("  timing      wall time (time.monotonic) in the producer and consumer processes (the "
+          "clock line above is _common's default and does not apply here)\n")
+    work = Path(tempfile.mkdtemp(prefix="bench-shm-", dir=args.dir))
+    broker = start_shmq(args.workers, work / "data", work)
+    data_dir = str(work / "data")
+    h = Harness(args)
+    rows: list[tuple[str, list[float], str]] = []
+    cpu_rows: dict[str, list[float]] = {}
+    extra: list[str] = []
+    try:
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        topic_no = [0]
+
+        def topic() -> str:
+            topic_no[0] += 1
+            name = f"bench-{topic_no[0]}"
+            admin.create_topics([NewTopic(name, 1, 1)])[name].result(30)
+            time.sleep(0.2)  # broker.json lists the new slot
+            return name
+
+        def rate(name: str, values: list[float], note: str = "") -> None:
+            rows.append((name, values, note))
+            if values:
+                print(f"   {name:<50} {values[0]:>13,.0f}", flush=True)
+
+        for rep in range(args.repeat):
+            print(f"-- repeat {rep + 1}/{args.repeat}", flush=True)
+            if "ring" in only:
+                for acks, label in ((-1, "acks=all (default)"), (1, "acks=1")):
+                    t = topic()
+                    before = broker.cpu()
+                    res = h.run_one(ring_producer, (data_dir, t, args.records, args.batch, acks),
+                                    args.phase_timeout)
+                    cpu = cpu_delta(before, broker.cpu())
+                    _, t0, t1, left, _ = res
+                    assert left == 0
+                    rate(f"ring produce, {args.batch}/call, {label}", [args.records / (t1 - t0)])
+                    cpu_rows.setdefault(f"ring produce {label}", []).append(cpu / args.records)
+                    if acks == 1:
+                        for arrow, label2 in (
+                                (True, f"ring read -> Arrow (spark schema), {args.read_chunk}/read"),
+                                (False, f"ring read (zero-copy views), {args.read_chunk}/read")):
+                            res = h.run_one(ring_reader, (data_dir, t, args.records, arrow,
+                                                          args.read_chunk), args.phase_timeout)
+                            _, t0, t1, got, _ = res
+                            assert got == args.records, (got, args.records)
+                            rate(label2, [args.records / (t1 - t0)])
+                rate("ring produce, 1/call, acks=1", [])
+                t = topic()
+                n1 = args.per_message
+                res = h.run_one(ring_producer, (data_dir, t, n1, 1, 1), args.phase_timeout)
+                rows[-1][1].append(n1 / (res[2] - res[1]))
+            if "peers" in only:
+                for packed in (0, args.batch):
+                    n = args.per_message if not packed else args.records
+                    kind = "per message" if not packed else f"packed {packed}"
+                    q = h.ctx.Queue(maxsize=1000)
+                    r = h.run_pair(mpq_producer, (q, n, packed), mpq_consumer, (q, n, packed),
+                                   args.phase_timeout)
+                    rate(f"multiprocessing.Queue, {kind}", [n / (r["consumer"][2] - r["producer"][1])])
+                    addr = f"ipc://{work}/zmq-{rep}-{packed}"
+                    r = h.run_pair(zmq_producer, (addr, n, packed), zmq_consumer, (addr, n, packed),
+                                   args.phase_timeout)
+                    rate(f"pyzmq ipc://, {kind}", [n / (r["consumer"][2] - r["producer"][1])])
+                    import posix_ipc
+
+                    per = min(packed, MQ_LIMIT // SIZE) if packed else 0
+                    nm = n - n % per if per else n
+                    name = f"/bench-shm-{os.getpid()}-{rep}-{packed}"
+                    mq = posix_ipc.MessageQueue(name, posix_ipc.O_CREX, mode=0o600,
+                                                max_message_size=max(SIZE * per, SIZE))
+                    try:
+                        r = h.run_pair(mq_producer, (name, nm, per), mq_consumer, (name, nm, per),
+                                       args.phase_timeout)
+                    finally:
+                        mq.close()
+                        mq.unlink()
+                    label = "per message" if not per else f"packed {per} (8 KiB limit)"
+                    rate(f"posix_ipc MessageQueue, {label}", [nm / (r["consumer"][2] - r["producer"][1])])
+            if "tcp" in only:
+                n = args.per_message * 5
+                t = topic()
+                before = broker.cpu()
+                r1 = h.run_one(tcp_producer, (broker.bootstrap, t, n), args.phase_timeout)
+                cpu = cpu_delta(before, broker.cpu())
+                rate("confluent-kafka TCP produce (defaults)", [n / (r1[2] - r1[1])])
+                cpu_rows.setdefault("TCP produce (confluent-kafka, defaults)", []).append(cpu / n)
+                t = topic()
+                r = h.run_pair(tcp_producer, (broker.bootstrap, t, n), tcp_consumer,
+                               (broker.bootstrap, t, n), args.phase_timeout)
+                rate("confluent-kafka TCP end to end", [n / (r["consumer"][2] - r["producer"][1])])
+            if "latency" in only:
+                for pair in args.latency_rates.split(","):
+                    rate_, per_call = (int(x) for x in pair.split(":"))
+                    t = topic()
+                    expect = int(args.latency_seconds * rate_ / per_call) * per_call
+                    r = h.run_pair(lat_ring_producer, (data_dir, t, rate_, per_call,
+                                                       args.latency_seconds),
+                                   lat_ring_reader, (data_dir, t, expect), args.phase_timeout)
+                    rows.append((f"latency ring {rate_:,}/s", r["reader"][4], "ns"))
+                t = topic()
+                expect = int(args.latency_seconds * 10_000)
+                r = h.run_pair(lat_tcp_producer, (broker.bootstrap, t, 10_000, args.latency_seconds),
+                               lat_tcp_consumer, (broker.bootstrap, t, expect), args.phase_timeout)
+                rows.append(("latency confluent-kafka TCP 10,000/s", r["reader"][4], "ns"))
+    finally:
+        broker.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+    # -- table ----------------------------------------------------------------------------------
+    merged: dict[str, list[float]] = {}
+    lat_rows: dict[str, list[float]] = {}
+    for name, values, note in rows:
+        (lat_rows if note == "ns" else merged).setdefault(name, []).extend(values)
+    packed_peers = [statistics.median(v) for k, v in merged.items()
+                    if "packed" in k and ("Queue" in k or "zmq" in k or "posix" in k)]
+    best_packed = max(packed_peers) if packed_peers else None
+    print(f"\n{'row':<52} {'records/s':>13} {'spread':>7} {'x best packed peer':>19}")
+    for name, values in merged.items():
+        if not values:
+            continue
+        med, spread = stats(values)
+        ratio = f"{med / best_packed:.2f}x" if best_packed else "-"
+        print(f"{name:<52} {med:>13,.0f} {spread:>6.0%} {ratio:>19}")
+    if lat_rows:
+        import numpy as np
+
+        print(f"\n{'latency (produce call -> waiting reader)':<52} {'p50 us':>9} {'p99 us':>9} "
+              f"{'max us':>9} {'n':>9}")
+        for name, values in lat_rows.items():
+            a = np.asarray(values, dtype=np.float64) / 1000
+            print(f"{name:<52} {np.percentile(a, 50):>9.1f} {np.percentile(a, 99):>9.1f} "
+                  f"{a.max():>9.1f} {len(a):>9,}")
+    if cpu_rows:
+        print(f"\n{'broker CPU per record':<52} {'us':>9}")
+        for name, values in cpu_rows.items():
+            print(f"{name:<52} {statistics.median(values) * 1e6:>9.3f}")
+    for line in extra:
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

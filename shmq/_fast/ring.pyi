@@ -1,0 +1,20 @@
+from typing import Any
+
+from typing_extensions import Buffer
+
+def load_u64(buf: Buffer, off: int) -> int: ...
+def store_u64(buf: Buffer, off: int, value: int) -> None: ...
+def load_u32(buf: Buffer, off: int) -> int: ...
+def exchange_u32(buf: Buffer, off: int, value: int) -> int: ...
+def full_fence() -> None: ...
+def encode_batch_into(
+    out: Buffer,
+    pos: int,
+    limit: int,
+    records: list[Any],
+    timestamp: int,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    attributes: int = 0,
+) -> int: ...

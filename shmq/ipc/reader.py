@@ -1,0 +1,447 @@
+"""Local readers: a partition's segment files mapped read-only, bounded by the state table.
+
+Theory of operation
+-------------------
+* **The bound.**  Every read starts with a seqlocked snapshot of the partition's slot in the state
+  table (``shmq.ipc.state_table``): log start, high watermark, last stable offset, segment
+  generation.  Nothing at or past the bound (the HW; the LSO for ``read_committed``, where
+  transactions will move it) is ever read: the worker publishes the HW only after the bytes
+  below it are in the file, so everything below it is whole.
+* **Walking safely.**  The bytes right after the bound may be in the middle of a ``pwritev``
+  (torn, or past the end of the file).  A read maps the segment read-only over 2 GiB of address
+  space (a file never grows past its mapping; pages past the end of the file are never touched),
+  takes the file's size with ``fstat`` *after* the snapshot, scans batch headers only below that
+  size, and keeps a batch only while it continues the chain of offsets (its base offset is the
+  previous batch's last offset + 1) and starts below the bound: a torn header can never pass for
+  a batch.  The first batch comes from the offset index (an entry names a batch below the bound,
+  since entries are written after their batch) or from the reader's own cursor.
+* **Rolls and deletions.**  ``segments_gen`` in the slot changes whenever the worker rolls,
+  deletes or truncates segments: the reader lists the directory again.  A deleted file stays
+  readable while mapped, but offsets below the log start are ``OffsetOutOfRangeError``, as over
+  the wire.
+* **Waiting** for data is a futex wait on the slot's seq word (``wait_slot``): the worker's
+  publish wakes the reader, no polling.  The state table is therefore attached read-write (the
+  reader sets the slot's ``waiters`` flag); segment files are only ever mapped read-only.
+* A read returns whole batches from one segment, as Kafka's do: zero-copy views of the mapping
+  (``ReadResult.buffer`` / ``batches``), decoded on demand into records or an Arrow
+  ``RecordBatch`` in the spark_bridge schema.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shmq import _fast
+from shmq.errors import OffsetOutOfRangeError, ShmqError
+from shmq.ipc.state_table import HEADER_SIZE, SLOT_SIZE, PartitionState, StateTable
+from shmq.protocol import records as rec
+from shmq.storage import layout
+
+MAP_BYTES = 1 << 31          # a segment never outgrows segment.bytes (an int32) + one batch
+READ_COMMITTED, READ_UNCOMMITTED = "read_committed", "read_uncommitted"
+_SCAN_ROWS = 1024
+_COLS = _fast.SCAN_COLUMNS
+
+
+# How long a reader waits for a slot whose seq stays odd.  A writer preempted mid-update (a
+# loaded box) holds it odd for milliseconds, longer than read()'s spin budget; only a writer
+# that died mid-update holds it longer (the controller or the restarted worker completes it).
+STUCK_SLOT_S = 1.0
+
+
+def read_state(table: StateTable, slot: int, patience: float = STUCK_SLOT_S) -> PartitionState | None:
+    """A consistent snapshot of ``slot``, retrying (with short sleeps) for ``patience`` seconds
+    while a write is in progress; None when it never settled."""
+    st = table.read(slot)
+    if st is not None:
+        return st
+    deadline = time.monotonic() + patience
+    pause = 0.0001
+    while time.monotonic() < deadline:
+        time.sleep(pause)
+        pause = min(pause * 2, 0.01)
+        st = table.read(slot)
+        if st is not None:
+            return st
+    return None
+
+
+class NotReadableError(ShmqError):
+    """The partition's state or files cannot be read here (no published state, unknown slot,
+    files not readable): read over the Kafka protocol instead."""
+
+
+class _Segment:
+    """One mapped ``.log`` file.  The compiled ``MappedFile`` maps ``MAP_BYTES`` at once (past the
+    end of the file is address space only); the twin's ``mmap.mmap`` cannot map past the end, so
+    there the mapping follows the file's size."""
+
+    __slots__ = ("base", "path", "fd", "map", "view", "mapped")
+
+    def __init__(self, base: int, path: Path) -> None:
+        self.base = base
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self.map: Any = None
+        self.view = memoryview(b"")
+        self.mapped = 0
+        try:
+            self.remap(self.size())
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def remap(self, size: int) -> None:
+        length = MAP_BYTES if _fast.HAVE_FAST else size
+        if length <= self.mapped:
+            return
+        old_view, old_map = self.view, self.map
+        self.map = _fast.MappedFile(self.fd, length, False)
+        self.view = memoryview(self.map)
+        self.mapped = length
+        old_view.release()
+        if old_map is not None:
+            try:
+                old_map.close()
+            except BufferError:  # a caller still holds a view of it: unmapped when that goes
+                pass
+
+    def size(self) -> int:
+        size = os.fstat(self.fd).st_size
+        if size > self.mapped:
+            self.remap(size)
+        return size
+
+    def index_position(self, offset: int) -> int:
+        """Byte position of a batch at or before ``offset`` from the .index (0: from the start)."""
+        path = self.path.with_suffix(layout.INDEX_SUFFIX)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return 0
+        try:
+            length = os.fstat(fd).st_size
+            if length < 8:
+                return 0
+            view = memoryview(_fast.MappedFile(fd, length, False))
+        finally:
+            os.close(fd)
+        with view:
+            # a preallocated (active) index ends in zero entries: valid ones have positions > 0
+            # (an entry is written once more than index.interval.bytes preceded it), so the
+            # count is the first entry with position 0, found by bisection (~20 probes)
+            lo, hi = 0, length // 8
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if int.from_bytes(view[mid * 8 + 4 : mid * 8 + 8], "big"):
+                    lo = mid + 1
+                else:
+                    hi = mid
+            slot = _fast.largest_lower_bound(view, lo, 8, 0, 4, offset - self.base) if lo else -1
+            pos = int.from_bytes(view[slot * 8 + 4 : slot * 8 + 8], "big") if slot >= 0 else 0
+        return pos
+
+    def close(self) -> None:
+        self.view.release()
+        if self.map is not None:
+            try:
+                self.map.close()
+            except BufferError:  # a caller still holds a view of it: unmapped when that goes
+                pass
+        os.close(self.fd)
+
+
+class ReadResult:
+    """Whole batches from one segment, as a zero-copy view of the mapped file.
+
+    ``buffer`` holds the batches; records outside ``[offset, next_offset)`` (the first batch may
+    start before ``offset``; the last may run past ``offset + max_records``) are left out by
+    ``records()`` and ``to_arrow()``.  Control batches are skipped by both.
+    """
+
+    __slots__ = ("buffer", "offset", "next_offset", "high_watermark", "log_start_offset",
+                 "last_stable_offset")
+
+    def __init__(self, buffer: memoryview, offset: int, next_offset: int,
+                 state: PartitionState) -> None:
+        self.buffer = buffer
+        self.offset = offset
+        self.next_offset = next_offset
+        self.high_watermark = state.high_watermark
+        self.log_start_offset = state.log_start
+        self.last_stable_offset = state.last_stable
+
+    def __len__(self) -> int:
+        return max(0, self.next_offset - self.offset)
+
+    @property
+    def batches(self) -> list[rec.RecordBatchView]:
+        return list(rec.iter_batches(self.buffer, verify_crc=False))
+
+    def records(self) -> list[rec.Record]:
+        if not len(self.buffer):
+            return []
+        out = rec.decode_batches(self.buffer)
+        return [r for r in out if self.offset <= r.offset < self.next_offset]
+
+    def to_arrow(self, topic: str, partition: int, *, include_headers: bool = False) -> Any:
+        """A ``pyarrow.RecordBatch`` in the spark_bridge schema (``SPARK_SCHEMA``)."""
+        return batches_to_spark_arrow(self.buffer, topic, partition, self.offset,
+                                      self.next_offset, include_headers=include_headers)
+
+
+def spark_schema(include_headers: bool = False) -> Any:
+    """Spark's Kafka source schema (``KafkaRecordToRowConverter``), as the spark_bridge uses it."""
+    import pyarrow as pa
+
+    fields = [
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+        pa.field("timestampType", pa.int32()),
+    ]
+    if include_headers:
+        fields.append(pa.field("headers", pa.list_(pa.struct([pa.field("key", pa.string()),
+                                                              pa.field("value", pa.binary())]))))
+    return pa.schema(fields)
+
+
+def batches_to_spark_arrow(buf: Any, topic: str, partition: int, min_offset: int,
+                           max_offset: int, *, include_headers: bool = False) -> Any:
+    """Decode the batches in ``buf`` (records in ``[min_offset, max_offset)``, no control
+    batches) into the spark_bridge schema.
+
+    One scan of the headers (CRC checked), one Cython pass from the records into Arrow buffers
+    (``_fast.fill_columns``: no Python object per record), then the constant columns from numpy.
+    The buffers come from pyarrow's pool, as in ``records.batches_to_arrow`` (whose allocation
+    this repeats, to get the timestamp type of each section from the same scan)."""
+    import pyarrow as pa
+
+    bodies, meta = rec._records_sections(buf, verify_crc=True,
+                                         max_decompressed=rec.codecs.DEFAULT_MAX_DECOMPRESSED_BYTES,
+                                         min_offset=min_offset, max_offset=max_offset,
+                                         skip_control=True)
+    counts = meta[0::4]
+    rows = int(counts.sum())
+    data = sum(len(b) for b in bodies) + 64  # fill_columns may copy 32 bytes past a field
+    alloc = pa.allocate_buffer
+    offsets, stamps = alloc(8 * rows), alloc(8 * rows)
+    koff, voff = alloc(4 * (rows + 1)), alloc(4 * (rows + 1))
+    kdata, vdata = alloc(data), alloc(data)
+    kvalid, vvalid = alloc(rows // 8 + 1), alloc(rows // 8 + 1)
+    mv = memoryview
+    n, klen, vlen, knulls, vnulls = _fast.fill_columns(
+        bodies, meta, mv(offsets).cast("q"), mv(stamps).cast("q"), mv(koff).cast("i"),
+        mv(kdata).cast("B"), mv(kvalid).cast("B"), mv(voff).cast("i"), mv(vdata).cast("B"),
+        mv(vvalid).cast("B"), min_offset, max_offset, 1000)
+
+    def binary(off: Any, data: Any, valid: Any, nulls: int, used: int) -> Any:
+        return pa.Array.from_buffers(
+            pa.binary(), n, [valid if nulls else None, off, data.slice(0, used)], null_count=nulls)
+
+    offsets_arr = pa.Array.from_buffers(pa.int64(), n, [None, offsets])
+    # timestampType per record: 1 where its batch is LogAppendTime (meta's 4th column is set)
+    types = (meta[3::4] != _fast.NO_LOG_APPEND_TIME).astype(np.int32)
+    if n == rows:
+        ts_type = np.repeat(types, counts)
+    else:  # the first or last section was cut by the offset bounds: go by offset
+        firsts = meta[1::4]
+        idx = np.searchsorted(firsts, np.frombuffer(offsets, np.int64, n), side="right") - 1
+        ts_type = types[idx]
+    name = topic.encode("utf-8")
+    topic_arr = pa.Array.from_buffers(pa.string(), n, [
+        None, pa.py_buffer(np.arange(0, (n + 1) * len(name), len(name) or 1,
+                                     dtype=np.int32)[: n + 1] if name else np.zeros(n + 1, np.int32)),
+        pa.py_buffer(name * n)])
+    arrays = [binary(koff, kdata, kvalid, knulls, klen), binary(voff, vdata, vvalid, vnulls, vlen),
+              topic_arr, pa.array(np.full(n, partition, np.int32)), offsets_arr,
+              pa.Array.from_buffers(pa.timestamp("us", tz="UTC"), n, [None, stamps]),
+              pa.array(ts_type)]
+    if include_headers:
+        items = _fast.decode_sections(bodies, meta, rec.Record)
+        by_offset = {r.offset: r.headers for r in items}
+        wanted = [by_offset[o] for o in offsets_arr.to_pylist()]
+        # Spark's KafkaRecordToRowConverter: null (not []) when a record has no headers
+        arrays.append(pa.array([[{"key": k, "value": v} for k, v in h] if h else None
+                                for h in wanted], type=spark_schema(True).field("headers").type))
+    return pa.RecordBatch.from_arrays(arrays, schema=spark_schema(include_headers))
+
+
+class PartitionReader:
+    """Reads one partition from its mapped segments; see the module docstring."""
+
+    def __init__(self, table: StateTable, slot: int, partition_dir: Any) -> None:
+        """``partition_dir(leader node id) -> Path`` names the partition's directory."""
+        self.table = table
+        self.slot = slot
+        self._dir_of = partition_dir
+        self._segments: list[_Segment] = []
+        self._gen: int | None = None
+        self._leader: int | None = None
+        self._cursor: tuple[int, int, int] | None = None   # (offset, segment base, position)
+        self._out = np.empty(_COLS * _SCAN_ROWS, dtype=np.int64)
+        self.closed = False
+
+    # -- state ------------------------------------------------------------------------------
+
+    def state(self, patience: float = STUCK_SLOT_S) -> PartitionState:
+        st = read_state(self.table, self.slot, patience)
+        if st is None:
+            raise NotReadableError(f"state table slot {self.slot} stayed odd for {patience} s "
+                                   f"(its writer died mid-update): read over the Kafka protocol")
+        if st.leader < 0:
+            raise NotReadableError(f"slot {self.slot} has no published state")
+        return st
+
+    def _refresh(self, st: PartitionState) -> None:
+        if st.segments_gen == self._gen and st.leader == self._leader:
+            return
+        directory = Path(self._dir_of(st.leader))
+        try:
+            names = sorted(n for n in os.listdir(directory) if n.endswith(layout.LOG_SUFFIX)
+                           and len(n) == 24 and n[:20].isdigit())
+        except OSError as exc:
+            raise NotReadableError(f"cannot list {directory}: {exc}") from exc
+        old = {(s.base, str(s.path)): s for s in self._segments}
+        fresh = []
+        for n in names:
+            base = int(n[:20])
+            path = directory / n
+            seg = old.pop((base, str(path)), None)
+            if seg is None:
+                try:
+                    seg = _Segment(base, path)
+                except FileNotFoundError:  # deleted between the listing and the open
+                    continue
+            fresh.append(seg)
+        for seg in old.values():
+            seg.close()
+        self._segments = fresh
+        self._gen, self._leader = st.segments_gen, st.leader
+        self._cursor = None
+
+    def wait(self, offset: int, timeout: float, isolation: str = READ_UNCOMMITTED) -> PartitionState:
+        """The state once the bound passes ``offset`` or ``timeout`` seconds passed."""
+        deadline = time.monotonic() + timeout
+        buf = self.table._buffer()
+        at = HEADER_SIZE + SLOT_SIZE * self.slot
+        while True:
+            seq = self.table.seq(self.slot)
+            st = self.state()
+            bound = st.last_stable if isolation == READ_COMMITTED else st.high_watermark
+            left = deadline - time.monotonic()
+            if bound > offset or left <= 0 or offset < st.log_start:
+                return st
+            _fast.wait_slot(buf, at, seq, left)
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def read(self, offset: int, max_records: int = 1 << 20, *, max_bytes: int = 64 << 20,
+             timeout: float = 0.0, isolation: str = READ_UNCOMMITTED) -> ReadResult:
+        """Whole batches holding ``offset`` onwards, at most ``max_records`` records' worth and
+        about ``max_bytes`` (at least one batch), never past the bound.  With ``timeout`` the
+        read waits (futex on the state table) for the bound to pass ``offset``.  Raises
+        ``OffsetOutOfRangeError`` below the log start or past the bound, as Fetch answers
+        OFFSET_OUT_OF_RANGE."""
+        if self.closed:
+            raise ValueError("reader is closed")
+        st = self.wait(offset, timeout, isolation) if timeout > 0 else self.state()
+        bound = st.last_stable if isolation == READ_COMMITTED else st.high_watermark
+        if offset < st.log_start or offset > bound:
+            raise OffsetOutOfRangeError(offset, st.log_start, bound)
+        empty = ReadResult(memoryview(b""), offset, offset, st)
+        if offset == bound or max_records <= 0:
+            return empty
+        self._refresh(st)
+        seg, pos, expected = self._locate(offset)
+        while seg is not None:
+            found = self._scan(seg, pos, expected, offset, bound, offset + max_records, max_bytes)
+            if found is None:  # an index entry that points past the offset: from the start
+                found = self._scan(seg, 0, seg.base, offset, bound, offset + max_records,
+                                   max_bytes)
+            if found is not None and found[2] >= offset:
+                start, end, last = found
+                seg.map.populate(start, end - start)  # one call, not a fault per page
+                next_offset = min(last + 1, offset + max_records, bound)
+                self._cursor = (last + 1, seg.base, end)
+                return ReadResult(seg.view[start:end], offset, next_offset, st)
+            # nothing at or past the offset in this segment below the bound: the next one
+            seg = self._next_segment(seg)
+            if seg is None or seg.base > offset:
+                break
+            pos, expected = 0, seg.base
+        return empty
+
+    def _scan(self, seg: _Segment, pos: int, expected: int | None, offset: int, bound: int,
+              limit: int, max_bytes: int) -> tuple[int, int, int] | None:
+        """(start, end, last offset) of the batches to return from ``pos`` on, (-1, -1, -1) for
+        none, or None when the first batch (from the index) starts past ``offset``."""
+        size = seg.size()  # after the snapshot: every byte below the bound is in the file
+        out = self._out
+        start = end = last_included = -1
+        first = True
+        while True:
+            n, stop, status, _ = _fast.scan_batches(seg.view, pos, size, out, False, False)
+            rows = out[: n * _COLS]
+            for i in range(n):
+                r = rows[i * _COLS : i * _COLS + 5].tolist()  # pos, base, last, max ts, size
+                base, last = r[1], r[2]
+                if first and expected is None and base > offset:
+                    return None
+                first = False
+                # the chain rule (module docstring): a torn header never passes for a batch
+                if (expected is not None and base != expected) or base >= bound or last < base:
+                    return start, end, last_included
+                expected = last + 1
+                if last < offset:
+                    continue
+                row_end = r[0] + r[4]
+                if start < 0:
+                    start = r[0]
+                elif row_end - start > max_bytes:
+                    return start, end, last_included
+                end, last_included = row_end, last
+                if last + 1 >= limit:
+                    return start, end, last_included
+            if status != _fast.SCAN_FULL:
+                return start, end, last_included
+            pos = stop
+
+    def _next_segment(self, seg: _Segment) -> _Segment | None:
+        for i, s in enumerate(self._segments):
+            if s is seg:
+                return self._segments[i + 1] if i + 1 < len(self._segments) else None
+        return None
+
+    def _locate(self, offset: int) -> tuple[_Segment | None, int, int | None]:
+        """(segment, byte position of a batch at or before ``offset``, its base offset if known)."""
+        segs = self._segments
+        if not segs:
+            return None, 0, None
+        cur = self._cursor
+        if cur is not None and cur[0] == offset:
+            for s in segs:
+                if s.base == cur[1]:
+                    return s, cur[2], offset
+        seg = segs[0]
+        for s in segs:
+            if s.base <= offset:
+                seg = s
+            else:
+                break
+        pos = seg.index_position(offset)
+        return seg, pos, (seg.base if pos == 0 else None)
+
+    def close(self) -> None:
+        for seg in self._segments:
+            seg.close()
+        self._segments = []
+        self.closed = True

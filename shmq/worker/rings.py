@@ -1,0 +1,449 @@
+"""The worker's side of the shared-memory produce path: the Unix socket, sessions, draining.
+
+Theory of operation
+-------------------
+* ``RingServer`` listens on ``<data-dir>/run/worker-<id>.sock`` (0600, in the 0700 ``run/``).
+  A connecting process whose ``SO_PEERCRED`` uid is not ours is refused with a message.  A
+  ``hello`` creates a ``RingSession``: a sealed 0600 memfd with the submit and completion rings
+  (``shmq.ipc.ring``) and two eventfds, all passed to the client; the worker keeps the mapping
+  and the eventfds, closes the memfd at once, and watches its eventfd and the socket.
+* **Draining** runs on the event loop, like a connection's requests: each PRODUCE entry goes
+  through ``produce.produce_partition`` (the very function the wire handler calls: validation,
+  idempotence, append, high watermark, state table, long-poll wake-ups), then its COMPLETION is
+  written: at once for acks=1, after ``flush_for_acks`` for acks=all, never for acks=0.  An
+  entry's ring space is released when its completion is written (acks=0: when appended), in ring
+  order, so an entry without an answer is still in the ring when the worker dies and the client
+  can resend it exactly.  A drain handles at most ``DRAIN_BATCH`` entries, then yields to the loop.
+* **Back-pressure, never blocking.**  An entry is taken only while the completion ring has room
+  for the answers of every entry taken and not yet answered; otherwise the session waits for the
+  client to read its completions (``producer_waiting`` on the completion ring).  A client that
+  stops reading stalls only its own ring.
+* **Sleeping.**  With nothing to drain the session keeps looking for ``IDLE_SPIN_S`` (entries
+  usually follow each other closely under load, and a sleeping worker costs the client a write to
+  the eventfd per entry), then sets ``consumer_sleeping`` and waits for the eventfd.
+* **What is trusted.**  The worker validates the batch where it lies in the ring and appends it
+  from there (no copy).  A client of the same uid that rewrote an entry after publishing it,
+  between the CRC check and the ``pwritev``, could store a batch whose CRC fails; that client
+  could as well write the segment files themselves (same uid, 0600 files), so the ring does not
+  pretend to guard against it.  What it does guarantee against any content: every length and
+  counter is checked against the ring's bounds before use, so garbage ends the session, never
+  the worker, and never reads outside the mapping.
+* **Clients that die.**  EOF on the socket: the entries the client published are drained (they
+  are whole: half-written ones were never published), then the mapping and the eventfds are
+  released; the memfd is gone once the client's mapping is too.  Garbage in a ring
+  (``RingCorruptError``) or a malformed message ends that session only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from shmq.broker.handlers.produce import Durable, PartitionResult, flush_for_acks, produce_partition
+from shmq.ipc import ring as rings
+from shmq.ipc.session import (
+    VERSION,
+    AttachError,
+    ShortPath,
+    peer_credentials,
+    receive_message,
+    send_message,
+)
+
+log = logging.getLogger("shmq.worker.rings")
+
+DEFAULT_SUBMIT_BYTES = 8 << 20
+DEFAULT_COMPLETION_BYTES = 1 << 20
+MAX_REGION_BYTES = 256 << 20
+DRAIN_BATCH = 256
+IDLE_SPIN_S = 0.0001
+MAX_MESSAGE_BYTES = 512           # an error message in a completion is cut to this
+COMPLETION_ROOM = rings.align8(rings.COMPLETION_HEADER_SIZE + MAX_MESSAGE_BYTES)
+UNKNOWN_TOPIC_OR_PARTITION = 3
+
+
+class RingSession:
+    """One client process's rings on this worker."""
+
+    def __init__(self, server: RingServer, sock: socket.socket, peer_pid: int, sid: int) -> None:
+        self.server = server
+        self.ctx = server.ctx
+        self.sock = sock
+        self.peer_pid = peer_pid
+        self.id = sid
+        self.loop = server.loop
+        self.mapping: Any = None
+        self.view: memoryview | None = None
+        self.submit: rings.Ring | None = None
+        self.completion: rings.Ring | None = None
+        self.worker_efd = -1
+        self.client_efd = -1
+        # entries taken from the submit ring and not released yet: [end position, answered]
+        self.pending: deque[list] = deque()
+        self.unanswered = 0
+        self.scheduled = False
+        self.closed = False
+        self.last_entry = 0.0
+        self.stats = server.stats
+
+    # -- set-up -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.sock.setblocking(False)
+        self.loop.add_reader(self.sock.fileno(), self._on_message)
+
+    def _on_message(self) -> None:
+        try:
+            message, fds = receive_message(self.sock)
+        except BlockingIOError:
+            return
+        except (AttachError, OSError) as exc:
+            log.info("ring session %d: %s", self.id, exc)
+            self.close()
+            return
+        for fd in fds:  # a client has no descriptors to give us
+            os.close(fd)
+        if message is None:
+            self.close()
+            return
+        op = message["op"]
+        try:
+            if op == "hello" and self.view is None:
+                self._welcome(message)
+            elif op == "init_producer_id":
+                asyncio.ensure_future(self._init_producer_id(message.get("id")))
+            else:
+                raise AttachError(f"unexpected {op!r}")
+        except (AttachError, ValueError, TypeError, OSError) as exc:
+            log.info("ring session %d refused: %s", self.id, exc)
+            try:
+                send_message(self.sock, {"op": "refused", "error": str(exc)})
+            except OSError:
+                pass
+            self.close()
+
+    def _welcome(self, hello: dict[str, Any]) -> None:
+        if hello.get("version") != VERSION:
+            raise AttachError(f"session version {hello.get('version')!r}, this worker speaks {VERSION}")
+        submit = rings.check_capacity(int(hello.get("submit_bytes", DEFAULT_SUBMIT_BYTES)))
+        completion = rings.check_capacity(int(hello.get("completion_bytes",
+                                                        DEFAULT_COMPLETION_BYTES)))
+        layout = rings.Layout(submit, completion)
+        if layout.size > MAX_REGION_BYTES or completion < 4 * COMPLETION_ROOM:
+            raise AttachError(f"rings of {submit} + {completion} bytes are out of bounds")
+        fd = rings.create_region(layout, self.id)
+        try:
+            from shmq import _fast
+
+            self.mapping = _fast.MappedFile(fd, layout.size, True)
+            self.worker_efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            self.client_efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            send_message(self.sock, {
+                "op": "welcome", "node_id": self.ctx.node_id, "worker_pid": os.getpid(),
+                "session": self.id, "submit_bytes": submit, "completion_bytes": completion,
+                "max_entry": submit // 2}, [fd, self.worker_efd, self.client_efd])
+        finally:
+            os.close(fd)
+        self.view = memoryview(self.mapping)
+        self.submit, self.completion = rings.session_rings(self.view, layout)
+        self.loop.add_reader(self.worker_efd, self._on_kick)
+        self.stats["ring_sessions"] += 1
+        self.stats["ring_sessions_open"] += 1
+        self._schedule()
+
+    async def _init_producer_id(self, rid: Any) -> None:
+        try:
+            pid = await self.ctx.next_producer_id()
+            reply = {"op": "producer_id", "id": rid, "producer_id": pid, "producer_epoch": 0}
+        except Exception as exc:  # noqa: BLE001 - the controller could not answer
+            reply = {"op": "producer_id", "id": rid, "error": str(exc)}
+        if not self.closed:
+            try:
+                send_message(self.sock, reply)
+            except OSError:
+                self.close()
+
+    # -- draining ---------------------------------------------------------------------------
+
+    def _on_kick(self) -> None:
+        try:
+            os.eventfd_read(self.worker_efd)
+        except BlockingIOError:
+            pass
+        self.stats["ring_wakeups"] += 1
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if not self.scheduled and not self.closed:
+            self.scheduled = True
+            self.loop.call_soon(self._drain)
+
+    def _drain(self) -> None:
+        self.scheduled = False
+        if self.closed or self.submit is None:
+            return
+        try:
+            taken, more = self.drain()
+        except rings.RingCorruptError as exc:
+            log.warning("ring session %d (pid %d): %s; closing it", self.id, self.peer_pid, exc)
+            self.close()
+            return
+        now = time.monotonic()
+        if taken:
+            self.last_entry = now
+        if more:
+            self._schedule()
+        elif now - self.last_entry < IDLE_SPIN_S:
+            self._schedule()  # entries usually follow closely: look again on the next loop turn
+        elif self.completion is not None and self._completion_full():
+            self.completion.set_waiting()  # the client's completion reads will kick us
+            if not self._completion_full():
+                self._schedule()
+        elif not self.submit.set_sleeping():
+            self._schedule()
+
+    def _completion_full(self) -> bool:
+        assert self.completion is not None
+        return self.completion.free_space() < (self.unanswered + 1) * COMPLETION_ROOM
+
+    def drain(self, limit: int = DRAIN_BATCH) -> tuple[int, bool]:
+        """Take up to ``limit`` entries; (entries taken, whether more may be waiting)."""
+        submit, completion, view = self.submit, self.completion, self.view
+        assert submit is not None and completion is not None and view is not None
+        durable: list[tuple[list, int, PartitionResult, Durable]] = []
+        taken = 0
+        more = False
+        while True:
+            if taken == limit:
+                more = True
+                break
+            if self._completion_full():
+                break
+            entry = submit.peek()
+            if entry is None:
+                break
+            at, length, kind, flags = entry
+            if kind != rings.PRODUCE or length < rings.PRODUCE_HEADER_SIZE:
+                raise rings.RingCorruptError(f"entry kind {kind} of {length} bytes")
+            _, _, _, corr, partition, tlen, acks, _, _ = rings.PRODUCE_HEADER.unpack_from(view, at)
+            body = at + rings.PRODUCE_HEADER_SIZE
+            if tlen > length - rings.PRODUCE_HEADER_SIZE or acks not in (0, 1, -1):
+                raise rings.RingCorruptError(f"entry topic length {tlen}, acks {acks}")
+            try:
+                topic = str(view[body : body + tlen], "utf-8")
+            except UnicodeDecodeError:
+                topic = None
+            records = view[body + tlen : at + length]
+            if topic is None:
+                result = PartitionResult(partition, UNKNOWN_TOPIC_OR_PARTITION, -1, -1, -1, None)
+                done = None
+            else:
+                result, done = produce_partition(self.ctx, topic, partition, records, acks)
+            del records
+            submit.advance(length)
+            taken += 1
+            slot = [submit.head, acks == 0]
+            self.pending.append(slot)
+            if acks == 0:
+                continue
+            self.unanswered += 1
+            if done is None:
+                self._answer(slot, corr, result)
+            else:
+                durable.append((slot, corr, result, done))
+        self.stats["ring_entries"] += taken
+        if durable:
+            asyncio.ensure_future(self._answer_when_durable(durable))
+        self._release()
+        return taken, more
+
+    def _answer(self, slot: list, corr: int, result: PartitionResult) -> None:
+        completion, view = self.completion, self.view
+        assert completion is not None and view is not None
+        message = (result.error_message or "").encode("utf-8", "replace")[:MAX_MESSAGE_BYTES]
+        size = rings.COMPLETION_HEADER_SIZE + len(message)
+        at = completion.reserve(size)
+        if at < 0:  # cannot happen: _completion_full kept room for every unanswered entry
+            raise rings.RingCorruptError("completion ring full despite the reservation")
+        rings.COMPLETION_HEADER.pack_into(view, at, size, rings.COMPLETION, 0, corr,
+                                          result.error_code, 0, result.base_offset,
+                                          result.log_append_time, result.log_start_offset)
+        if message:
+            view[at + rings.COMPLETION_HEADER_SIZE : at + size] = message
+        if completion.commit(size, at):
+            self._kick_client()
+        slot[1] = True
+        self.unanswered -= 1
+
+    async def _answer_when_durable(self, durable: list) -> None:
+        try:
+            await flush_for_acks(self.ctx, (d for _, _, _, d in durable))
+        except OSError as exc:  # the fsync failed: the answer says so (Kafka: storage error)
+            log.error("flush for acks=all failed: %s", exc)
+            durable = [(slot, corr, result._replace(error_code=56, base_offset=-1,
+                                                     error_message=str(exc)), d)
+                       for slot, corr, result, d in durable]
+        if self.closed:
+            return
+        for slot, corr, result, _ in durable:
+            self._answer(slot, corr, result)
+        self._release()
+
+    def _release(self) -> None:
+        """Give back the ring space of the answered entries at the front, in ring order."""
+        submit = self.submit
+        assert submit is not None
+        end = None
+        while self.pending and self.pending[0][1]:
+            end = self.pending.popleft()[0]
+        if end is None:
+            return
+        if submit.release(end):
+            self._kick_client()
+
+    def _kick_client(self) -> None:
+        try:
+            os.eventfd_write(self.client_efd, 1)
+        except (BlockingIOError, OSError):
+            pass
+        self.stats["ring_kicks"] += 1
+
+    # -- end --------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        if self.submit is not None:
+            try:  # what the client published before it went is whole: append it
+                while self.drain()[1]:
+                    pass
+            except rings.RingCorruptError:
+                pass
+        self.closed = True
+        if self.view is not None:
+            self.stats["ring_sessions_open"] -= 1
+        self.server.sessions.pop(self.id, None)
+        for fd in (self.sock.fileno(), self.worker_efd):
+            if fd >= 0:
+                self.loop.remove_reader(fd)
+        self.sock.close()
+        for fd in (self.worker_efd, self.client_efd):
+            if fd >= 0:
+                os.close(fd)
+        self.worker_efd = self.client_efd = -1
+        self.submit = self.completion = None
+        if self.view is not None:
+            self.view.release()
+            self.view = None
+        if self.mapping is not None:
+            try:
+                self.mapping.close()
+            except BufferError:  # a view is still referenced somewhere: unmapped when it goes
+                pass
+            self.mapping = None
+
+
+class RingServer:
+    """The worker's Unix socket for local clients."""
+
+    def __init__(self, ctx: Any, path: Path, stats: dict[str, int]) -> None:
+        self.ctx = ctx
+        self.path = path
+        self.stats = stats
+        for key in ("ring_sessions", "ring_sessions_open", "ring_entries", "ring_wakeups", "ring_kicks", "ring_refused"):
+            stats.setdefault(key, 0)
+        self.loop = asyncio.get_running_loop()
+        self.sessions: dict[int, RingSession] = {}
+        self.next_id = 1
+        self.sock: socket.socket | None = None
+
+    def start(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        with ShortPath(self.path) as where:
+            try:
+                os.unlink(where)  # a socket left by this worker's previous life
+            except FileNotFoundError:
+                pass
+            old = os.umask(0o177)
+            try:
+                sock.bind(where)
+            finally:
+                os.umask(old)
+            os.chmod(where, 0o600)
+        sock.listen(128)
+        sock.setblocking(False)
+        self.sock = sock
+        self.loop.add_reader(sock.fileno(), self._accept)
+
+    def _accept(self) -> None:
+        assert self.sock is not None
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                log.warning("ring socket accept: %s", exc)
+                return
+            pid, uid, _ = peer_credentials(conn)
+            if uid != os.geteuid():
+                self.stats["ring_refused"] += 1
+                log.warning("refused a ring session from pid %d: uid %d is not the broker's "
+                            "uid %d", pid, uid, os.geteuid())
+                self._refuse(conn, f"uid {uid} may not attach: this broker runs as uid "
+                                   f"{os.geteuid()} and serves only that uid")
+                continue
+            sid = self.next_id
+            self.next_id += 1
+            session = RingSession(self, conn, pid, sid)
+            self.sessions[sid] = session
+            session.start()
+
+    def _refuse(self, conn: socket.socket, why: str) -> None:
+        """Send the refusal, then close once the client has read it: closing a Unix socket with
+        the client's hello still unread would reset the connection and drop the message."""
+        try:
+            send_message(conn, {"op": "refused", "error": why})
+            conn.shutdown(socket.SHUT_WR)
+        except OSError:
+            conn.close()
+            return
+        conn.setblocking(False)
+        fd = conn.fileno()
+
+        def done() -> None:
+            if conn.fileno() >= 0:
+                self.loop.remove_reader(fd)
+                conn.close()
+
+        def readable() -> None:
+            try:
+                while conn.recv(65536):  # whatever it sent; EOF once it closed
+                    pass
+            except BlockingIOError:
+                return
+            except OSError:
+                pass
+            done()
+
+        self.loop.add_reader(fd, readable)
+        self.loop.call_later(2.0, done)
+
+    def close(self) -> None:
+        for session in list(self.sessions.values()):
+            session.close()
+        if self.sock is not None:
+            self.loop.remove_reader(self.sock.fileno())
+            self.sock.close()
+            self.sock = None
+            try:
+                with ShortPath(self.path) as where:
+                    os.unlink(where)
+            except FileNotFoundError:
+                pass

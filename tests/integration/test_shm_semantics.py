@@ -1,0 +1,360 @@
+"""Produce and Fetch semantics over the shared-memory path are those of the Kafka wire path.
+
+Every case is played twice against one live broker: over TCP (raw Produce / Fetch requests built
+with kafka-python's protocol classes) into topic ``<name>-tcp``, and over the rings
+(``LocalBroker.send_encoded`` / ``read``) into the identically configured ``<name>-ring``.  The
+batches are built by kafka-python's ``DefaultRecordBatchBuilder`` (an independent encoder), so
+both paths get the same bytes; the answers (error code, base offset, log start offset, whether a
+log-append time came back) must be equal, case by case.  Fetch parity reads one log both ways
+and compares the records decoded by kafka-python with the ring reader's.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import crc32c
+import pytest
+from _shm_util import Wire, build_batch, decode_records
+from confluent_kafka.admin import AdminClient, NewTopic
+from conftest import RunningBroker, start_broker
+
+from shmq.errors import OffsetOutOfRangeError
+from shmq.ipc.client import LocalBroker, attach
+
+MAX_MESSAGE = 10000
+
+
+@pytest.fixture(scope="module")
+def shm_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningBroker]:
+    b = start_broker(tmp_path_factory.mktemp("shm") / "data")
+    try:
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        topics = []
+        for side in ("tcp", "ring"):
+            topics.append(NewTopic(f"sem-{side}", 2, 1,
+                                   config={"max.message.bytes": str(MAX_MESSAGE)}))
+            topics.append(NewTopic(f"lat-{side}", 1, 1,
+                                   config={"message.timestamp.type": "LogAppendTime"}))
+        for f in admin.create_topics(topics).values():
+            f.result(30)
+        yield b
+    finally:
+        assert b.stop() == 0, b.log_path.read_text()
+
+
+def _relabel(batch: bytes, **fields: int) -> bytes:
+    """Rewrite header fields (after the CRC) and recompute the CRC."""
+    buf = bytearray(batch)
+    offsets = {"attributes": (21, ">h"), "last_offset_delta": (23, ">i"), "magic": (16, ">b")}
+    for name, value in fields.items():
+        at, fmt = offsets[name]
+        struct.pack_into(fmt, buf, at, value)
+    struct.pack_into(">I", buf, 17, crc32c.crc32c(bytes(buf[21:])))
+    return bytes(buf)
+
+
+class TcpSide:
+    def __init__(self, broker: RunningBroker) -> None:
+        self.broker = broker
+        self.conns: dict[int, Wire] = {}
+        any_port = next(iter(broker.run_info["workers"]))["port"]
+        self.meta = Wire(any_port)
+
+    def _conn(self, topic: str, partition: int) -> Wire:
+        try:
+            port = self.meta.leaders(topic)[partition]
+        except (KeyError, IndexError, AttributeError):
+            port = next(iter(self.broker.run_info["workers"]))["port"]
+        if port not in self.conns:
+            self.conns[port] = Wire(port)
+        return self.conns[port]
+
+    def produce(self, topic: str, partition: int, batch: bytes, acks: int = -1):
+        r = self._conn(topic, partition).produce(topic, partition, batch, acks)
+        if r is None:
+            return None
+        return (r.error_code, r.base_offset, r.log_append_time_ms != -1, r.log_start_offset)
+
+    def init_producer_id(self) -> tuple[int, int]:
+        return self.meta.init_producer_id()
+
+    def close(self) -> None:
+        for c in [self.meta, *self.conns.values()]:
+            c.close()
+
+
+class RingSide:
+    def __init__(self, broker: RunningBroker) -> None:
+        self.local: LocalBroker = attach(broker.data_dir)
+
+    def produce(self, topic: str, partition: int, batch: bytes, acks: int = -1):
+        f = self.local.send_encoded(topic, partition, batch, acks=acks)
+        if acks == 0:
+            self.local.flush(10)
+            return None
+        self.local.flush(10)
+        r = f.value
+        assert r is not None
+        return (r.error_code, r.base_offset, r.log_append_time != -1, r.log_start_offset)
+
+    def init_producer_id(self) -> tuple[int, int]:
+        session = self.local._session(1)
+        reply = session.request({"op": "init_producer_id"}, 10)
+        return reply["producer_id"], reply["producer_epoch"]
+
+    def close(self) -> None:
+        self.local.close()
+
+
+def _play(side, suffix: str) -> list:
+    """The case list; returns one answer per case, in order."""
+    t, lat = f"sem-{suffix}", f"lat-{suffix}"
+    good = build_batch([b"a", b"b", b"c"])
+    out = []
+
+    def case(name: str, *args, **kw) -> None:
+        out.append((name, side.produce(*args, **kw)))
+
+    case("good", t, 0, good)
+    bad_crc = bytearray(good)
+    bad_crc[-2] ^= 0x40
+    case("bad crc", t, 0, bytes(bad_crc))
+    case("too large", t, 0, build_batch([b"x" * (MAX_MESSAGE + 50)]))
+    case("two batches", t, 0, good + good)
+    case("empty", t, 0, b"")
+    case("short", t, 0, good[:40])
+    case("magic 1", t, 0, _relabel(good, magic=1))
+    case("control batch", t, 0, _relabel(good, attributes=0x20))
+    case("delta mismatch", t, 0, _relabel(good, last_offset_delta=7))
+    case("lz4", t, 0, build_batch([b"lz4-%d" % i for i in range(20)], compression=3))
+    case("keys and headers", t, 0, build_batch([b"v"], key=b"k", headers=[("h", b"x")]))
+    case("unknown partition", t, 9, good)
+    case("unknown topic", f"nope-{suffix}", 0, good)
+    case("internal topic", "__consumer_offsets", 0, good)
+    pid, epoch = side.init_producer_id()
+    first = build_batch([b"i0", b"i1"], pid=pid, epoch=epoch, seq=0)
+    case("idempotent", t, 1, first)
+    case("duplicate", t, 1, first)
+    case("next sequence", t, 1, build_batch([b"i2"], pid=pid, epoch=epoch, seq=2))
+    case("sequence gap", t, 1, build_batch([b"i9"], pid=pid, epoch=epoch, seq=9))
+    case("old epoch", t, 1, build_batch([b"e"], pid=pid, epoch=epoch - 1 if epoch else 5,
+                                        seq=3))
+    case("unknown producer", t, 1, build_batch([b"u"], pid=pid + 1000, epoch=0, seq=5))
+    case("acks=0", t, 0, good, acks=0)
+    case("acks=1", t, 0, good, acks=1)
+    case("after acks=0", t, 0, good, acks=-1)
+    case("log append time", lat, 0, good)
+    return out
+
+
+@pytest.fixture(scope="module")
+def played(shm_broker: RunningBroker) -> tuple[list, list]:
+    """Every case over both paths, once per module (the Fetch test reads what they wrote)."""
+    tcp, ring = TcpSide(shm_broker), RingSide(shm_broker)
+    try:
+        return _play(tcp, "tcp"), _play(ring, "ring")
+    finally:
+        tcp.close()
+        ring.close()
+
+
+def test_produce_answers_are_the_same_over_tcp_and_rings(played: tuple[list, list]) -> None:
+    over_tcp, over_ring = played
+    assert [n for n, _ in over_tcp] == [n for n, _ in over_ring]
+    mismatched = [(n, a, b) for (n, a), (_, b) in zip(over_tcp, over_ring, strict=True)
+                  if a != b]
+    assert not mismatched, mismatched
+    answers = dict(over_ring)
+    # the answers themselves are Kafka's (not merely equal)
+    assert answers["good"] == (0, 0, False, 0)
+    assert answers["bad crc"][0] == 2 and answers["too large"][0] == 10
+    assert answers["two batches"][0] == 87 and answers["empty"][0] == 87
+    assert answers["unknown partition"][0] == 3 and answers["unknown topic"][0] == 3
+    assert answers["internal topic"][0] == 17
+    assert answers["duplicate"] == answers["idempotent"]
+    assert answers["sequence gap"][0] == 45
+    assert answers["log append time"] == (0, 0, True, 0)
+    # acks=0 got no answer but its batch is there: the next two batches come 3 offsets later each
+    assert answers["acks=1"][1] == answers["keys and headers"][1] + 1 + 3
+    assert answers["after acks=0"][1] == answers["acks=1"][1] + 3
+
+
+def _fetch_all(wire: Wire, topic: str, partition: int) -> list[tuple]:
+    got, offset = [], 0
+    while True:
+        p = wire.fetch(topic, partition, offset)
+        assert p.error_code == 0, p
+        recs = [r for r in decode_records(p.records) if r[0] >= offset]
+        if not recs:
+            return got
+        got += recs
+        offset = recs[-1][0] + 1
+
+
+def _read_all(local: LocalBroker, topic: str, partition: int) -> list[tuple]:
+    got, offset = [], 0
+    while True:
+        r = local.read(topic, partition, offset, 7)  # small reads: cursors and batch splits
+        if not len(r):
+            return got
+        got += [(x.offset, x.timestamp, x.key, x.value, x.headers) for x in r.records()]
+        offset = r.next_offset
+
+
+def test_fetch_and_ring_reads_return_the_same_records(shm_broker: RunningBroker,
+                                                       played: tuple[list, list]) -> None:
+    local = attach(shm_broker.data_dir)
+    leader = Wire(next(iter(shm_broker.run_info["workers"]))["port"])
+    try:
+        for topic in ("sem-tcp", "sem-ring"):
+            for partition in (0, 1):
+                port = leader.leaders(topic)[partition]
+                wire = Wire(port)
+                try:
+                    over_tcp = _fetch_all(wire, topic, partition)
+                    hw = wire.fetch(topic, partition, 0).high_watermark
+                    beyond = wire.fetch(topic, partition, hw + 1).error_code
+                finally:
+                    wire.close()
+                over_ring = _read_all(local, topic, partition)
+                assert over_tcp, (topic, partition)
+                assert over_ring == over_tcp, (topic, partition)
+                assert [r[0] for r in over_ring] == list(range(len(over_ring)))
+                assert beyond == 1  # OFFSET_OUT_OF_RANGE, and the reader says the same
+                with pytest.raises(OffsetOutOfRangeError):
+                    local.read(topic, partition, hw + 1)
+                assert not len(local.read(topic, partition, hw))  # at the HW: nothing, no error
+        # the Arrow form holds the same records
+        batch, _ = local.read_arrow("sem-tcp", 0, 0, 10_000, include_headers=True)
+        rows = batch.to_pylist()
+        expected = _read_all(local, "sem-tcp", 0)
+        assert [(r["offset"], r["key"], r["value"]) for r in rows] == [
+            (e[0], e[2], e[3]) for e in expected]
+        assert all(r["topic"] == "sem-tcp" and r["partition"] == 0 for r in rows)
+        assert [int(r["timestamp"].timestamp() * 1000) for r in rows] == [e[1] for e in expected]
+        assert [r["headers"] for r in rows] == [
+            [{"key": k, "value": v} for k, v in e[4]] if e[4] else None for e in expected]
+    finally:
+        leader.close()
+        local.close()
+
+
+def test_a_waiting_reader_wakes_within_milliseconds(shm_broker: RunningBroker) -> None:
+    """A read with a timeout sleeps on the state table's futex and returns as soon as the
+    produce publishes the new high watermark."""
+    import threading
+
+    local, writer = attach(shm_broker.data_dir), attach(shm_broker.data_dir)
+    try:
+        writer.send_batch("sem-ring", 0, [b"warm-up"], acks=1).result(5)
+        hw = local.reader("sem-ring", 0).state().high_watermark
+        lags = []
+        for i in range(20):
+            sent: list[float] = []
+
+            def produce(i: int = i, sent: list[float] = sent) -> None:
+                time.sleep(0.01)
+                sent.append(time.monotonic())
+                writer.send_batch("sem-ring", 0, [b"wake-%d" % i], acks=1)
+
+            th = threading.Thread(target=produce)
+            th.start()
+            got = local.read("sem-ring", 0, hw, 10, timeout=5)
+            woke = time.monotonic()
+            th.join()
+            writer.flush(5)
+            assert len(got) == 1 and got.records()[0].value == b"wake-%d" % i
+            lags.append(woke - sent[0])
+            hw += 1
+        lags.sort()
+        assert lags[len(lags) // 2] < 0.005, lags  # median (shared 2-core machine: generous)
+        t0 = time.monotonic()
+        assert not len(local.read("sem-ring", 0, hw, 10, timeout=0.2))
+        assert 0.19 <= time.monotonic() - t0 < 1.0
+    finally:
+        writer.close()
+        local.close()
+
+
+def test_reader_follows_rolls_and_deletions(tmp_path: Path) -> None:
+    """Small segments: a reader walks across many rolls; DeleteRecords moves the log start and
+    the reader then refuses offsets below it, as Fetch does."""
+    b = start_broker(tmp_path / "data", "--override", "log.segment.bytes=4096")
+    try:
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        admin.create_topics([NewTopic("roll", 1, 1)])["roll"].result(30)
+        local = attach(b.data_dir)
+        try:
+            reader = local.reader("roll", 0)
+            values = []
+            for i in range(60):
+                batch = [b"r%03d-%d" % (i, j) + b"." * 200 for j in range(4)]
+                values += batch
+                local.send_batch("roll", 0, batch, acks=1)
+                if i == 30:  # read half-way, so the reader holds old segments when more roll
+                    local.flush(10)
+                    assert len(local.read("roll", 0, 0, 10**6)) > 0
+            local.flush(10)
+            got, offset = [], 0
+            while offset < len(values):
+                r = local.read("roll", 0, offset, 50)
+                assert len(r), offset
+                got += [x.value for x in r.records()]
+                offset = r.next_offset
+            assert got == values
+            segments = sorted(p.name for p in (b.data_dir / "worker-1" / "roll-0").glob("*.log")) \
+                or sorted(p.name for p in (b.data_dir / "worker-2" / "roll-0").glob("*.log"))
+            assert len(segments) > 10
+            from confluent_kafka import TopicPartition
+
+            fut = admin.delete_records([TopicPartition("roll", 0, 100)])
+            list(fut.values())[0].result(30)
+            st = reader.state()
+            assert st.log_start >= 100
+            with pytest.raises(OffsetOutOfRangeError):
+                local.read("roll", 0, 10, 5)
+            r = local.read("roll", 0, st.log_start, 5)
+            assert [x.value for x in r.records()] == values[st.log_start : st.log_start + 5]
+        finally:
+            local.close()
+    finally:
+        assert b.stop() == 0, b.log_path.read_text()
+
+
+def test_attach_by_bootstrap_address(shm_broker: RunningBroker, monkeypatch) -> None:
+    """By bootstrap: broker.json of the default data dirs first, else the broker's log.dirs over
+    the Kafka protocol (DescribeConfigs); a broker that is not here is NotLocalError."""
+    from shmq.ipc.client import NotLocalError, find_data_dir
+
+    monkeypatch.setenv("SHMQ_DATA_DIR", str(shm_broker.data_dir))
+    assert find_data_dir(shm_broker.bootstrap) == shm_broker.data_dir
+    monkeypatch.setenv("SHMQ_DATA_DIR", str(shm_broker.data_dir.parent / "elsewhere"))
+    monkeypatch.setenv("HOME", str(shm_broker.data_dir.parent / "home"))
+    assert find_data_dir(shm_broker.bootstrap) == shm_broker.data_dir  # via log.dirs
+    with attach(bootstrap=shm_broker.bootstrap) as local:
+        assert local.send_batch("sem-ring", 1, [b"by bootstrap"], acks=1).result(10).error_code == 0
+    import socket as sk
+
+    with sk.socket() as s:  # a port nobody serves
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(NotLocalError):
+        find_data_dir(f"127.0.0.1:{port}", timeout=2)
+
+
+def test_a_failed_batch_does_not_wedge_the_idempotent_producer(shm_broker: RunningBroker) -> None:
+    """A batch the broker refuses before it checks sequences (too large) leaves the partition's
+    sequence unused: the client starts over with a new producer id once nothing is in flight."""
+    with attach(shm_broker.data_dir) as local:
+        ok = local.send_batch("sem-ring", 0, [b"before"]).result(10)
+        with pytest.raises(Exception) as err:
+            local.send_batch("sem-ring", 0, [b"x" * (MAX_MESSAGE + 10)]).result(10)
+        assert getattr(err.value, "code", None) == 10
+        pid = local.producer_id
+        after = local.send_batch("sem-ring", 0, [b"after"]).result(10)
+        assert after.base_offset == ok.base_offset + 1
+        assert local.producer_id != pid

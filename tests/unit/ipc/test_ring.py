@@ -1,0 +1,261 @@
+"""The SPSC rings and the ring encoder (``shmq.ipc.ring``, ``shmq._fast.ring``).
+
+Oracles: the pure-Python twin ``_ring_reference`` (same bytes), kafka-python's record decoder and
+the ``crc32c`` package (independent of both), and a plain list of the entries sent.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import struct
+import threading
+import time
+
+import crc32c
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kafka.record.default_records import DefaultRecordBatch
+
+import shmq._fast as fast
+from shmq._fast import _ring_reference, _seqlock_reference
+from shmq.ipc import ring as rings
+
+IMPLS = [_ring_reference] + ([fast.ring] if fast.HAVE_FAST else [])
+PROPS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+blob = st.binary(max_size=300)
+header = st.tuples(st.text(max_size=10), st.one_of(st.none(), st.binary(max_size=20)))
+record = st.one_of(
+    blob,
+    st.tuples(st.one_of(st.none(), blob), st.one_of(st.none(), blob)),
+    st.tuples(st.one_of(st.none(), blob), st.one_of(st.none(), blob),
+              st.one_of(st.none(), st.integers(0, 2**41)), st.lists(header, max_size=3)),
+)
+
+
+def _decode(buf: bytes) -> list[tuple]:
+    batch = DefaultRecordBatch(buf)
+    assert batch.validate_crc()
+    return [(r.offset, r.timestamp, r.key, r.value, list(r.headers)) for r in batch]
+
+
+@PROPS
+@given(st.lists(record, min_size=1, max_size=30), st.integers(0, 2**41),
+       st.integers(-1, 2**40), st.integers(-1, 300), st.integers(-1, 2**31 - 1))
+def test_encode_batch_into_twin_and_kafka_python_agree(records, ts, pid, epoch, seq) -> None:
+    outs = []
+    for impl in IMPLS:
+        buf = bytearray(64 * 1024)
+        size = -impl.encode_batch_into(buf, 0, 0, records, ts, pid, epoch, seq)  # size only
+        assert size > 61 and not any(buf)
+        assert impl.encode_batch_into(buf, 8, size - 1, records, ts, pid, epoch, seq) == -size
+        assert impl.encode_batch_into(buf, 8, size, records, ts, pid, epoch, seq) == size
+        assert not any(buf[:8]) and not any(buf[8 + size :])
+        outs.append(bytes(buf[8 : 8 + size]))
+    assert len(set(outs)) == 1
+    batch = outs[0]
+    assert struct.unpack_from(">I", batch, 17)[0] == crc32c.crc32c(batch[21:])
+    fields = struct.unpack_from(">qqhi", batch, 35)  # max ts, pid, epoch, seq
+    assert fields[1:] == (pid, epoch, seq)
+    decoded = _decode(batch)
+    assert [d[0] for d in decoded] == list(range(len(records)))
+    for d, r in zip(decoded, records, strict=True):
+        if isinstance(r, bytes):
+            r = (None, r)
+        key, value = r[0], r[1]
+        when = r[2] if len(r) > 2 and r[2] is not None else ts
+        hdrs = [(k, v) for k, v in r[3]] if len(r) > 3 else []
+        assert (d[2], d[3], d[1]) == (key, value, when)
+        assert d[4] == hdrs
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=lambda m: m.__name__)
+def test_encode_batch_into_refuses_bad_input(impl) -> None:
+    buf = bytearray(1024)
+    with pytest.raises(ValueError):
+        impl.encode_batch_into(buf, 0, 1024, [], 0)
+    with pytest.raises((ValueError, TypeError)):
+        impl.encode_batch_into(buf, 0, 1024, [(b"only-one",)], 0)
+    with pytest.raises(IndexError):
+        impl.encode_batch_into(buf, 1000, 100, [b"x"], 0)
+    with pytest.raises(ValueError):
+        impl.encode_batch_into(buf, 0, 1024, [(None, b"v", None, [(None, b"x")])], 0)
+    with pytest.raises((BufferError, TypeError)):
+        impl.encode_batch_into(bytes(1024), 0, 1024, [b"x"], 0)
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=lambda m: m.__name__)
+def test_atomics(impl) -> None:
+    buf = bytearray(64)
+    impl.store_u64(buf, 8, 2**64 - 2)
+    assert impl.load_u64(buf, 8) == 2**64 - 2
+    assert struct.unpack_from("=Q", buf, 8)[0] == 2**64 - 2
+    assert impl.exchange_u32(buf, 20, 7) == 0 and impl.exchange_u32(buf, 20, 1) == 7
+    assert impl.load_u32(buf, 20) == 1
+    impl.full_fence()
+    for bad in (-8, 60, 12):  # outside, or misaligned
+        with pytest.raises(IndexError):
+            impl.load_u64(buf, bad)
+
+
+@pytest.fixture
+def region():
+    layout = rings.Layout(4096, 4096)
+    fd = rings.create_region(layout, 7)
+    try:
+        mapping, got, pid, session = rings.map_region(fd)
+        yield fd, mapping, got
+    finally:
+        os.close(fd)
+
+
+def test_region_is_sealed_0600_and_checked(region) -> None:
+    fd, mapping, layout = region
+    st_ = os.fstat(fd)
+    assert stat.S_IMODE(st_.st_mode) == 0o600 and st_.st_uid == os.geteuid()
+    with pytest.raises(PermissionError):
+        os.ftruncate(fd, 10)  # sealed: the worker's mapping can never lose pages (no SIGBUS)
+    assert layout == rings.Layout(4096, 4096)
+    plain = os.memfd_create("not-a-ring")
+    try:
+        os.ftruncate(plain, layout.size)
+        os.fchmod(plain, 0o600)
+        with pytest.raises(rings.RingCorruptError):
+            rings.map_region(plain)  # not sealed
+        os.fchmod(plain, 0o644)
+        with pytest.raises(PermissionError):
+            rings.map_region(plain)
+    finally:
+        os.close(plain)
+
+
+@PROPS
+@given(st.lists(st.integers(1, 1500), min_size=1, max_size=200), st.randoms(use_true_random=False))
+def test_ring_delivers_every_entry_in_order_across_wraps(sizes, rnd) -> None:
+    layout = rings.Layout(4096, 4096)
+    fd = rings.create_region(layout, 1)
+    try:
+        mapping, _, _, _ = rings.map_region(fd)
+    finally:
+        os.close(fd)
+    with memoryview(mapping) as view:
+        producer, _ = rings.session_rings(view, layout)
+        consumer, _ = rings.session_rings(view, layout)
+        sent, got = [], []
+        pending = list(sizes)
+        while pending or len(got) < len(sent):
+            if pending and rnd.random() < 0.6:
+                size = pending[0] + 8
+                at = producer.reserve(size)
+                if at >= 0:
+                    payload = bytes([len(sent) % 251]) * pending.pop(0)
+                    rings.ENTRY_HEADER.pack_into(view, at, size, rings.PRODUCE, len(sent) % 65536)
+                    view[at + 8 : at + size] = payload
+                    producer.commit(size, at)
+                    sent.append(payload)
+                    continue
+            entry = consumer.peek()
+            if entry is not None:
+                at, length, kind, flags = entry
+                got.append(bytes(view[at + 8 : at + length]))
+                consumer.advance(length)
+                if rnd.random() < 0.5:
+                    consumer.release()
+            else:
+                consumer.release()
+        assert got == sent
+        del producer, consumer
+    mapping.close()
+
+
+def test_hostile_counters_and_lengths_raise_instead_of_reading_out_of_bounds(region) -> None:
+    _, mapping, layout = region
+    with memoryview(mapping) as view:
+        for poison in ("tail far ahead", "tail misaligned", "len too big", "len too small",
+                       "bad pad"):
+            _, _ = rings.session_rings(view, layout)
+            view[rings.SUBMIT_CONTROL : rings.DATA + 4096] = bytes(rings.DATA + 4096
+                                                                    - rings.SUBMIT_CONTROL)
+            consumer, _ = rings.session_rings(view, layout)
+            base = rings.SUBMIT_CONTROL
+            if poison == "tail far ahead":
+                fast.ring.store_u64(view, base + rings.TAIL, 1 << 40)
+            elif poison == "tail misaligned":
+                fast.ring.store_u64(view, base + rings.TAIL, 12)
+            else:
+                length = {"len too big": 5000, "len too small": 3, "bad pad": 16}[poison]
+                kind = rings.PAD if poison == "bad pad" else rings.PRODUCE
+                rings.ENTRY_HEADER.pack_into(view, rings.DATA, length, kind, 0)
+                fast.ring.store_u64(view, base + rings.TAIL, 64)
+            with pytest.raises(rings.RingCorruptError):
+                consumer.peek()
+            del consumer
+
+
+@pytest.mark.parametrize("impl", [_seqlock_reference] + (
+    [__import__("shmq._fast.seqlock", fromlist=["x"])] if fast.HAVE_FAST else []),
+    ids=lambda m: m.__name__)
+def test_wait_slot_sleeps_until_a_write_and_times_out(impl) -> None:
+    """The futex wait on a state-table slot: woken by the writer's publish within milliseconds,
+    else back after its timeout; the twin speaks the same protocol."""
+    fd = os.memfd_create("slot")
+    try:
+        os.ftruncate(fd, 4096)
+        mapping = fast.MappedFile(fd, 4096, True)
+    finally:
+        os.close(fd)
+    with memoryview(mapping) as view:
+        impl.write_slot(view, 64, 1, 0, 0, 5, 5, 5, 0, 0)
+        seq = impl.slot_seq(view, 64)
+        t0 = time.monotonic()
+        assert impl.wait_slot(view, 64, seq, 0.05) is False
+        assert 0.04 <= time.monotonic() - t0 < 1
+        assert impl.wait_slot(view, 64, seq + 2, 1.0) is True  # already changed: no sleep
+        woke = []
+
+        def writer() -> None:
+            time.sleep(0.05)
+            woke.append(time.monotonic())
+            impl.write_slot(view, 64, 1, 0, 0, 6, 6, 6, 0, 0)
+
+        th = threading.Thread(target=writer)
+        th.start()
+        assert impl.wait_slot(view, 64, seq, 5.0) is True
+        done = time.monotonic()
+        th.join()
+        assert done - woke[0] < 0.02
+        assert struct.unpack_from("=I", view, 64 + 56)[0] == 0  # the writer cleared the flag
+        del th
+    mapping.close()
+
+
+def test_reader_waits_out_a_preempted_writer_and_gives_up_on_a_dead_one() -> None:
+    """A slot whose seq is odd (a writer mid-update): the reader waits for it, briefly when the
+    writer finishes, and reports NotReadableError when it never does (a writer that died)."""
+    from shmq.ipc.reader import NotReadableError, PartitionReader
+    from shmq.ipc.state_table import HEADER_SIZE, StateTable
+
+    with StateTable.create(2) as table:
+        table.write(1, 1, 0, 0, 7, 7, 7, 3, 0)
+        at = HEADER_SIZE + 64
+        view = table._buffer()
+        seq = fast.ring.load_u64(view, at)
+        fast.ring.store_u64(view, at, seq + 1)  # odd: "being written"
+
+        def finish() -> None:
+            time.sleep(0.05)
+            fast.ring.store_u64(view, at, seq + 2)
+
+        th = threading.Thread(target=finish)
+        th.start()
+        reader = PartitionReader(table, 1, lambda node: "/nonexistent")
+        t0 = time.monotonic()
+        assert reader.state().high_watermark == 7
+        assert 0.04 < time.monotonic() - t0 < 0.5
+        th.join()
+        fast.ring.store_u64(view, at, seq + 3)  # odd for good
+        with pytest.raises(NotReadableError):
+            reader.state(patience=0.1)
+        table.clear(1)
