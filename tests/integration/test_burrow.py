@@ -91,7 +91,31 @@ def zookeeper(tmp_path: Path) -> Iterator[str]:
         stop(proc)
 
 
-def start_burrow(directory: Path, zookeeper: str, bootstrap: str) -> tuple[subprocess.Popen, str]:
+def start_burrow(directory: Path, zookeeper: str, bootstrap: str,
+                 attempts: int = 3) -> tuple[subprocess.Popen, str]:
+    """Burrow, answering HTTP.  Burrow exits when its first ZooKeeper session fails ("cannot
+    create root path": seen once on a box at load 11, ZooKeeper answering ``ruok`` but closing
+    the session handshake); that is about the test's ZooKeeper, not shmq, so it is started again
+    (at most ``attempts`` times) and a Burrow that dies later still fails the test."""
+    for attempt in range(1, attempts + 1):
+        proc, http = _start_burrow_once(directory, zookeeper, bootstrap)
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://{http}/burrow/admin", timeout=2):
+                    return proc, http
+            except OSError:
+                time.sleep(0.25)
+        stop(proc)
+        if attempt == attempts:
+            raise AssertionError(f"Burrow did not start ({attempts} attempts):\n"
+                                 + (directory / "burrow.log").read_text(errors="replace")[-4000:])
+        shutil.move(directory, directory.with_name(f"{directory.name}-failed-{attempt}"))
+    raise AssertionError("unreachable")
+
+
+def _start_burrow_once(directory: Path, zookeeper: str,
+                       bootstrap: str) -> tuple[subprocess.Popen, str]:
     burrow = require_binary("Burrow")
     directory.mkdir()
     http = f"127.0.0.1:{free_port()}"
