@@ -374,7 +374,13 @@ class ShmRecord(NamedTuple):
 
 
 def process_start_time(pid: int) -> int | None:
-    """The start time of ``pid`` (/proc/<pid>/stat field 22), or None if it does not exist."""
+    """The start time of ``pid`` (/proc/<pid>/stat field 22), or None if it does not exist or
+    has already exited.
+
+    A process killed but not yet reaped by its parent is a zombie (state ``Z``, or ``X`` while
+    it is being reaped): its pid and start time stay in /proc until then, but it runs no more
+    code and will never unlink anything, so it counts as gone.  (A controller SIGKILLed under a
+    test runner or a shell that has not waited for it yet is exactly that.)"""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
@@ -389,7 +395,10 @@ def process_start_time(pid: int) -> int | None:
             pass
         return 0
     # comm (field 2) may hold spaces and parentheses: fields 3.. start after the last ")".
-    return int(data.rsplit(b")", 1)[1].split()[19])
+    fields = data.rsplit(b")", 1)[1].split()
+    if fields[0] in (b"Z", b"X"):  # field 3, the state: exited, not reaped (yet)
+        return None
+    return int(fields[19])
 
 
 def owner_alive(pid: int, start_time: int = 0) -> bool:

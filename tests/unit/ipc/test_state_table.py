@@ -7,10 +7,12 @@ import mmap
 import os
 import re
 import shutil
+import signal
 import stat
 import struct
 import subprocess
 import sys
+import time
 
 import posix_ipc
 import pytest
@@ -367,6 +369,47 @@ def test_crashed_owner_is_swept_by_the_next_start() -> None:
             assert remove_stale(stale) == []  # already gone: nothing to do, no error
     finally:
         unlink_quietly(name)
+
+
+def test_a_zombie_owner_is_swept_too() -> None:
+    """A predecessor killed but not yet reaped by its parent is a zombie: its pid and start time
+    are still in /proc, yet it will never unlink its table.  The sweep must treat it as dead
+    (issue 21 item 6: it used to count as alive and its table stayed in /dev/shm)."""
+    child = (
+        "import json, sys, time\n"
+        "from shmq.ipc import ShmTracker, StateTable\n"
+        "tracker = ShmTracker()\n"
+        "t = StateTable.create(4, tracker=tracker)\n"
+        "print(json.dumps(tracker.to_json()), flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
+    name = ""
+    try:
+        assert proc.stdout is not None
+        records = json.loads(proc.stdout.readline())
+        (name,) = [r["name"] for r in records]
+        os.kill(proc.pid, signal.SIGKILL)
+        # not reaped: the child stays a zombie until we wait for it
+        deadline = time.monotonic() + 10
+        while True:
+            with open(f"/proc/{proc.pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+            if state == b"Z" or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        assert state == b"Z"
+        assert exists(name)
+        assert not owner_alive(records[0]["pid"], records[0]["start_time"])
+        assert stale_names(records) == [name]
+        assert remove_stale(stale_names(records)) == [name] and not exists(name)
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+        if name:
+            unlink_quietly(name)
 
 
 def test_remove_stale_only_touches_shmq_names() -> None:
