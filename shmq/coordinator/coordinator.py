@@ -5,8 +5,14 @@ Theory of operation (``GroupMetadataManager`` / ``OffsetMetadataManager`` classi
 Everything runs on the controller's event loop; no state change awaits anything, so a request
 sees the group as one consistent value.  Long polls are futures: a JoinGroup parks its future on
 the member until the join phase completes, a follower's SyncGroup parks until the leader's
-assignment arrives.  A client that disconnects cancels its future; such a member counts as not
-rejoined and its session timer removes it (Kafka keeps the muted request instead).
+assignment arrives.  A client that disconnects cancels only its own wait (``asyncio.shield``):
+the parked future stays on the member, as Kafka keeps a muted request whose connection is gone,
+so the member still counts as joined (or syncing).  The join phase then completes as soon as
+the live members rejoin, the answer to the dead connection goes nowhere, and the member, which
+never syncs or heartbeats, expires by its session timeout.  Were the future cancelled with the
+connection, the member would count as not rejoined while no session timer ran for it (the
+timer is satisfied while a member waits in JoinGroup, and not rescheduled): the group would
+wait for the rebalance timeout, ``max.poll.interval.ms``, 5 minutes by default.
 
 Timers (``loop.call_later`` handles, cancelled when superseded):
 
@@ -513,7 +519,7 @@ class GroupCoordinator:
             self._join_new_member(*args)
         else:
             self._join_existing_member(*args)
-        return await fut  # type: ignore[no-any-return]
+        return await asyncio.shield(fut)  # type: ignore[no-any-return]  # see "Theory"
 
     def _join_new_member(self, group: Group, member_id: str, instance_id: str | None,
                          client_id: str, client_host: str, session_ms: int, rebalance_ms: int,
@@ -681,7 +687,7 @@ class GroupCoordinator:
                     m.complete_sync(SyncResult(NONE, m.assignment, group.protocol_type,
                                                group.protocol_name))
                     self._schedule_heartbeat(group, m)
-        result: SyncResult = await fut
+        result: SyncResult = await asyncio.shield(fut)  # a disconnect leaves it parked
         if where is not None and result.error == NONE:
             await self._durable(where)
         return result

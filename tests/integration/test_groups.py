@@ -241,6 +241,119 @@ def test_static_member_restart_keeps_partitions_without_rebalance(gbroker: Runni
         g.close()
 
 
+# A member whose JoinGroup is parked when its process dies (issue 21 item 1).  Its session
+# timeout is short; the survivors' is long, and their rebalance timeout (max.poll.interval.ms)
+# longer still, so "freezes until the rebalance timeout" and "resumes within the session
+# timeout plus one rebalance" are far apart.
+_CRASHER_SESSION_MS = 3000
+_SURVIVOR = {"session.timeout.ms": 10000, "heartbeat.interval.ms": 300,
+             "max.poll.interval.ms": 45000}
+_CRASHER_SCRIPT = (
+    "import json, sys\n"
+    "from confluent_kafka import Consumer\n"
+    "c = Consumer({'bootstrap.servers': sys.argv[1], 'group.id': sys.argv[2],\n"
+    "              'auto.offset.reset': 'earliest', 'session.timeout.ms': SESSION,\n"
+    "              'heartbeat.interval.ms': 300, 'max.poll.interval.ms': 45000})\n"
+    "def on_assign(c, parts):\n"
+    "    print(json.dumps({'assigned': [p.partition for p in parts]}), flush=True)\n"
+    "def on_revoke(c, parts):\n"
+    "    print(json.dumps({'revoked': [p.partition for p in parts]}), flush=True)\n"
+    "c.subscribe([sys.argv[3]], on_assign=on_assign, on_revoke=on_revoke)\n"
+    "while True:\n"
+    "    c.poll(0.05)\n").replace("SESSION", str(_CRASHER_SESSION_MS))
+
+
+@pytest.mark.parametrize("crasher", ["new", "existing"])
+def test_member_dying_mid_join_does_not_freeze_the_group(gbroker: RunningBroker, tmp_path: Path,
+                                                         crasher: str) -> None:
+    """A consumer dies (SIGKILL) while its JoinGroup waits for slower members to rejoin: a new
+    member whose first join started the rebalance, or an existing member that rejoined at once
+    and waited longer than its own session timeout.  As in Kafka, the dead member still counts
+    as joined, the join completes when the others rejoin, and it expires by its session timeout:
+    the survivors (librdkafka and kafka-python, in one group) own every partition again within
+    that session timeout plus one rebalance, not after max.poll.interval.ms (45 s here)."""
+    from confluent_kafka.admin import AdminClient as Admin
+
+    topic = new_topic(gbroker.bootstrap)
+    group = f"crash-{crasher}-{uuid.uuid4().hex[:6]}"
+    admin = Admin({"bootstrap.servers": gbroker.bootstrap})
+    script = tmp_path / "crasher.py"
+    script.write_text(_CRASHER_SCRIPT)
+    ck = Consumer({"bootstrap.servers": gbroker.bootstrap, "group.id": group,
+                   "auto.offset.reset": "earliest", **_SURVIVOR})
+    ck.subscribe([topic])
+    kp = KpMember(gbroker.bootstrap, topic, group, session_timeout_ms=10000,
+                  heartbeat_interval_ms=300, max_poll_interval_ms=45000)
+    kp.start()
+    extra: list[Consumer] = []
+    lines: list[dict] = []
+    proc: subprocess.Popen | None = None
+
+    def start_crasher() -> subprocess.Popen:
+        p = subprocess.Popen([sys.executable, str(script), gbroker.bootstrap, group, topic],
+                             stdout=subprocess.PIPE, text=True)
+        threading.Thread(target=lambda: lines.extend(json.loads(x) for x in p.stdout),
+                         daemon=True).start()  # type: ignore[union-attr]
+        return p
+
+    def ck_poll() -> None:
+        for c in [ck, *extra]:
+            c.poll(0.05)
+
+    def survivors() -> list[set[int]]:
+        return [{tp.partition for tp in c.assignment()} for c in [ck, *extra]] + [kp.assigned]
+
+    def describe() -> tuple[str, int]:
+        d = admin.describe_consumer_groups([group])[group].result(10)
+        return str(d.state), len(d.members)
+
+    try:
+        if crasher == "existing":
+            proc = start_crasher()
+            crasher_parts = lambda: set(  # noqa: E731
+                next((x["assigned"] for x in reversed(list(lines)) if "assigned" in x), []))
+            wait_until(lambda: covers(survivors() + [crasher_parts()]), 60, ck_poll,
+                       "three members covering 6")
+            kp.paused.set()  # the survivors stop polling: they heartbeat but do not rejoin
+            revoked = len([x for x in lines if "revoked" in x])
+            newcomer = Consumer({"bootstrap.servers": gbroker.bootstrap, "group.id": group,
+                                 "auto.offset.reset": "earliest", **_SURVIVOR})
+            newcomer.subscribe([topic])
+            extra.append(newcomer)
+            # the newcomer's join starts a rebalance; the crasher rejoins at once and waits
+            wait_until(lambda: len([x for x in lines if "revoked" in x]) > revoked, 30,
+                       lambda: (newcomer.poll(0.05), None)[1], "the crasher to rejoin")
+        else:
+            wait_until(lambda: covers(survivors()), 60, ck_poll, "two members covering 6")
+            kp.paused.set()
+            proc = start_crasher()
+            wait_until(lambda: describe() == ("ConsumerGroupState.PREPARING_REBALANCING", 3), 30,
+                       what="the new member's JoinGroup to be parked")
+        # the crasher waits in JoinGroup longer than its session timeout, then dies
+        time.sleep(_CRASHER_SESSION_MS / 1000 + 1)
+        proc.kill()
+        proc.wait()
+        killed = time.monotonic()
+        kp.paused.clear()
+        wait_until(lambda: covers(survivors()), 60, ck_poll, "the survivors to own all six")
+        took = time.monotonic() - killed
+        print(f"\n{crasher} member killed mid-join: survivors own every partition after "
+              f"{took:.1f} s (its session timeout {_CRASHER_SESSION_MS / 1000:.0f} s)")
+        assert took < _CRASHER_SESSION_MS / 1000 + 8, took
+        assert describe()[1] == 2 + len(extra)
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        kp.stop.set()
+        kp.join(30)
+        for c in [ck, *extra]:
+            c.close()
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
 def test_first_message_latency_of_a_new_group(gbroker: RunningBroker) -> None:
     topic = new_topic(gbroker.bootstrap, 1)
     produce(gbroker.bootstrap, topic, 0, 10, 1)
@@ -265,19 +378,25 @@ def test_first_message_latency_of_a_new_group(gbroker: RunningBroker) -> None:
 
 
 class KpMember(threading.Thread):
-    def __init__(self, bootstrap: str, topic: str, group: str) -> None:
+    def __init__(self, bootstrap: str, topic: str, group: str, **settings: int) -> None:
         super().__init__(daemon=True)
         from kafka import KafkaConsumer
 
+        settings = {"session_timeout_ms": 3000, "heartbeat_interval_ms": 300,
+                    "max_poll_interval_ms": 10000, **settings}
         self.consumer = KafkaConsumer(
             topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
-            session_timeout_ms=3000, heartbeat_interval_ms=300, max_poll_interval_ms=10000)
+            **settings)
         self.stop = threading.Event()
+        self.paused = threading.Event()  # set: no poll (so no rejoin); heartbeats go on
         self.assigned: set[int] = set()
         self.seen: set[bytes] = set()
 
     def run(self) -> None:
         while not self.stop.is_set():
+            if self.paused.is_set():
+                time.sleep(0.02)
+                continue
             for records in self.consumer.poll(timeout_ms=100).values():
                 self.seen.update(r.value for r in records)
             self.assigned = {tp.partition for tp in self.consumer.assignment()}

@@ -194,6 +194,143 @@ def test_leader_that_never_syncs_is_removed_after_the_rebalance_timeout(tmp_path
     run(main)
 
 
+async def _stable_pair(c: GroupCoordinator, session: int, rebalance: int) -> tuple[str, str]:
+    """Two members a (leader) and b, synced in generation 2."""
+    a = await join_dynamic(c, session=session, rebalance=rebalance)
+    await c.sync_group("g", 1, a.member_id, None, None, None, {a.member_id: b"A"})
+    b_task = asyncio.ensure_future(join_dynamic(c, session=session, rebalance=rebalance))
+    await asyncio.sleep(0.01)
+    a2 = await join(c, "g", a.member_id, session=session, rebalance=rebalance)
+    b = await b_task
+    assert a2.generation == b.generation == 2
+    follower = asyncio.ensure_future(c.sync_group("g", 2, b.member_id, None, None, None, {}))
+    await asyncio.sleep(0)
+    await c.sync_group("g", 2, a.member_id, None, None, None,
+                       {a.member_id: b"A", b.member_id: b"B"})
+    await follower
+    assert c.groups["g"].state is GroupState.STABLE
+    return a.member_id, b.member_id
+
+
+def _disconnect(task: asyncio.Task) -> None:
+    """What a dropped connection does to a parked request: its serving task is cancelled."""
+    task.cancel()
+
+
+def test_new_member_that_disconnects_mid_join_still_counts_as_joined(tmp_path: Path) -> None:
+    """Kafka keeps a parked JoinGroup whose connection dropped (the response goes nowhere): the
+    member still counts as joined, the join phase completes as soon as the others rejoin, and
+    the member, never syncing, expires by its session timeout.  The group must not wait for the
+    rebalance timeout (issue 21 item 1: 39 s with a 40 s max.poll.interval.ms)."""
+    async def main() -> None:
+        c = make(tmp_path)
+        session, rebalance = 300, 20_000
+        a, b = await _stable_pair(c, session, rebalance)
+        crash = asyncio.ensure_future(join_dynamic(c, session=session, rebalance=rebalance))
+        await asyncio.sleep(0.01)
+        group = c.groups["g"]
+        assert group.state is GroupState.PREPARING_REBALANCE and len(group.members) == 3
+        _disconnect(crash)
+        await asyncio.sleep(0.01)
+        # a and b rejoin: the join completes at once, the crashed member included
+        started = asyncio.get_running_loop().time()
+        b_join = asyncio.ensure_future(join(c, "g", b, session=session, rebalance=rebalance))
+        a3 = await asyncio.wait_for(join(c, "g", a, session=session, rebalance=rebalance), 2)
+        b3 = await b_join
+        assert asyncio.get_running_loop().time() - started < 1
+        assert a3.error == b3.error == 0 and a3.generation == 3 and len(a3.members) == 3
+        ghost = next(m for m, _, _ in a3.members if m not in (a, b))
+        follower = asyncio.ensure_future(c.sync_group("g", 3, b, None, None, None, {}))
+        await asyncio.sleep(0)
+        await c.sync_group("g", 3, a, None, None, None, {a: b"A", b: b"B", ghost: b"G"})
+        await follower
+        # the ghost never syncs nor heartbeats: gone after its session timeout, then a rebalance
+        for _ in range(6):
+            await asyncio.sleep(0.1)
+            c.heartbeat("g", group.generation, a, None)
+            c.heartbeat("g", group.generation, b, None)
+        assert ghost not in group.members
+        assert c.heartbeat("g", 3, a, None) == 27
+        b_join = asyncio.ensure_future(join(c, "g", b, session=session, rebalance=rebalance))
+        a4 = await asyncio.wait_for(join(c, "g", a, session=session, rebalance=rebalance), 2)
+        await b_join
+        assert a4.generation == 4 and sorted(m for m, _, _ in a4.members) == sorted([a, b])
+        c.close()
+
+    run(main)
+
+
+def test_existing_member_that_disconnects_mid_join_still_counts_as_joined(tmp_path: Path) -> None:
+    """The same for a member of the group: its JoinGroup waits longer than its session timeout
+    (another member is slow to rejoin), then its connection drops.  Kafka completes the join
+    when the slow member rejoins and expires the dropped one a session timeout later."""
+    async def main() -> None:
+        c = make(tmp_path)
+        session, rebalance = 300, 20_000
+        a, b = await _stable_pair(c, session, rebalance)
+        group = c.groups["g"]
+        # a third member joins; b rejoins at once, a (slow) only later
+        newcomer = asyncio.ensure_future(join_dynamic(c, session=session, rebalance=rebalance))
+        await asyncio.sleep(0.01)
+        assert group.state is GroupState.PREPARING_REBALANCE
+        crash = asyncio.ensure_future(join(c, "g", b, session=session, rebalance=rebalance))
+        for _ in range(5):  # longer than b's session timeout, while b waits in JoinGroup
+            await asyncio.sleep(0.1)
+            assert c.heartbeat("g", 2, a, None) == 27  # a is alive, just slow to rejoin
+        assert b in group.members
+        _disconnect(crash)
+        await asyncio.sleep(0.01)
+        started = asyncio.get_running_loop().time()
+        a3 = await asyncio.wait_for(join(c, "g", a, session=session, rebalance=rebalance), 2)
+        n = await newcomer
+        assert asyncio.get_running_loop().time() - started < 1
+        assert a3.generation == n.generation == 3 and len(a3.members) == 3
+        follower = asyncio.ensure_future(c.sync_group("g", 3, n.member_id, None, None, None, {}))
+        await asyncio.sleep(0)
+        await c.sync_group("g", 3, a, None, None, None, {})
+        await follower
+        for _ in range(6):
+            await asyncio.sleep(0.1)
+            c.heartbeat("g", group.generation, a, None)
+            c.heartbeat("g", group.generation, n.member_id, None)
+        assert b not in group.members and group.state is GroupState.PREPARING_REBALANCE
+        c.close()
+
+    run(main)
+
+
+def test_follower_that_disconnects_while_waiting_in_sync_expires_after_the_assignment(
+        tmp_path: Path) -> None:
+    """A SyncGroup parked for the leader's assignment also outlives its connection (Kafka): the
+    member counts as syncing until the assignment is propagated, then its session timer runs."""
+    async def main() -> None:
+        c = make(tmp_path)
+        session = 300
+        a = await join_dynamic(c, session=session)
+        await c.sync_group("g", 1, a.member_id, None, None, None, {})
+        b_task = asyncio.ensure_future(join_dynamic(c, session=session))
+        await asyncio.sleep(0.01)
+        await join(c, "g", a.member_id, session=session)
+        b = await b_task
+        crash = asyncio.ensure_future(c.sync_group("g", 2, b.member_id, None, None, None, {}))
+        await asyncio.sleep(0.01)
+        _disconnect(crash)
+        for _ in range(4):  # past b's session timeout: still waiting for the leader
+            await asyncio.sleep(0.1)
+            assert c.heartbeat("g", 2, a.member_id, None) == 0
+        group = c.groups["g"]
+        assert b.member_id in group.members and group.state is GroupState.COMPLETING_REBALANCE
+        await c.sync_group("g", 2, a.member_id, None, None, None, {})
+        assert group.state is GroupState.STABLE
+        for _ in range(5):
+            await asyncio.sleep(0.1)
+            c.heartbeat("g", 2, a.member_id, None)
+        assert b.member_id not in group.members
+        c.close()
+
+    run(main)
+
+
 def test_static_member_rejoins_without_rebalance_and_fences_the_old_id(tmp_path: Path) -> None:
     async def main() -> None:
         c = make(tmp_path)
