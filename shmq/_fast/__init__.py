@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import os
 
-from shmq._fast import _metrics_reference, _reference, _ring_reference, _seqlock_reference
+from shmq._fast import (
+    _metrics_reference,
+    _producers_reference,
+    _reference,
+    _ring_reference,
+    _seqlock_reference,
+)
 
 HAVE_FAST = False
 if not os.environ.get("SHMQ_PURE"):
@@ -18,6 +24,7 @@ if not os.environ.get("SHMQ_PURE"):
         from shmq._fast import index as _index
         from shmq._fast import mapping as _mapping
         from shmq._fast import metrics as _metrics
+        from shmq._fast import producers as _producers
         from shmq._fast import ring as _ring
         from shmq._fast import seqlock as _seqlock
         from shmq._fast import wire as _wire  # noqa: F401  (used by shmq.protocol)
@@ -48,6 +55,7 @@ if HAVE_FAST:
     MetricsWriter = _metrics.MetricsWriter
     wait_slot = _seqlock.wait_slot
     ring = _ring
+    ProducerTable = _producers.ProducerTable
 else:
     crc32c = _reference.crc32c
     crc32c_software = _reference.crc32c_software
@@ -70,6 +78,7 @@ else:
     MetricsWriter = _metrics_reference.MetricsWriter  # type: ignore[misc,assignment]
     wait_slot = _seqlock_reference.wait_slot
     ring = _ring_reference  # type: ignore[misc,assignment]
+    ProducerTable = _producers_reference.ProducerTable  # type: ignore[misc,assignment]
 
 from shmq._fast._reference import (  # noqa: E402  (constants are shared)
     COL_ATTRIBUTES,
@@ -100,7 +109,7 @@ __all__ = [
     "COL_ATTRIBUTES", "COL_BASE_OFFSET", "COL_BASE_SEQUENCE", "COL_BASE_TIMESTAMP",
     "COL_LAST_OFFSET", "COL_LEADER_EPOCH", "COL_MAX_TIMESTAMP", "COL_POSITION",
     "COL_PRODUCER_EPOCH", "COL_PRODUCER_ID", "COL_RECORDS_COUNT", "COL_SIZE", "HAVE_FAST",
-    "HEADER_SIZE", "MappedFile", "NO_LOG_APPEND_TIME", "SCAN_COLUMNS", "SCAN_CORRUPT", "SCAN_END", "SCAN_FULL", "SCAN_PARTIAL",
+    "HEADER_SIZE", "MappedFile", "ProducerTable", "NO_LOG_APPEND_TIME", "SCAN_COLUMNS", "SCAN_CORRUPT", "SCAN_END", "SCAN_FULL", "SCAN_PARTIAL",
     "batch_header", "build_batch", "crc32c", "crc32c_software",
     "decode_records", "decode_sections", "encode_records", "fill_columns", "have_hardware", "largest_lower_bound",
     "scan_batches", "smallest_upper_bound", "stamp_batch", "validate_batch",

@@ -42,6 +42,9 @@ class BrokerConfig:
     offset_metadata_max_bytes: int = 4096           # offset.metadata.max.bytes
     offsets_topic_num_partitions: int = 50          # offsets.topic.num.partitions
     offsets_topic_segment_bytes: int = 16 << 20     # offsets.topic.segment.bytes (Kafka: 100 MiB)
+    # idempotent producers idle this long are forgotten (Kafka's ProducerStateManager)
+    producer_id_expiration_ms: int = 86_400_000     # producer.id.expiration.ms (1 day)
+    producer_id_expiration_check_interval_ms: int = 600_000  # producer.id.expiration.check.interval.ms
 
     KAFKA_NAMES = {
         "num.partitions": "num_partitions",
@@ -58,6 +61,8 @@ class BrokerConfig:
         "offset.metadata.max.bytes": "offset_metadata_max_bytes",
         "offsets.topic.num.partitions": "offsets_topic_num_partitions",
         "offsets.topic.segment.bytes": "offsets_topic_segment_bytes",
+        "producer.id.expiration.ms": "producer_id_expiration_ms",
+        "producer.id.expiration.check.interval.ms": "producer_id_expiration_check_interval_ms",
     }
     LOG_NAMES = {
         "log.segment.bytes": "segment.bytes",
@@ -123,6 +128,9 @@ class BrokerConfig:
         if not 0 < self.group_min_session_timeout_ms <= self.group_max_session_timeout_ms:
             raise ConfigError("group.min.session.timeout.ms must be positive and at most "
                               "group.max.session.timeout.ms")
+        if self.producer_id_expiration_ms < 1 or self.producer_id_expiration_check_interval_ms < 1:
+            raise ConfigError("producer.id.expiration.ms and "
+                              "producer.id.expiration.check.interval.ms must be at least 1")
         if not 1 <= self.offsets_topic_num_partitions <= 1000 or self.offsets_topic_segment_bytes < 1024:
             raise ConfigError("offsets.topic.num.partitions must be 1..1000 and "
                               "offsets.topic.segment.bytes at least 1024")

@@ -178,7 +178,8 @@ class PartitionLog:
         from shmq.protocol.records import scan_headers
 
         ps = self.producer_state
-        start = ps.truncate_and_reload(self.log_start_offset, self.log_end_offset)
+        start = ps.truncate_and_reload(self.log_start_offset, self.log_end_offset,
+                                       int(time.time() * 1000))
         for seg in self.segments:
             if seg.next_offset <= start or seg.size == 0:
                 continue
@@ -437,6 +438,15 @@ class PartitionLog:
                 start -= 1
         count = min(max_num_offsets, start + 1)
         return sorted((entries[start - j][0] for j in range(count)), reverse=True)
+
+    # -- producer state -----------------------------------------------------------------------
+
+    def remove_expired_producers(self, now_ms: int, expiration_ms: int) -> int:
+        """Forget producers idle for ``expiration_ms`` (``producer.id.expiration.ms``, a broker
+        config that may change, hence passed each time); how many went."""
+        with self._lock:
+            self.producer_state.producer_id_expiration_ms = expiration_ms
+            return self.producer_state.count_expired(now_ms)
 
     # -- roll, retention, truncation ----------------------------------------------------------
 

@@ -119,6 +119,15 @@ class LogManager:
             self.checkpoint()
         return deleted
 
+    def remove_expired_producers(self, expiration_ms: int, now_ms: int | None = None) -> int:
+        """Kafka's ``PeriodicProducerExpirationCheck`` over every log; producers removed."""
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        return sum(log.remove_expired_producers(now, expiration_ms) for log in self.logs.values())
+
+    def producer_count(self) -> int:
+        """Producer ids known across the logs (counted at each expiration check)."""
+        return sum(len(log.producer_state) for log in self.logs.values())
+
     def flush_due(self, now_ms: int | None = None) -> None:
         for log in self.logs.values():
             log.maybe_flush(now_ms)

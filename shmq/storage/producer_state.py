@@ -2,11 +2,12 @@
 
 Theory of operation
 -------------------
-For every producer id that wrote to the partition the manager keeps a ``ProducerStateEntry``:
-its current epoch, the metadata of its last ``NUM_BATCHES_TO_RETAIN`` (5) batches, the epoch of
-the transaction coordinator that wrote its last marker, the timestamp of its last write, and the
-first offset of its open transaction, if any.  Five batches suffice because an idempotent client
-keeps at most five requests in flight per partition.
+For every producer id that wrote to the partition the manager keeps its current epoch, the
+metadata of its last ``NUM_BATCHES_TO_RETAIN`` (5) batches, the epoch of the transaction
+coordinator that wrote its last marker, the timestamp of its last write, and the first offset of
+its open transaction, if any: one row of a ``_fast.ProducerTable`` (C memory, see
+``shmq/_fast/producers.pyx``), handed out as ``ProducerStateEntry`` copies.  Five batches
+suffice because an idempotent client keeps at most five requests in flight per partition.
 
 A client Produce goes through two calls, both per batch (``ProducerAppendInfo`` +
 ``UnifiedLog.analyzeAndValidateProducerState``)::
@@ -55,8 +56,14 @@ What a restart loses:
   epoch already known.
 
 Producers idle for ``producer_id_expiration_ms`` (``producer.id.expiration.ms``, 1 day) with no
-open transaction are forgotten by ``remove_expired``; a forgotten producer is "unknown" again and
-may continue with any sequence.
+open transaction are forgotten (Kafka ``removeExpiredProducers``): by ``remove_expired``, which
+the worker calls every ``producer.id.expiration.check.interval.ms`` (10 minutes), and when a
+snapshot is loaded (``load_snapshot(now_ms=...)``).  Idle means: the timestamp of the producer's
+last batch (its max timestamp as stored) is that old.  A forgotten producer is "unknown" again,
+so a retry of one of its batches is appended again rather than answered as a duplicate, and any
+sequence is accepted, as Kafka has done since KIP-360 (2.5; before it answered
+``UNKNOWN_PRODUCER_ID`` to a non-zero sequence).  The next snapshot (roll, clean shutdown) no
+longer holds it.
 
 Snapshot file (``ProducerStateManager.writeSnapshot``: its ``PID_SNAPSHOT_MAP_SCHEMA`` is
 ``ProducerSnapshot.json`` v1 with the int16 version in front; all big-endian; shmq writes the
@@ -87,7 +94,6 @@ import logging
 import os
 import re
 import struct
-from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,10 +147,6 @@ def decrement_sequence(sequence: int, decrement: int) -> int:
     return sequence - decrement
 
 
-def _in_sequence(last_seq: int, next_seq: int) -> bool:
-    return next_seq == last_seq + 1 or (next_seq == 0 and last_seq == INT32_MAX)
-
-
 class BatchMetadata(NamedTuple):
     """One appended batch of a producer (Kafka keeps lastSeq + offsetDelta; firstSeq is derived)."""
 
@@ -161,16 +163,27 @@ class BatchMetadata(NamedTuple):
 
 @dataclass(slots=True)
 class ProducerStateEntry:
+    """One producer's state as a value: what ``last_entry`` and ``producers`` hand out (a copy;
+    the manager keeps its producers in a ``ProducerTable``) and what a snapshot holds."""
+
     producer_id: int
     producer_epoch: int = NO_PRODUCER_EPOCH
-    batches: deque[BatchMetadata] = field(default_factory=deque)
+    batches: list[BatchMetadata] = field(default_factory=list)  # the last 5, oldest first
     coordinator_epoch: int = -1
     last_timestamp: int = NO_TIMESTAMP
     current_txn_first_offset: int | None = None
 
     def __post_init__(self) -> None:
-        if self.batches.maxlen != NUM_BATCHES_TO_RETAIN:
-            self.batches = deque(self.batches, maxlen=NUM_BATCHES_TO_RETAIN)
+        if len(self.batches) > NUM_BATCHES_TO_RETAIN:
+            self.batches = list(self.batches)[-NUM_BATCHES_TO_RETAIN:]
+
+    @classmethod
+    def from_row(cls, row: tuple[Any, ...]) -> ProducerStateEntry:
+        """From a ``ProducerTable`` row: (pid, epoch, coordinator epoch, last timestamp,
+        txn first offset or -1, batches)."""
+        pid, epoch, coordinator_epoch, last_ts, txn, batches = row
+        return cls(pid, epoch, [BatchMetadata(*b) for b in batches], coordinator_epoch, last_ts,
+                   txn if txn >= 0 else None)
 
     @property
     def is_empty(self) -> bool:
@@ -192,31 +205,29 @@ class ProducerStateEntry:
     def last_offset_delta(self) -> int:
         return self.batches[-1].offset_delta if self.batches else 0
 
-    def maybe_update_epoch(self, producer_epoch: int) -> None:
-        """A new epoch starts a new sequence space: the cached batches no longer apply."""
-        if producer_epoch != self.producer_epoch:
-            self.batches.clear()
-            self.producer_epoch = producer_epoch
-
-    def find_duplicate(self, producer_epoch: int, first_seq: int, last_seq: int) -> BatchMetadata | None:
-        if producer_epoch != self.producer_epoch:
-            return None
-        for batch in self.batches:
-            if batch.first_seq == first_seq and batch.last_seq == last_seq:
-                return batch
-        return None
-
 
 def encode_snapshot(entries: Iterable[ProducerStateEntry]) -> bytes:
     """The bytes of a v1 snapshot holding ``entries`` (each with its last batch only)."""
-    ordered = sorted(entries, key=lambda e: e.producer_id)
-    buf = bytearray(_HEADER.size + _ENTRY.size * len(ordered))
-    _HEADER.pack_into(buf, 0, SNAPSHOT_VERSION, 0, len(ordered))
-    pos = _HEADER.size
-    for e in ordered:
+    rows = []
+    for e in entries:
         txn = -1 if e.current_txn_first_offset is None else e.current_txn_first_offset
-        _ENTRY.pack_into(buf, pos, e.producer_id, e.producer_epoch, e.last_seq, e.last_data_offset,
-                         e.last_offset_delta, e.last_timestamp, e.coordinator_epoch, txn)
+        rows.append((e.producer_id, e.producer_epoch, e.coordinator_epoch, e.last_timestamp, txn,
+                     e.batches[-1:]))
+    return _encode_rows(sorted(rows))
+
+
+def _encode_rows(rows: list[tuple[Any, ...]]) -> bytes:
+    """A snapshot of ``ProducerTable`` rows, in the order given (producer id order)."""
+    buf = bytearray(_HEADER.size + _ENTRY.size * len(rows))
+    _HEADER.pack_into(buf, 0, SNAPSHOT_VERSION, 0, len(rows))
+    pos = _HEADER.size
+    pack = _ENTRY.pack_into
+    for pid, epoch, coordinator_epoch, last_ts, txn, batches in rows:
+        if batches:
+            _, last_seq, last_offset, delta, _ = batches[-1]
+        else:
+            last_seq, last_offset, delta = NO_SEQUENCE, -1, 0
+        pack(buf, pos, pid, epoch, last_seq, last_offset, delta, last_ts, coordinator_epoch, txn)
         pos += _ENTRY.size
     struct.pack_into(">I", buf, 2, _fast.crc32c(memoryview(buf)[_CRC_START:]))
     return bytes(buf)
@@ -270,28 +281,36 @@ def _write_atomically(path: Path, data: bytes) -> None:
 
 
 class ProducerStateManager:
-    """Producer ids, their epochs, last batches and open transactions for one partition."""
+    """Producer ids, their epochs, last batches and open transactions for one partition.
+
+    The state lives in a ``_fast.ProducerTable`` (one 192-byte row a producer in C memory, see
+    ``shmq/_fast/producers.pyx`` for why); entries handed out are copies."""
 
     def __init__(self, directory: Path,
                  producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS) -> None:
         self.directory = Path(directory)
         self.producer_id_expiration_ms = producer_id_expiration_ms
-        self._producers: dict[int, ProducerStateEntry] = {}
+        self._table = _fast.ProducerTable()
 
     # -- queries ------------------------------------------------------------------------------
 
     @property
     def producers(self) -> Mapping[int, ProducerStateEntry]:
-        """Read-only view of the active producers."""
-        return MappingProxyType(self._producers)
+        """The active producers, by id (a read-only snapshot)."""
+        return MappingProxyType({row[0]: ProducerStateEntry.from_row(row)
+                                 for row in self._table.items()})
+
+    def __len__(self) -> int:
+        return len(self._table)
 
     def last_entry(self, producer_id: int) -> ProducerStateEntry | None:
-        return self._producers.get(producer_id)
+        row = self._table.get(producer_id)
+        return None if row is None else ProducerStateEntry.from_row(row)
 
     def first_unstable_offset(self) -> int | None:
         """First offset of the earliest open transaction (the LSO is min of this and the HW)."""
-        return min((e.current_txn_first_offset for e in self._producers.values()
-                    if e.current_txn_first_offset is not None), default=None)
+        first = self._table.first_unstable_offset()
+        return None if first < 0 else first
 
     # -- the append path ----------------------------------------------------------------------
 
@@ -302,45 +321,32 @@ class ProducerStateManager:
 
         ``origin_client=False`` is Kafka's COORDINATOR origin (batches written by the broker's own
         coordinators): no duplicate or sequence checks, only the epoch and transaction checks.
-        Raises ``KafkaApiError`` 47, 45 or 48 as described in the module docstring.
+        Raises ``KafkaApiError`` 47, 45 or 48 as described in the module docstring (the rules
+        themselves run in ``ProducerTable.check``).
         """
         if producer_id < 0:
             return None
-        entry = self._producers.get(producer_id)
-        if entry is None:
-            entry = ProducerStateEntry(producer_id)
-        # 1. a retried batch we already have
-        if origin_client:
-            duplicate = entry.find_duplicate(producer_epoch, base_sequence, last_sequence)
-            if duplicate is not None:
-                return duplicate
-        # 2. fencing
-        if producer_epoch < entry.producer_epoch:
-            raise KafkaApiError(
-                INVALID_PRODUCER_EPOCH,
-                f"epoch {producer_epoch} of producer {producer_id} is smaller than the last seen "
-                f"epoch {entry.producer_epoch}")
-        # 3./4. sequence numbers
-        if origin_client:
-            if producer_epoch != entry.producer_epoch:
-                if base_sequence != 0 and entry.producer_epoch != NO_PRODUCER_EPOCH:
-                    raise KafkaApiError(
-                        OUT_OF_ORDER_SEQUENCE_NUMBER,
-                        f"invalid sequence number {base_sequence} for new epoch {producer_epoch} "
-                        f"of producer {producer_id} (current epoch {entry.producer_epoch})")
-            elif (entry.producer_epoch != NO_PRODUCER_EPOCH
-                  and not _in_sequence(entry.last_seq, base_sequence)):
-                raise KafkaApiError(
-                    OUT_OF_ORDER_SEQUENCE_NUMBER,
-                    f"out of order sequence number for producer {producer_id}: {base_sequence} "
-                    f"(incoming), {entry.last_seq} (current end sequence number)")
-        # 5. transactions
-        if entry.current_txn_first_offset is not None and not is_transactional:
-            raise KafkaApiError(
-                INVALID_TXN_STATE,
-                f"expected a transactional write from producer {producer_id}: its transaction "
-                f"opened at offset {entry.current_txn_first_offset} is not complete")
-        return None
+        result = self._table.check(producer_id, producer_epoch, base_sequence, last_sequence,
+                                   is_transactional, origin_client)
+        code = result[0]
+        if code == 0:
+            return None
+        if code == 1:  # a retried batch we already have
+            return BatchMetadata(*result[1:])
+        _, epoch, last_seq, txn = result
+        if code == INVALID_PRODUCER_EPOCH:
+            message = (f"epoch {producer_epoch} of producer {producer_id} is smaller than the "
+                       f"last seen epoch {epoch}")
+        elif code == OUT_OF_ORDER_SEQUENCE_NUMBER and producer_epoch != epoch:
+            message = (f"invalid sequence number {base_sequence} for new epoch {producer_epoch} "
+                       f"of producer {producer_id} (current epoch {epoch})")
+        elif code == OUT_OF_ORDER_SEQUENCE_NUMBER:
+            message = (f"out of order sequence number for producer {producer_id}: "
+                       f"{base_sequence} (incoming), {last_seq} (current end sequence number)")
+        else:
+            message = (f"expected a transactional write from producer {producer_id}: its "
+                       f"transaction opened at offset {txn} is not complete")
+        raise KafkaApiError(code, message)
 
     def update(self, producer_id: int, producer_epoch: int, first_seq: int, last_seq: int,
                first_offset: int, last_offset: int, timestamp: int,
@@ -352,15 +358,8 @@ class ProducerStateManager:
         """
         if producer_id < 0:
             raise ValueError(f"invalid producer id {producer_id}")
-        entry = self._producers.get(producer_id)
-        if entry is None:
-            entry = self._producers[producer_id] = ProducerStateEntry(producer_id)
-        entry.maybe_update_epoch(producer_epoch)
-        entry.batches.append(BatchMetadata(first_seq, last_seq, last_offset,
-                                           last_offset - first_offset, timestamp))
-        entry.last_timestamp = timestamp
-        if is_transactional and entry.current_txn_first_offset is None:
-            entry.current_txn_first_offset = first_offset
+        self._table.append_batch(producer_id, producer_epoch, first_seq, last_seq, first_offset,
+                                 last_offset, timestamp, is_transactional)
 
     def complete_txn(self, producer_id: int, producer_epoch: int, marker_offset: int,
                      timestamp: int, coordinator_epoch: int | None = None,
@@ -372,30 +371,19 @@ class ProducerStateManager:
         producer epoch raises 47 and an older coordinator epoch 52 (``appendEndTxnMarker``, TV0/1
         rules); a ``coordinator_epoch`` of None keeps the known one.
         """
-        entry = self._producers.get(producer_id)
-        if entry is None:
-            entry = ProducerStateEntry(producer_id)
-        if check:
-            if producer_epoch < entry.producer_epoch:
-                raise KafkaApiError(
-                    INVALID_PRODUCER_EPOCH,
-                    f"marker epoch {producer_epoch} of producer {producer_id} is smaller than the "
-                    f"last seen epoch {entry.producer_epoch}")
-            if coordinator_epoch is not None and coordinator_epoch < entry.coordinator_epoch:
-                raise KafkaApiError(
-                    TRANSACTION_COORDINATOR_FENCED,
-                    f"marker coordinator epoch {coordinator_epoch} of producer {producer_id} is "
-                    f"older than {entry.coordinator_epoch}")
-        self._producers[producer_id] = entry
-        first = entry.current_txn_first_offset
-        entry.maybe_update_epoch(producer_epoch)
-        if coordinator_epoch is not None:
-            entry.coordinator_epoch = coordinator_epoch
-        entry.current_txn_first_offset = None
-        entry.last_timestamp = timestamp
+        code, first, epoch, coord = self._table.end_txn(
+            producer_id, producer_epoch, timestamp,
+            -1 if coordinator_epoch is None else coordinator_epoch,
+            coordinator_epoch is not None, check)
+        if code == INVALID_PRODUCER_EPOCH:
+            raise KafkaApiError(code, f"marker epoch {producer_epoch} of producer {producer_id} "
+                                      f"is smaller than the last seen epoch {epoch}")
+        if code == TRANSACTION_COORDINATOR_FENCED:
+            raise KafkaApiError(code, f"marker coordinator epoch {coordinator_epoch} of producer "
+                                      f"{producer_id} is older than {coord}")
         log.debug("producer %d: transaction from %s ended by marker at %d",
                   producer_id, first, marker_offset)
-        return first
+        return None if first < 0 else first
 
     # -- rebuilding ---------------------------------------------------------------------------
 
@@ -407,6 +395,7 @@ class ProducerStateManager:
         batches (cleaned transactions) are ignored.
         """
         rows = table.tolist() if hasattr(table, "tolist") else table
+        producers = self._table
         for row in rows:
             pid = row[_fast.COL_PRODUCER_ID]
             if pid < 0:
@@ -424,33 +413,42 @@ class ProducerStateManager:
             last_seq = (NO_SEQUENCE if base_seq == NO_SEQUENCE
                         else increment_sequence(base_seq, last_offset - base_offset))
             transactional = bool(attributes & TRANSACTIONAL_FLAG)
-            entry = self._producers.get(pid)
-            if entry is not None and entry.current_txn_first_offset is not None and not transactional:
-                log.warning("producer %d: non-transactional batch at %d inside its transaction "
-                            "opened at %d", pid, base_offset, entry.current_txn_first_offset)
-            self.update(pid, epoch, base_seq, last_seq, base_offset, last_offset, timestamp,
-                        transactional)
+            if not transactional and pid in producers:
+                txn = producers.get(pid)[4]  # type: ignore[index]
+                if txn >= 0:
+                    log.warning("producer %d: non-transactional batch at %d inside its "
+                                "transaction opened at %d", pid, base_offset, txn)
+            producers.append_batch(pid, epoch, base_seq, last_seq, base_offset, last_offset,
+                                   timestamp, transactional)
 
     def remove_expired(self, now_ms: int) -> list[int]:
-        """Forget producers idle for the expiration time with no open transaction; their ids."""
-        expired = [pid for pid, e in self._producers.items() if self._is_expired(e, now_ms)]
-        for pid in expired:
-            del self._producers[pid]
-        return expired
+        """Forget producers idle for the expiration time with no open transaction; their ids.
+        The table compacts its rows and gives back the memory they took."""
+        return self._table.remove_expired(now_ms, self.producer_id_expiration_ms)  # type: ignore[no-any-return]
+
+    def count_expired(self, now_ms: int) -> int:
+        """``remove_expired`` returning how many went (no int object per producer)."""
+        return self._table.remove_expired(now_ms, self.producer_id_expiration_ms, False)  # type: ignore[no-any-return]
 
     def _is_expired(self, entry: ProducerStateEntry, now_ms: int) -> bool:
         return (entry.current_txn_first_offset is None
                 and now_ms - entry.last_timestamp >= self.producer_id_expiration_ms)
 
     def clear(self) -> None:
-        self._producers.clear()
+        self._table.clear()
+
+    def _put(self, entry: ProducerStateEntry) -> None:
+        self._table.put(entry.producer_id, entry.producer_epoch, entry.coordinator_epoch,
+                        entry.last_timestamp,
+                        -1 if entry.current_txn_first_offset is None
+                        else entry.current_txn_first_offset, entry.batches)
 
     # -- snapshots ----------------------------------------------------------------------------
 
     def take_snapshot(self, offset: int) -> Path:
         """Write the current state as ``<offset>.snapshot`` (the state below ``offset``)."""
         path = snapshot_path(self.directory, offset)
-        _write_atomically(path, encode_snapshot(self._producers.values()))
+        _write_atomically(path, _encode_rows(self._table.items()))
         return path
 
     def list_snapshot_offsets(self) -> list[int]:
@@ -467,7 +465,7 @@ class ProducerStateManager:
         batches from there) or None (state left empty: replay from the log start).  With
         ``now_ms`` producers already expired are not loaded (``loadFromSnapshot``).
         """
-        self._producers.clear()
+        self._table.clear()
         for offset in reversed(self.list_snapshot_offsets()):
             if offset > upto_offset:
                 continue
@@ -482,7 +480,7 @@ class ProducerStateManager:
                 continue
             for entry in entries:
                 if now_ms is None or not self._is_expired(entry, now_ms):
-                    self._producers[entry.producer_id] = entry
+                    self._put(entry)
             return offset
         return None
 
@@ -515,7 +513,7 @@ class ProducerStateManager:
 
     def truncate_fully(self) -> None:
         """Forget every producer and delete every snapshot (``truncateFullyAndStartAt``)."""
-        self._producers.clear()
+        self._table.clear()
         for o in self.list_snapshot_offsets():
             self._delete(o)
 

@@ -298,6 +298,9 @@ class Controller:
             "socket_request_max_bytes": c.socket_request_max_bytes,
             "fetch_max_bytes": c.fetch_max_bytes,
             "flush_on_ack": c.flush_on_ack, "log": asdict(c.log),
+            "producer_id_expiration_ms": c.producer_id_expiration_ms,
+            "producer_id_expiration_check_interval_ms":
+                c.producer_id_expiration_check_interval_ms,
             "cluster_id": self.store.metadata.cluster_id,
             "state_table": self.state_table.name if self.state_table else None,
             "metrics_table": self.metrics_table.name if self.metrics_table else None})
