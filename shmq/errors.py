@@ -6,6 +6,7 @@
      │   └─ RemoteProtocolError  the peer sent something invalid
      ├─ KafkaApiError            a Kafka error code carried in a response; never ends a connection
      ├─ CorruptRecordError       corrupt or invalid record data (also a ValueError)
+     │   └─ InvalidRecordError   ... of the kind Kafka answers INVALID_RECORD for on produce
      ├─ CorruptIndexError        an index file failed its sanity check (rebuilt from the log)
      ├─ OffsetOutOfRangeError    a read below the log start or above the log end
      └─ ConfigError              an invalid configuration value (also a ValueError)
@@ -18,6 +19,7 @@ from __future__ import annotations
 # The compiled leaf raises these, and it may not import shmq: it owns them, we re-export.
 from shmq._fast._errors import (
     CorruptRecordError,
+    InvalidRecordError,
     LocalProtocolError,
     ProtocolError,
     RemoteProtocolError,
@@ -55,6 +57,7 @@ __all__ = [
     "ConfigError",
     "CorruptIndexError",
     "CorruptRecordError",
+    "InvalidRecordError",
     "KafkaApiError",
     "LocalProtocolError",
     "OffsetOutOfRangeError",

@@ -18,6 +18,15 @@ class CorruptRecordError(ShmqError, ValueError):
     """
 
 
+class InvalidRecordError(CorruptRecordError):
+    """A batch that breaks a rule Kafka answers ``INVALID_RECORD`` (87) for on produce rather than
+    ``CORRUPT_MESSAGE``: a record count that does not match lastOffsetDelta, a client-written
+    control batch, a producer id without a base sequence, a batch of magic 0 or 1, a declared
+    length past the bytes sent (``LogValidator.validateBatch``, ``ProduceRequest.validateRecords``),
+    records that do not parse as the header says.  Still a ``CorruptRecordError`` for callers that
+    only care that the data is bad."""
+
+
 class ProtocolError(ShmqError):
     """The Kafka wire protocol was violated; the connection must end."""
 

@@ -11,7 +11,7 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-from shmq._fast._errors import CorruptRecordError
+from shmq._fast._errors import CorruptRecordError, InvalidRecordError
 
 HEADER_SIZE = 61
 NO_LOG_APPEND_TIME = -(2**63)
@@ -128,7 +128,12 @@ def validate_batch(
         raise CorruptRecordError(f"batch position {pos} outside the buffer")
     reason, size = _check(data, pos, end, verify_crc, strict)
     if reason:
-        raise CorruptRecordError(f"invalid record batch at byte {pos}: {_REASONS[reason]}")
+        message = f"invalid record batch at byte {pos}: {_REASONS[reason]}"
+        magic = data[pos + 16] if end - pos > 16 else 2
+        if reason in ("partial", "count", "delta", "control", "sequence") or (
+                reason == "magic" and magic in (0, 1)):
+            raise InvalidRecordError(message)
+        raise CorruptRecordError(message)
     return size
 
 

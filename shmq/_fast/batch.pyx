@@ -108,7 +108,7 @@ cdef extern from *:
     PyObject **shmq_list_items(object lst)
 
 from shmq._fast.crc32c cimport crc32c_c, shmq_crc32c_init
-from shmq._fast._errors import CorruptRecordError
+from shmq._fast._errors import CorruptRecordError, InvalidRecordError
 
 cdef extern from "_endian.h":
     int16_t shmq_load_i16(const unsigned char *p) nogil
@@ -202,8 +202,14 @@ cdef int _check(const unsigned char *p, Py_ssize_t avail, bint verify_crc, bint 
     return OK
 
 
-cdef object _corrupt(int reason, Py_ssize_t pos):
-    return CorruptRecordError(f"invalid record batch at byte {pos}: {_REASONS[reason]}")
+cdef object _corrupt(int reason, Py_ssize_t pos, int magic=2):
+    """The exception for a batch ``_check`` refused: InvalidRecordError where Kafka answers
+    INVALID_RECORD on produce (see _errors.py), else CorruptRecordError."""
+    message = f"invalid record batch at byte {pos}: {_REASONS[reason]}"
+    if reason in (PARTIAL, R_COUNT, R_DELTA, R_CONTROL, R_SEQUENCE) or (
+            reason == R_MAGIC and (magic == 0 or magic == 1)):
+        return InvalidRecordError(message)
+    return CorruptRecordError(message)
 
 
 def validate_batch(const unsigned char[::1] buf not None, Py_ssize_t pos=0, Py_ssize_t end=-1,
@@ -222,7 +228,7 @@ def validate_batch(const unsigned char[::1] buf not None, Py_ssize_t pos=0, Py_s
     with nogil:
         r = _check(&buf[0] + pos if buf.shape[0] else NULL, end - pos, verify_crc, strict, &size)
     if r != OK:
-        raise _corrupt(r, pos)
+        raise _corrupt(r, pos, buf[pos + 16] if end - pos > 16 else 2)
     return size
 
 

@@ -74,9 +74,17 @@ class AppendInfo(NamedTuple):
     last_offset: int
     max_timestamp: int
     offset_of_max_timestamp: int
-    log_append_time: int            # -1 unless the topic uses LogAppendTime
+    log_append_time: int            # -1 unless the topic uses LogAppendTime (or a duplicate)
     batch_count: int
     size: int
+
+
+class TimestampAndOffset(NamedTuple):
+    """A ListOffsets answer (Kafka ``FileRecords.TimestampAndOffset``)."""
+
+    timestamp: int
+    offset: int
+    leader_epoch: int               # -1: unknown
 
 
 class LogReadResult(NamedTuple):
@@ -330,8 +338,11 @@ class PartitionLog:
                                                    origin_client=validate)
             if dup is not None:
                 if len(producers) == 1:
+                    # Kafka answers a duplicate with the original batch's offsets and its
+                    # timestamp as the log append time, whatever the topic's timestamp type
+                    # (UnifiedLog.append: appendInfo.setLogAppendTime(duplicate.timestamp))
                     return AppendInfo(dup.first_offset, dup.last_offset, dup.timestamp,
-                                      dup.last_offset, -1, 0, 0)
+                                      dup.last_offset, dup.timestamp, 0, 0)
                 raise KafkaApiError(46, "duplicate batch inside a multi-batch append")
         return None
 
@@ -386,36 +397,39 @@ class PartitionLog:
         return header.position if header is not None else seg.size
 
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
-        """ListOffsets: (offset, timestamp) for a timestamp or for -1 / -2 / -3.
+        """(offset, timestamp) of ``fetch_offset_by_timestamp``."""
+        found = self.fetch_offset_by_timestamp(timestamp)
+        return None if found is None else (found.offset, found.timestamp)
 
-        -1 latest (LEO), -2 earliest (log start), -3 the record with the largest timestamp;
-        otherwise the first record with timestamp >= ``timestamp``, or None if there is none.
+    def fetch_offset_by_timestamp(self, timestamp: int) -> TimestampAndOffset | None:
+        """ListOffsets (``UnifiedLog.fetchOffsetByTimestamp``) for a timestamp or -1 / -2 / -3.
+
+        -1 latest: the LEO and the latest epoch; -2 earliest: the log start offset and the epoch
+        that covers it (-1 if the epoch cache does not reach back to it); -3 the first record
+        with the largest timestamp and its batch's epoch; otherwise the first record with
+        timestamp >= ``timestamp`` and its batch's epoch, or None if there is none.
         """
         if timestamp == LATEST_TIMESTAMP:
-            return self.log_end_offset, -1
+            latest = self.epoch_entries[-1][0] if self.epoch_entries else -1
+            return TimestampAndOffset(-1, self.log_end_offset, latest)
         if timestamp == EARLIEST_TIMESTAMP:
-            return self.log_start_offset, -1
+            start = self.log_start_offset
+            covering = [e for e, o in self.epoch_entries if o <= start]
+            return TimestampAndOffset(-1, start, covering[-1] if covering else -1)
         segments = list(self.segments)
+        found = None
         if timestamp == MAX_TIMESTAMP:
-            best = max(segments, key=lambda s: s.max_timestamp_so_far)
-            if best.max_timestamp_so_far < 0:
-                return None
-            header = best.translate_offset(best.offset_of_max_timestamp)
-            if header is None:
-                return None
-            from shmq.protocol.records import RecordBatchView
-
-            batch = RecordBatchView(best.read_bytes(header.position, header.size))
-            for rec in batch.records():
-                if rec.timestamp == best.max_timestamp_so_far:
-                    return rec.offset, rec.timestamp
-            return header.last_offset, best.max_timestamp_so_far
-        for seg in segments:
-            if seg.max_timestamp_so_far >= timestamp and seg.next_offset > self.log_start_offset:
-                found = seg.find_offset_by_timestamp(timestamp, self.log_start_offset)
-                if found is not None:
-                    return found
-        return None
+            found = max(segments, key=lambda s: s.max_timestamp_so_far).find_max_timestamp()
+        else:
+            for seg in segments:
+                if seg.max_timestamp_so_far >= timestamp and seg.next_offset > self.log_start_offset:
+                    found = seg.find_offset_by_timestamp(timestamp, self.log_start_offset)
+                    if found is not None:
+                        break
+        if found is None:
+            return None
+        offset, ts, epoch = found
+        return TimestampAndOffset(ts, offset, epoch if epoch >= 0 else -1)
 
     def legacy_offsets_before(self, timestamp: int, max_num_offsets: int) -> list[int]:
         """ListOffsets v0 (Kafka's ``UnifiedLog.legacyFetchOffsetsBefore``): up to

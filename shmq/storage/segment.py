@@ -323,8 +323,10 @@ class LogSegment:
     def read_bytes(self, position: int, length: int) -> bytes:
         return os.pread(self.handle.fd, length, position)
 
-    def find_offset_by_timestamp(self, timestamp: int, starting_offset: int) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first record with ts >= ``timestamp`` and offset >= start."""
+    def find_offset_by_timestamp(self, timestamp: int,
+                                 starting_offset: int) -> tuple[int, int, int] | None:
+        """(offset, timestamp, leader epoch of its batch) of the first record with ts >=
+        ``timestamp`` and offset >= start (``LogSegment.findOffsetByTimestamp``)."""
         _, ts_offset = self.time_index.lookup(timestamp)
         _, pos = self.offset_index.lookup(max(ts_offset, starting_offset))
         for header in self._headers(pos, self.size):
@@ -332,7 +334,29 @@ class LogSegment:
                 batch = RecordBatchView(self.read_bytes(header.position, header.size))
                 for rec in batch.records():
                     if rec.timestamp >= timestamp and rec.offset >= starting_offset:
-                        return rec.offset, rec.timestamp
+                        return rec.offset, rec.timestamp, header.leader_epoch
+        return None
+
+    def find_max_timestamp(self) -> tuple[int, int, int] | None:
+        """(offset, timestamp, leader epoch) of the first record carrying the segment's largest
+        timestamp (KIP-734, ``UnifiedLog.fetchOffsetByTimestamp(MAX_TIMESTAMP)``): the first
+        batch whose maxTimestamp equals it, then its first record with that timestamp.  When no
+        batch has a timestamp (all -1) that is the segment's first record, as in Kafka (its
+        maxTimestampSoFar is then -1 at the base offset); None for an empty segment or a batch
+        whose records do not carry its maxTimestamp."""
+        target = self.max_timestamp_so_far
+        start = 0
+        if target >= 0:
+            header = self.translate_offset(self.offset_of_max_timestamp)
+            start = header.position if header is not None else 0
+        for header in self._headers(start, self.size):
+            if header.max_timestamp != target:
+                continue
+            batch = RecordBatchView(self.read_bytes(header.position, header.size))
+            for rec in batch.records():
+                if rec.timestamp == target:
+                    return rec.offset, rec.timestamp, header.leader_epoch
+            return None
         return None
 
     @property

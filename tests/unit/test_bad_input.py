@@ -433,6 +433,34 @@ def test_producer_id_with_negative_sequence_in_strict_mode(impl: Any, seq: int) 
 
 
 @impls
+@pytest.mark.parametrize("case", ["sequence", "delta", "count", "control", "magic0", "magic1",
+                                  "partial", "tiny", "crc", "short", "magic3"])
+def test_produce_rule_breaks_are_invalid_record_others_corrupt(impl: Any, case: str) -> None:
+    """Kafka answers INVALID_RECORD (InvalidRecordException) for a batch that breaks a produce
+    rule and CORRUPT_MESSAGE (CorruptRecordException) for damage: the two error classes."""
+    from shmq.errors import InvalidRecordError
+
+    good = SMALL_BATCH
+    buf = {
+        "sequence": bytes(_batch(producer_id=3, base_sequence=-1)),
+        "delta": bytes(_batch(delta=1)),
+        "count": bytes(_batch(delta=-1)),
+        "control": bytes(_batch(attributes=0x20)),
+        "magic0": _set(good, ">b", 16, 0),
+        "magic1": _set(good, ">b", 16, 1),
+        "partial": good[:-1],
+        "tiny": good[:10],
+        "crc": _set(good, ">q", 35, 7),
+        "short": _set(good, ">i", 8, 40),
+        "magic3": _set(good, ">b", 16, 3),
+    }[case]
+    with pytest.raises(CorruptRecordError) as exc:
+        impl.validate_batch(buf, 0, -1, True, True)
+    invalid = case not in ("crc", "short", "magic3")
+    assert isinstance(exc.value, InvalidRecordError) == invalid, exc.value
+
+
+@impls
 def test_positions_outside_the_buffer(impl: Any) -> None:
     out = np.zeros(SCAN_COLUMNS, np.int64)
     for pos in (-1, -100, len(SMALL_BATCH) + 1, 2**40):

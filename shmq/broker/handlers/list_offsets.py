@@ -2,7 +2,12 @@
 v8+) or the first offset whose timestamp is at or after a given one.
 
 "Latest" is the high watermark for read_uncommitted and the last stable offset for
-read_committed: a consumer never positions itself past what it may read.
+read_committed: a consumer never positions itself past what it may read.  The leader epoch
+answered (v4+) is Kafka's (``ReplicaManager.fetchOffset``): the partition's current epoch for
+"latest", the epoch covering the log start for "earliest", the found batch's epoch for a
+timestamp or max-timestamp lookup, and -1 with an error or when nothing is found (an offset at
+or past the high watermark counts as nothing).  Max timestamp before v7 and earliest local
+before v8 are UNSUPPORTED_VERSION (``isListOffsetsTimestampUnsupported``).
 
 v0 (Kafka 3.9's ``handleListOffsetRequestV0``) answers a list of up to ``max_num_offsets``
 segment base offsets instead (``PartitionLog.legacy_offsets_before``); a consumer (replica id -1)
@@ -17,7 +22,7 @@ from typing import Any
 from shmq.broker.context import BrokerContext
 from shmq.broker.handlers._build import build, response_module
 from shmq.broker.handlers._epochs import check_leader_epoch
-from shmq.storage.log import MAX_TIMESTAMP, PartitionLog
+from shmq.storage.log import EARLIEST_TIMESTAMP, MAX_TIMESTAMP, PartitionLog
 
 NONE, UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER = 0, 3, 6
 UNKNOWN_SERVER_ERROR, UNSUPPORTED_VERSION = -1, 35
@@ -36,7 +41,10 @@ async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
             old_style: list[int] = []
             info = ctx.metadata.topics.get(t.name)
             log = ctx.log_for(t.name, p.partition_index)
-            if info is None or not 0 <= p.partition_index < len(info.partitions):
+            if version >= 1 and ((p.timestamp == MAX_TIMESTAMP and version < 7)
+                                 or (p.timestamp == -4 and version < 8)):
+                code = UNSUPPORTED_VERSION
+            elif info is None or not 0 <= p.partition_index < len(info.partitions):
                 code = UNKNOWN_TOPIC_OR_PARTITION
             elif log is None:
                 code = NOT_LEADER
@@ -44,28 +52,30 @@ async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
                 code, old_style = _legacy_offsets(log, p.timestamp, p.max_num_offsets,
                                                   request.replica_id == CONSUMER_REPLICA_ID)
             else:
-                epoch = info.partitions[p.partition_index].leader_epoch
-                code = check_leader_epoch(getattr(p, "current_leader_epoch", -1), epoch)
-                if code != NONE:
-                    epoch = -1
-                elif p.timestamp == -1:
-                    offset = log.high_watermark  # LSO == HW until transactions exist
-                elif p.timestamp in (-2, -4):
-                    offset = log.log_start_offset
-                elif p.timestamp == MAX_TIMESTAMP and version >= 7:
-                    found = log.offset_for_timestamp(MAX_TIMESTAMP)
-                    if found is not None:
-                        offset, ts = found
-                else:
-                    found = log.offset_for_timestamp(p.timestamp)
-                    if found is not None and found[0] < log.high_watermark:
-                        offset, ts = found
+                leader_epoch = info.partitions[p.partition_index].leader_epoch
+                code = check_leader_epoch(getattr(p, "current_leader_epoch", -1), leader_epoch)
+                if code == NONE:  # errors carry no offset, timestamp or epoch
+                    offset, ts, epoch = _lookup(log, p.timestamp, leader_epoch)
             parts.append(build(m.ListOffsetsPartitionResponse, partition_index=p.partition_index,
                                error_code=code, timestamp=ts, offset=offset, leader_epoch=epoch,
                                old_style_offsets=tuple(old_style)))
         topics.append(build(m.ListOffsetsTopicResponse, name=t.name, partitions=tuple(parts)))
     _ = committed
     return build(cls, topics=tuple(topics))
+
+
+def _lookup(log: PartitionLog, timestamp: int, leader_epoch: int) -> tuple[int, int, int]:
+    """(offset, timestamp, leader epoch) answered for one partition (``ReplicaManager``)."""
+    if timestamp == -1:
+        return log.high_watermark, -1, leader_epoch  # LSO == HW until transactions exist
+    if timestamp in (-2, -4):
+        found = log.fetch_offset_by_timestamp(EARLIEST_TIMESTAMP)
+        assert found is not None
+        return found.offset, -1, found.leader_epoch
+    found = log.fetch_offset_by_timestamp(timestamp)
+    if found is None or found.offset >= log.high_watermark:
+        return -1, -1, -1  # nothing (readable) found
+    return found.offset, found.timestamp, found.leader_epoch
 
 
 def _legacy_offsets(log: PartitionLog, timestamp: int, max_num_offsets: int,

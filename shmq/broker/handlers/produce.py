@@ -3,9 +3,11 @@
 Requests are parsed by hand (``protocol.produce_request``) so the record bytes stay a view of the
 receive buffer until the one ``pwritev`` that stores them.  Kafka's rules: v3+ carries exactly one
 batch per partition; versions 0..2 are advertised (librdkafka's compression gate, KAFKA-18659)
-but refused; a bad CRC is CORRUPT_MESSAGE and appends nothing; a batch over max.message.bytes is
-MESSAGE_TOO_LARGE.  acks=0 gets no response at all; acks=all on a single replica means appended
-and, with ``flush.on.ack``, fsynced by a group commit shared by every waiting request.
+but refused; a bad size or CRC is CORRUPT_MESSAGE, a batch that breaks a produce rule (record
+count, control batch, sequence, magic 0/1, a length past the bytes sent) is INVALID_RECORD, and
+neither appends anything; a batch over max.message.bytes is MESSAGE_TOO_LARGE.  acks=0 gets no
+response at all; acks=all on a single replica means appended and, with ``flush.on.ack``, fsynced
+by a group commit shared by every waiting request.
 
 ``produce_partition`` is the one path from a batch to the log: validation, idempotence, append,
 high watermark, state table, long-poll wake-ups and the per-partition metrics.  The wire handler
@@ -28,7 +30,7 @@ from shmq._fast._metrics_reference import (
 )
 from shmq.broker.context import BrokerContext
 from shmq.broker.metadata import INTERNAL_TOPICS
-from shmq.errors import CorruptRecordError, KafkaApiError
+from shmq.errors import CorruptRecordError, InvalidRecordError, KafkaApiError
 from shmq.protocol.produce_request import encode_produce_response, parse_produce_request
 
 _BATCH_LENGTH = struct.Struct(">i")
@@ -82,7 +84,9 @@ def produce_partition(ctx: BrokerContext, topic: str, index: int, records: Any,
                 raise KafkaApiError(INVALID_RECORD,
                                     "Produce v3+ carries exactly one batch per partition")
             appended = log.append(records, leader_epoch=info.partitions[index].leader_epoch)
-        except CorruptRecordError as exc:
+        except InvalidRecordError as exc:  # Kafka's InvalidRecordException
+            code, message = INVALID_RECORD, str(exc)
+        except CorruptRecordError as exc:  # CorruptRecordException: size, CRC
             code, message = CORRUPT_MESSAGE, str(exc)
         except KafkaApiError as exc:
             code, message = exc.code, str(exc)

@@ -347,6 +347,54 @@ def test_offset_for_timestamp_max_timestamp_ties(tmp_path) -> None:
     log.close()
 
 
+def test_fetch_offset_by_timestamp_answers_the_found_batch_epoch(tmp_path) -> None:
+    """``UnifiedLog.fetchOffsetByTimestamp``: the epoch of the batch found, not the current
+    one; "earliest" the epoch covering the log start; "latest" the latest epoch."""
+    log = open_log(tmp_path)
+    log.append(kbatch([b"a", b"b"], [T0, T0 + 9]), leader_epoch=0, now_ms=T0)
+    log.append(kbatch([b"c"], [T0 + 5]), leader_epoch=3, now_ms=T0)
+    log.append(kbatch([b"d"], [T0 + 20]), leader_epoch=4, now_ms=T0)
+    log.update_high_watermark(log.log_end_offset)
+    f = log.fetch_offset_by_timestamp
+    assert f(T0) == (T0, 0, 0)
+    assert f(T0 + 9) == (T0 + 9, 1, 0)
+    assert f(T0 + 10) == (T0 + 20, 3, 4)
+    assert f(T0 + 21) is None
+    assert f(-3) == (T0 + 20, 3, 4)
+    assert f(-1) == (-1, 4, 4)
+    assert f(-2) == (-1, 0, 0)
+    log.delete_records_before(2)
+    assert f(-2) == (-1, 2, 3)            # the epoch whose range holds the new log start
+    log.close()
+
+
+def test_max_timestamp_when_no_record_has_one(tmp_path) -> None:
+    """Every record carries -1: Kafka answers the first record (its segment's max timestamp is
+    -1 at its base offset, and the first batch with max timestamp -1 holds it)."""
+    log = open_log(tmp_path, segment_bytes=200)
+    assert log.fetch_offset_by_timestamp(-3) is None
+    for _ in range(4):
+        log.append(kbatch([b"x" * 40, b"y"], [-1, -1]), leader_epoch=0, now_ms=T0)
+    assert len(log.segments) > 1
+    assert log.fetch_offset_by_timestamp(-3) == (-1, 0, 0)
+    assert log.fetch_offset_by_timestamp(0) is None
+    log.close()
+
+
+def test_a_duplicate_answers_the_original_timestamp_as_append_time(tmp_path) -> None:
+    for timestamp_type in ("CreateTime", "LogAppendTime"):
+        log = PartitionLog.open(tmp_path / timestamp_type / "t-0",
+                                LogConfig(message_timestamp_type=timestamp_type))
+        b = kbatch([b"a", b"b"], [T0, T0 + 4], producer_id=9, producer_epoch=0,
+                   base_sequence=0)
+        first = log.append(b, now_ms=T0 + 100)
+        stored_ts = T0 + 4 if timestamp_type == "CreateTime" else T0 + 100
+        again = log.append(b, now_ms=T0 + 200)
+        assert (again.first_offset, again.last_offset, again.batch_count) == (0, 1, 0)
+        assert again.log_append_time == stored_ts == first.max_timestamp
+        log.close()
+
+
 def test_offset_for_timestamp_empty_log(tmp_path) -> None:
     log = open_log(tmp_path)
     assert log.offset_for_timestamp(-1) == (0, -1)
