@@ -9,6 +9,12 @@ is ``--segment-bytes`` so the log rolls a few times.  The anchor writes the same
 deleted between repeats.  Target (1 MiB batches): shmq >= 0.5x the anchor's MB/s.
 
     python perf/bench_append.py [--repeat 5] [--total 512M] [--segment-bytes 128M]
+                                [--codecs lz4,zstd,snappy,gzip]
+
+Informational rows per ``--codecs`` entry append a ~1 MiB (uncompressed) batch compressed with
+that codec, whose values are random uppercase letters as Kafka's producer-perf-test sends (they
+compress about 1.6x): since Kafka's LogValidator reads every record of a produced batch, the
+append decompresses it (keys and values skipped) to check and derive its timestamps.
 """
 
 from __future__ import annotations
@@ -37,15 +43,23 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--small-batch-records", type=int, default=160,
                    help="records in the small (~16 KiB) batch of the informational row; 0 skips it")
     p.add_argument("--value-bytes", type=int, default=84, help="value size (key is 8 bytes)")
+    p.add_argument("--codecs", default="lz4,zstd",
+                   help="compressed rows, comma separated (none of gzip,snappy,lz4,zstd: '')")
     return p
 
 
-def make_batch(records: int, value_bytes: int, seed: int = 1) -> bytes:
+def make_batch(records: int, value_bytes: int, seed: int = 1, codec: str = "none") -> bytes:
+    from shmq.protocol import compression
     from shmq.protocol.records import encode_batch
 
     rng = random.Random(seed)
-    recs = [(b"k%07d" % i, rng.randbytes(value_bytes)) for i in range(records)]
-    return bytes(encode_batch(recs))
+    if codec == "none":
+        recs = [(b"k%07d" % i, rng.randbytes(value_bytes)) for i in range(records)]
+    else:  # producer-perf-test payloads: random uppercase letters
+        letters = bytes(range(65, 91))
+        recs = [(b"k%07d" % i, bytes(rng.choices(letters, k=value_bytes)))
+                for i in range(records)]
+    return bytes(encode_batch(recs, compression_type=compression.CODEC_BY_NAME[codec]))
 
 
 def bench_one(args: argparse.Namespace, batch: bytes, label: str, judged: bool) -> c.Row:
@@ -120,6 +134,9 @@ def run(args: argparse.Namespace) -> list[c.Row]:
     if args.small_batch_records:
         rows.append(bench_one(args, make_batch(args.small_batch_records, args.value_bytes),
                               "16 KiB", False))
+    for codec in filter(None, args.codecs.split(",")):
+        batch = make_batch(args.batch_records, args.value_bytes, codec=codec)
+        rows.append(bench_one(args, batch, f"{codec} (1 MiB of records)", False))
     return rows
 
 

@@ -42,6 +42,7 @@ if HAVE_FAST:
     stamp_batch = _batch.stamp_batch
     scan_batches = _batch.scan_batches
     decode_records = _batch.decode_records
+    check_timestamps = _batch.check_timestamps
     decode_sections = _batch.decode_sections
     encode_records = _batch.encode_records
     build_batch = _batch.build_batch
@@ -65,6 +66,7 @@ else:
     stamp_batch = _reference.stamp_batch
     scan_batches = _reference.scan_batches
     decode_records = _reference.decode_records
+    check_timestamps = _reference.check_timestamps
     decode_sections = _reference.decode_sections
     encode_records = _reference.encode_records
     build_batch = _reference.build_batch
@@ -110,7 +112,7 @@ __all__ = [
     "COL_LAST_OFFSET", "COL_LEADER_EPOCH", "COL_MAX_TIMESTAMP", "COL_POSITION",
     "COL_PRODUCER_EPOCH", "COL_PRODUCER_ID", "COL_RECORDS_COUNT", "COL_SIZE", "HAVE_FAST",
     "HEADER_SIZE", "MappedFile", "ProducerTable", "NO_LOG_APPEND_TIME", "SCAN_COLUMNS", "SCAN_CORRUPT", "SCAN_END", "SCAN_FULL", "SCAN_PARTIAL",
-    "batch_header", "build_batch", "crc32c", "crc32c_software",
+    "batch_header", "build_batch", "check_timestamps", "crc32c", "crc32c_software",
     "decode_records", "decode_sections", "encode_records", "fill_columns", "have_hardware", "largest_lower_bound",
     "scan_batches", "smallest_upper_bound", "stamp_batch", "validate_batch",
 ]

@@ -240,6 +240,42 @@ def _parse_record(data: bytes, pos: int, end: int) -> tuple[int, int, Any, Any, 
     return ts_delta, off_delta, fields[0], fields[1], tuple(headers), rend
 
 
+def check_timestamps(
+    body: Any,
+    count: int,
+    base_offset: int,
+    base_timestamp: int,
+    log_append_time: int,
+    create_time: bool,
+    now: int,
+    before_max_ms: int,
+    after_max_ms: int,
+) -> tuple[int, list[tuple[int, int, int, int, int, int]] | None]:
+    """Kafka's ``LogValidator.validateTimestamp`` over one records section (see batch.pyx)."""
+    data = bytes(body)
+    if count < 0 or count > len(data):
+        raise InvalidRecordError(f"record count {count} cannot fit in {len(data)} bytes")
+    lo, hi = now - before_max_ms, now + after_max_ms
+    max_ts, errors, pos = -1, [], 0
+    for i in range(count):
+        try:
+            ts_delta, off_delta, key, value, _, pos = _parse_record(data, pos, len(data))
+        except CorruptRecordError:
+            raise InvalidRecordError(f"record {i} of {count} is malformed") from None
+        ts = log_append_time if log_append_time != NO_LOG_APPEND_TIME \
+            else _wrap64(base_timestamp + ts_delta)
+        where = (ts, _wrap64(base_offset + off_delta), len(key or b""), len(value or b""))
+        if create_time and ts != -1:
+            if not lo <= ts <= hi:
+                errors.append((i, 0, *where))
+        elif log_append_time != NO_LOG_APPEND_TIME:
+            errors.append((i, 1, *where))
+        max_ts = max(max_ts, ts)
+    if pos != len(data):
+        raise InvalidRecordError(f"{len(data) - pos} bytes left after {count} records")
+    return max_ts, errors or None
+
+
 def decode_records(
     body: Any,
     count: int,

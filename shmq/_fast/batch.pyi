@@ -19,6 +19,17 @@ def stamp_batch(buf: Buffer, pos: int, base_offset: int, leader_epoch: int) -> N
 def scan_batches(
     buf: Buffer, start: int, end: int, out: Any, verify_crc: bool = True, strict: bool = False
 ) -> tuple[int, int, int, str | None]: ...
+def check_timestamps(
+    body: Buffer,
+    count: int,
+    base_offset: int,
+    base_timestamp: int,
+    log_append_time: int,
+    create_time: bool,
+    now: int,
+    before_max_ms: int,
+    after_max_ms: int,
+) -> tuple[int, list[tuple[int, int, int, int, int, int]] | None]: ...
 def decode_records(
     body: Buffer,
     count: int,

@@ -29,7 +29,7 @@ Every function here bounds every read by the buffer it was given: bad input rais
 ``_reference.py`` has the same names and behaviour and is the oracle in the parity tests.
 """
 
-from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, INT64_MAX
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, INT64_MAX, INT64_MIN
 from libc.string cimport memcpy, memset
 from libc.stdlib cimport malloc, realloc, free
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
@@ -548,6 +548,75 @@ def decode_records(const unsigned char[::1] body not None, int64_t count, int64_
         if populate:
             shmq_populate_arenas_end()
     return out
+
+
+cdef inline int64_t _record_ts(int64_t base_timestamp, int64_t delta, int64_t lat) noexcept nogil:
+    # Java's long addition wraps; so does this one (no UB: unsigned arithmetic)
+    return lat if lat != NO_LAT else <int64_t>(<uint64_t>base_timestamp + <uint64_t>delta)
+
+
+def check_timestamps(const unsigned char[::1] body not None, int64_t count, int64_t base_offset,
+                     int64_t base_timestamp, int64_t log_append_time, bint create_time,
+                     int64_t now, int64_t before_max_ms, int64_t after_max_ms):
+    """Kafka's ``LogValidator.validateTimestamp`` over one records section: (max, errors).
+
+    Walks the ``count`` records of an uncompressed records section, each parsed whole as Kafka's
+    record iterator does: a malformed record, or bytes left after the last, raise
+    InvalidRecordError.  A record's timestamp is ``base_timestamp`` + its delta, or
+    ``log_append_time`` for a batch that carries the LogAppendTime attribute
+    (NO_LOG_APPEND_TIME otherwise).  On a CreateTime topic (``create_time``) a timestamp other
+    than -1 must lie in [now - before_max_ms, now + after_max_ms]; otherwise a LogAppendTime
+    batch is refused.  ``errors`` is None, or a list of (record index, kind, timestamp, offset,
+    key length, value length), kind 0 for a timestamp out of range and 1 for the attribute.
+    ``max`` is Kafka's derived maxTimestamp: the largest record timestamp, -1 if none is larger.
+    """
+    cdef Py_ssize_t end = body.shape[0]
+    if count < 0 or count > end:
+        raise InvalidRecordError(f"record count {count} cannot fit in {end} bytes")
+    # the allowed range, saturated at the int64 limits (Kafka compares now - ts with the limits)
+    lo_py = <object>now - <object>before_max_ms   # Python ints: no overflow here
+    hi_py = <object>now + <object>after_max_ms
+    cdef int64_t lo = INT64_MIN if lo_py < INT64_MIN else lo_py
+    cdef int64_t hi = INT64_MAX if hi_py > INT64_MAX else hi_py
+    cdef const unsigned char *start = &body[0] if end else NULL
+    cdef const unsigned char *stop = start + end
+    cdef const unsigned char *q = start
+    cdef RecordView rv
+    cdef int64_t i, ts, max_ts = -1, bad = 0
+    cdef Py_ssize_t malformed = -1
+    with nogil:
+        for i in range(count):
+            q = _parse_record(q, stop, &rv)
+            if q == NULL:
+                malformed = i
+                break
+            ts = _record_ts(base_timestamp, rv.timestamp_delta, log_append_time)
+            if create_time and ts != -1:
+                if ts < lo or ts > hi:
+                    bad += 1
+            elif log_append_time != NO_LAT:
+                bad += 1
+            if ts > max_ts:
+                max_ts = ts
+    if malformed >= 0:
+        raise InvalidRecordError(f"record {malformed} of {count} is malformed")
+    if q != stop:
+        raise InvalidRecordError(f"{stop - q} bytes left after {count} records")
+    if not bad:
+        return max_ts, None
+    errors = []
+    q = start
+    for i in range(count):  # again, with the GIL, for the rare batch that has errors
+        q = _parse_record(q, stop, &rv)
+        ts = _record_ts(base_timestamp, rv.timestamp_delta, log_append_time)
+        if create_time and ts != -1:
+            if ts < lo or ts > hi:
+                errors.append((i, 0, ts, _record_ts(base_offset, rv.offset_delta, NO_LAT),
+                               rv.key_len, rv.value_len))
+        elif log_append_time != NO_LAT:
+            errors.append((i, 1, ts, _record_ts(base_offset, rv.offset_delta, NO_LAT),
+                           rv.key_len, rv.value_len))
+    return max_ts, errors
 
 
 def decode_sections(list bodies not None, const int64_t[::1] meta not None,

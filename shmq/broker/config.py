@@ -77,6 +77,8 @@ class BrokerConfig:
         "log.flush.interval.messages": "flush.messages",
         "log.flush.interval.ms": "flush.ms",
         "log.message.timestamp.type": "message.timestamp.type",
+        "log.message.timestamp.before.max.ms": "message.timestamp.before.max.ms",
+        "log.message.timestamp.after.max.ms": "message.timestamp.after.max.ms",
         "log.cleanup.policy": "cleanup.policy",
     }
 

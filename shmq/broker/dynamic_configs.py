@@ -116,9 +116,13 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {d.name: d for d in (
     _d("max.message.bytes", INT, "1048588", "The largest record batch size allowed.",
        "message.max.bytes", at_least=0, log_field="max_message_bytes"),
     _d("message.timestamp.after.max.ms", LONG, "3600000", "How far in the future a message "
-       "timestamp may be.", "log.message.timestamp.after.max.ms", at_least=0),
+       "timestamp may be (CreateTime; INVALID_TIMESTAMP beyond).",
+       "log.message.timestamp.after.max.ms", at_least=0,
+       log_field="message_timestamp_after_max_ms"),
     _d("message.timestamp.before.max.ms", LONG, _LONG_MAX, "How far in the past a message "
-       "timestamp may be.", "log.message.timestamp.before.max.ms", at_least=0),
+       "timestamp may be (CreateTime; INVALID_TIMESTAMP beyond).",
+       "log.message.timestamp.before.max.ms", at_least=0,
+       log_field="message_timestamp_before_max_ms"),
     _d("message.timestamp.type", STRING, "CreateTime", "Whether the timestamp in the message "
        "is the create time or the log append time.", "log.message.timestamp.type",
        choices=("CreateTime", "LogAppendTime"), log_field="message_timestamp_type"),
@@ -159,7 +163,8 @@ BROKER_TO_TOPIC = {d.synonyms[0]: d.name for d in TOPIC_CONFIGS.values() if d.sy
 DYNAMIC_BROKER_CONFIGS = frozenset(
     TOPIC_CONFIGS[t].synonyms[0] for t in (
         "cleanup.policy", "file.delete.delay.ms", "flush.messages", "flush.ms",
-        "index.interval.bytes", "max.message.bytes", "message.timestamp.type", "retention.bytes",
+        "index.interval.bytes", "max.message.bytes", "message.timestamp.type",
+        "message.timestamp.before.max.ms", "message.timestamp.after.max.ms", "retention.bytes",
         "retention.ms", "segment.bytes", "segment.index.bytes", "segment.ms"))
 
 

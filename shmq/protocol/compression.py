@@ -31,6 +31,7 @@ output, like any malformed input or unknown codec, raises ``CorruptRecordError``
 from __future__ import annotations
 
 import struct
+import threading
 from collections.abc import Callable
 from typing import TypeAlias
 
@@ -95,6 +96,43 @@ def decompress(
         return _capped(_STREAMING[codec], data, max_size)
     except cramjam.DecompressionError as e:
         raise CorruptRecordError(f"corrupt {CODEC_NAMES[codec]} data: {e}") from e
+
+
+# One growing output buffer per thread for ``decompress_scratch`` (dropped after use when a
+# batch made it larger than this: a compression bomb must not pin 64 MiB for good).
+_scratch = threading.local()
+_SCRATCH_KEEP = 8 << 20
+
+
+def decompress_scratch(codec: int, data: BytesLike,
+                       max_size: int = DEFAULT_MAX_DECOMPRESSED_BYTES) -> memoryview | bytes:
+    """``decompress`` into a buffer this thread reuses: a view of the output, valid until the
+    next call on the same thread.  For reading a batch's records on the produce path without
+    allocating, zeroing and copying an output buffer per batch."""
+    if codec not in _STREAMING:
+        return decompress(codec, data, max_size)
+    decompress_into = _STREAMING[codec]
+    limit = max_size + 1
+    buf: bytearray | None = getattr(_scratch, "buf", None)
+    if buf is None or len(buf) > limit:
+        buf = bytearray(min(limit, max(_MIN_GUESS, 8 * len(data))))
+    try:
+        while True:
+            try:
+                n = decompress_into(data, buf)
+            except cramjam.DecompressionError as e:
+                if _OUT_OF_ROOM not in str(e):
+                    raise
+                n = len(buf)
+            if n < len(buf):
+                break
+            if len(buf) >= limit:
+                raise _too_big(max_size)
+            buf = bytearray(min(limit, 2 * len(buf)))  # never resized in place: views may live
+    except cramjam.DecompressionError as e:
+        raise CorruptRecordError(f"corrupt {CODEC_NAMES[codec]} data: {e}") from e
+    _scratch.buf = buf if len(buf) <= _SCRATCH_KEEP else None
+    return memoryview(buf)[:n]
 
 
 def _too_big(max_size: int) -> CorruptRecordError:

@@ -7,9 +7,10 @@ Offsets::
     log start offset  <=  high watermark  <=  log end offset (LEO)
     first readable        readers stop here    next offset to assign
 
-* ``append`` validates each batch (size, magic, CRC, and with ``validate`` the produce rules),
-  assigns offsets from the LEO, rolls first if the active segment would overflow, and writes the
-  batches with one ``pwritev``.  The high watermark is the caller's business (the broker moves it
+* ``append`` validates each batch (size, magic, CRC, and with ``validate`` the produce rules and
+  every record's timestamp, reading the records as Kafka's ``LogValidator`` does: the batch's
+  maxTimestamp comes from them), assigns offsets from the LEO, rolls first if the active segment
+  would overflow, and writes the batches with one ``pwritev``.  The high watermark is the caller's business (the broker moves it
   when the ISR has the data; with one replica, right after the append).
 * ``read`` returns whole batches from the one containing the requested offset, never past the
   given upper bound (HW, or LSO for read_committed), as ``FileSlice``s for ``sendfile``.
@@ -35,6 +36,7 @@ from typing import Any, NamedTuple
 
 from shmq import _fast
 from shmq.errors import CorruptRecordError, KafkaApiError, OffsetOutOfRangeError
+from shmq.protocol.compression import decompress_scratch
 from shmq.storage import checkpoint, layout
 from shmq.storage.log_config import LogConfig
 from shmq.storage.producer_state import ProducerStateManager
@@ -42,6 +44,7 @@ from shmq.storage.segment import LogSegment
 from shmq.storage.slices import FileSlice
 
 MESSAGE_TOO_LARGE = 10
+INVALID_TIMESTAMP = 32
 LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
 MAX_TIMESTAMP = -3
@@ -56,6 +59,10 @@ def _add_seq(seq: int, delta: int) -> int:
     """baseSequence + lastOffsetDelta, wrapping at Int.MAX (DefaultRecordBatch)."""
     return seq + delta - 0x80000000 if seq > 0x7FFFFFFF - delta else seq + delta
 _I32 = struct.Struct(">i")
+HEADER = 61
+# the attribute bits Kafka's computeAttributes keeps when it rewrites a header: compression
+# (0-2), transactional (4), control (5), delete horizon (6); bit 3 (LogAppendTime) is set anew
+_KEPT_ATTRIBUTES = 0x77
 # header bytes 23..51 in one unpack: lastOffsetDelta, baseTimestamp, maxTimestamp, producerId
 _FIELDS = struct.Struct(">iqqq")
 # header bytes 0..16 as append writes them: baseOffset, batchLength, partitionLeaderEpoch
@@ -67,6 +74,27 @@ class RecordTooLargeError(KafkaApiError):
 
     def __init__(self, size: int, limit: int) -> None:
         super().__init__(MESSAGE_TOO_LARGE, f"batch of {size} bytes exceeds max.message.bytes {limit}")
+
+
+class InvalidTimestampError(KafkaApiError):
+    """Records whose timestamps Kafka's ``LogValidator.validateTimestamp`` refuses
+    (INVALID_TIMESTAMP), with one ``(record index, message)`` per record, Kafka's words."""
+
+    def __init__(self, errors: list[tuple[int, int, int, int, int, int]], now: int,
+                 before_max_ms: int, after_max_ms: int) -> None:
+        super().__init__(INVALID_TIMESTAMP,
+                         "One or more records have been rejected due to invalid timestamp")
+        self.record_errors: list[tuple[int, str]] = []
+        for index, kind, ts, offset, key_len, value_len in errors:
+            if kind == 0:
+                message = (f"Timestamp {ts} of message with offset {offset} is out of range. The "
+                           f"timestamp should be within [{now - before_max_ms}, "
+                           f"{now + after_max_ms}]")
+            else:
+                message = (f"Invalid timestamp type in message DefaultRecord(offset={offset}, "
+                           f"timestamp={ts}, key={key_len} bytes, value={value_len} bytes). "
+                           f"Producer should not set timestamp type to LogAppendTime.")
+            self.record_errors.append((index, message))
 
 
 class AppendInfo(NamedTuple):
@@ -240,9 +268,10 @@ class PartitionLog:
                now_ms: int | None = None) -> AppendInfo:
         """Append every batch in ``records`` (bytes-like), assigning offsets from the LEO.
 
-        ``validate`` applies Kafka's produce checks (exact record counts, no control batches);
-        a replica or a coordinator appending its own batches passes False.  Nothing is written
-        unless every batch is valid.  Raises CorruptRecordError or RecordTooLargeError.
+        ``validate`` applies Kafka's produce checks (exact record counts, no control batches,
+        ``_validate_timestamps``); a replica or a coordinator appending its own batches passes
+        False.  Nothing is written unless every batch is valid.  Raises CorruptRecordError
+        (InvalidRecordError), RecordTooLargeError or InvalidTimestampError.
         """
         mv = records if isinstance(records, memoryview) else memoryview(records)
         if mv.ndim != 1 or mv.itemsize != 1:
@@ -255,7 +284,7 @@ class PartitionLog:
         log_append = config.log_append_time
         limit = config.max_message_bytes
         # pass 1: validate everything before touching the file
-        spans: list[tuple[int, int, int, int]] = []
+        spans: list[tuple[int, int, int, int, int]] = []
         producers: list[tuple[int, int, int, int, int, bool]] = []
         pos, end, n_records, incoming_max_ts = 0, len(mv), 0, -1
         validate_batch, unpack_fields = _fast.validate_batch, _FIELDS.unpack_from
@@ -263,12 +292,17 @@ class PartitionLog:
             size = validate_batch(mv, pos, -1, True, validate)
             if size > limit:
                 raise RecordTooLargeError(size, limit)
-            delta, _, batch_max, pid = unpack_fields(mv, pos + 23)
+            delta, base_ts, batch_max, pid = unpack_fields(mv, pos + 23)
+            attributes = _I16.unpack_from(mv, pos + 21)[0]
+            rewrite = -1  # attributes to rewrite the header with (and maxTimestamp, CRC)
+            if validate:
+                batch_max, rewrite = self._validate_timestamps(
+                    mv, pos, size, attributes, delta + 1, base_ts, batch_max, now)
             if pid >= 0:
                 producers.append((len(spans), pid, _I16.unpack_from(mv, pos + 51)[0],
                                   _I32.unpack_from(mv, pos + 53)[0], delta,
-                                  bool(_I16.unpack_from(mv, pos + 21)[0] & 0x10)))
-            spans.append((pos, size, delta, batch_max))
+                                  bool(attributes & 0x10)))
+            spans.append((pos, size, delta, batch_max, rewrite))
             n_records += delta + 1
             if batch_max > incoming_max_ts:
                 incoming_max_ts = batch_max
@@ -291,20 +325,25 @@ class PartitionLog:
                 segment = self._roll_locked(now)
             # pass 2: the iovec.  The header's first 16 bytes are replaced (baseOffset stamped,
             # batchLength as validated, partitionLeaderEpoch stamped: all outside the CRC) and
-            # the client's bytes follow from the magic byte on; LogAppendTime also rewrites
-            # attributes, maxTimestamp and CRC, so it copies the whole header.
+            # the client's bytes follow from the magic byte on; LogAppendTime, or a CreateTime
+            # batch whose maxTimestamp is not its records' (``_validate_timestamps``), also
+            # rewrites attributes, maxTimestamp and CRC, so it copies the whole header.
             iov: list[Any] = []
             meta = []
             offset, position = first, segment.size
             max_ts, offset_of_max = -1, first
             pack_prefix = _PREFIX.pack
-            for pos, size, delta, batch_max in spans:
-                if log_append:
+            for pos, size, delta, batch_max, rewrite in spans:
+                if log_append or rewrite >= 0:
                     header = bytearray(mv[pos : pos + 61])
                     _PREFIX.pack_into(header, 0, offset, size - 12, epoch)
                     body = mv[pos + 61 : pos + size]
-                    self._set_log_append_time(header, body, now)
-                    batch_max = now
+                    if log_append:
+                        attributes = _I16.unpack_from(header, 21)[0] & _KEPT_ATTRIBUTES | 0x08
+                        batch_max = now
+                    else:
+                        attributes = rewrite
+                    self._set_max_timestamp(header, body, attributes, batch_max)
                     iov.append(header)
                 else:
                     iov.append(pack_prefix(offset, size - 12, epoch))
@@ -346,12 +385,46 @@ class PartitionLog:
                 raise KafkaApiError(46, "duplicate batch inside a multi-batch append")
         return None
 
+    def _validate_timestamps(self, mv: memoryview, pos: int, size: int, attributes: int,
+                             count: int, base_timestamp: int, header_max: int,
+                             now: int) -> tuple[int, int]:
+        """Kafka's ``LogValidator`` on one client batch's timestamps: every record is read
+        (a compressed batch decompressed, keys and values skipped), a CreateTime record's
+        timestamp other than -1 must lie within ``message.timestamp.before.max.ms`` before and
+        ``message.timestamp.after.max.ms`` after now, and a batch may not claim LogAppendTime
+        where Kafka refuses it; else InvalidTimestampError.  The batch's maxTimestamp is derived
+        from its records, not taken from the header.
+
+        Returns (the batch's max timestamp as it will be stored, the attributes to rewrite the
+        header with, or -1 when it stays as sent).  On a CreateTime topic the header is
+        rewritten (``setMaxTimestamp``: attributes rebuilt from their known bits, the
+        LogAppendTime bit cleared, maxTimestamp set, CRC redone) when its maxTimestamp is not
+        its records' or it claims LogAppendTime; on a LogAppendTime topic pass 2 stamps it."""
+        config = self.config
+        codec = attributes & 0x07
+        body = mv[pos + HEADER : pos + size]
+        section = body if codec == 0 else decompress_scratch(codec, body)
+        create_time = not config.log_append_time
+        derived, errors = _fast.check_timestamps(
+            section, count, _I64.unpack_from(mv, pos)[0], base_timestamp,
+            header_max if attributes & 0x08 else _fast.NO_LOG_APPEND_TIME, create_time, now,
+            config.message_timestamp_before_max_ms, config.message_timestamp_after_max_ms)
+        if errors:
+            raise InvalidTimestampError(errors, now, config.message_timestamp_before_max_ms,
+                                        config.message_timestamp_after_max_ms)
+        if not create_time:
+            return now, -1
+        if attributes & 0x08 or derived != header_max:
+            return derived, attributes & _KEPT_ATTRIBUTES
+        return derived, -1
+
     @staticmethod
-    def _set_log_append_time(header: bytearray, body: memoryview, now: int) -> None:
-        """LogAppendTime topics: set the attribute bit and maxTimestamp, then redo the CRC."""
-        attrs = struct.unpack_from(">h", header, 21)[0] | 0x08
-        struct.pack_into(">h", header, 21, attrs)
-        struct.pack_into(">q", header, 35, now)
+    def _set_max_timestamp(header: bytearray, body: memoryview, attributes: int,
+                           max_timestamp: int) -> None:
+        """``DefaultRecordBatch.setMaxTimestamp``: new attributes and maxTimestamp, then the
+        CRC (over the header's bytes 21..61 and the body as it is)."""
+        struct.pack_into(">h", header, 21, attributes)
+        struct.pack_into(">q", header, 35, max_timestamp)
         crc = _fast.crc32c(bytes(header[21:61]))
         crc = _fast.crc32c(body, crc) if len(body) else crc
         struct.pack_into(">I", header, 17, crc)

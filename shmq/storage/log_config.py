@@ -24,6 +24,8 @@ class LogConfig:
     max_message_bytes: int = 1048588             # max.message.bytes (1 MiB + 12)
     cleanup_policy: str = "delete"               # cleanup.policy
     message_timestamp_type: str = "CreateTime"   # message.timestamp.type
+    message_timestamp_before_max_ms: int = LONG_MAX     # message.timestamp.before.max.ms
+    message_timestamp_after_max_ms: int = 3_600_000     # message.timestamp.after.max.ms (Kafka 4: 1 h)
     file_delete_delay_ms: int = 60000            # file.delete.delay.ms
 
     KAFKA_NAMES = {
@@ -38,6 +40,8 @@ class LogConfig:
         "max.message.bytes": "max_message_bytes",
         "cleanup.policy": "cleanup_policy",
         "message.timestamp.type": "message_timestamp_type",
+        "message.timestamp.before.max.ms": "message_timestamp_before_max_ms",
+        "message.timestamp.after.max.ms": "message_timestamp_after_max_ms",
         "file.delete.delay.ms": "file_delete_delay_ms",
     }
 
@@ -48,6 +52,9 @@ class LogConfig:
             raise ConfigError(f"segment.index.bytes {self.segment_index_bytes} is too small")
         if self.segment_ms < 1 or self.index_interval_bytes < 0 or self.max_message_bytes < 0:
             raise ConfigError("segment.ms, index.interval.bytes and max.message.bytes must be positive")
+        if self.message_timestamp_before_max_ms < 0 or self.message_timestamp_after_max_ms < 0:
+            raise ConfigError("message.timestamp.before.max.ms and message.timestamp.after.max.ms "
+                              "must not be negative")
         if self.flush_messages < 1 or self.flush_ms < 0:
             raise ConfigError("flush.messages must be >= 1 and flush.ms >= 0")
         if self.message_timestamp_type not in ("CreateTime", "LogAppendTime"):

@@ -246,3 +246,134 @@ def test_list_offsets_answers_the_batch_epoch_or_none(broker: RunningBroker) -> 
     assert list_offsets(broker, topic, -3) == (NONE, 1, t0 + 1, 0)
     assert list_offsets(broker, topic, -1, partition=9) == (3, -1, -1, -1)  # an error
     assert list_offsets(broker, topic, t0, version=3) == (NONE, 0, t0, -1)  # no epoch before v4
+
+
+# -- item 3: timestamps are validated and the max timestamp derived --------------------------------
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip", "snappy", "lz4", "zstd"])
+def test_librdkafka_gets_invalid_timestamp_beyond_an_hour(broker: RunningBroker,
+                                                          compression: str) -> None:
+    """Kafka 4's message.timestamp.after.max.ms (1 h): a record stamped 2 h ahead is refused
+    with INVALID_TIMESTAMP, compressed or not (the broker reads the records), its batch-mates
+    with it; an hour's skew is fine."""
+    from confluent_kafka import Producer
+
+    topic = new_topic(broker)
+    reports: list[tuple[bytes, int | None]] = []
+    p = Producer({"bootstrap.servers": broker.bootstrap, "compression.type": compression,
+                  "linger.ms": 0, "message.send.max.retries": 0})
+
+    def report(err: Any, msg: Any) -> None:
+        reports.append((msg.value(), None if err is None else err.code()))
+
+    t = now_ms()
+    p.produce(topic, b"in-range" * 20, partition=0, timestamp=t + HOUR - 60_000,
+              on_delivery=report)
+    assert p.flush(30) == 0
+    p.produce(topic, b"future" * 20, partition=0, timestamp=t + 2 * HOUR, on_delivery=report)
+    assert p.flush(30) == 0
+    assert reports == [(b"in-range" * 20, None), (b"future" * 20, INVALID_TIMESTAMP)]
+    assert end_offset(broker, topic) == 1
+    _, offset, ts, _ = list_offsets(broker, topic, -3)
+    assert (offset, ts) == (0, t + HOUR - 60_000)
+
+
+@pytest.mark.parametrize("compression", [None, "gzip"])
+def test_kafka_python_gets_invalid_timestamp(broker: RunningBroker,
+                                             compression: str | None) -> None:
+    from kafka import KafkaProducer
+    from kafka.errors import InvalidTimestampError
+
+    topic = new_topic(broker)
+    p = KafkaProducer(bootstrap_servers=broker.bootstrap, compression_type=compression,
+                      retries=0)
+    try:
+        with pytest.raises(InvalidTimestampError):
+            p.send(topic, b"future", partition=0, timestamp_ms=now_ms() + 3 * HOUR).get(30)
+        meta = p.send(topic, b"now", partition=0, timestamp_ms=now_ms()).get(30)
+        assert meta.offset == 0
+    finally:
+        p.close(30)
+
+
+def test_invalid_timestamp_names_every_record(broker: RunningBroker) -> None:
+    """Produce v8+: record_errors holds each refused record's index and Kafka's message."""
+    topic = new_topic(broker)
+    t = now_ms()
+    r = produce(broker, topic, kbatch([b"a", b"b", b"c"], [t, t + 5 * HOUR, t + 6 * HOUR]))
+    assert r.error_code == INVALID_TIMESTAMP and r.base_offset == -1
+    assert r.error_message == "One or more records have been rejected due to invalid timestamp"
+    assert [e.batch_index for e in r.record_errors] == [1, 2]
+    message = r.record_errors[0].batch_index_error_message
+    assert message.startswith(f"Timestamp {t + 5 * HOUR} of message with offset 1 is out of "
+                              "range. The timestamp should be within [")
+    assert produce(broker, topic, kbatch([b"a"], [t]), version=3).error_code == NONE
+
+
+def test_the_limits_follow_the_topic_config_at_once(broker: RunningBroker) -> None:
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    topic = new_topic(broker, **{"message.timestamp.before.max.ms": str(HOUR)})
+    t = now_ms()
+    assert produce(broker, topic, kbatch([b"old"], [t - 2 * HOUR])).error_code == \
+        INVALID_TIMESTAMP
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
+        ConfigEntry("message.timestamp.before.max.ms", str(3 * HOUR),
+                    incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("message.timestamp.after.max.ms", "1000",
+                    incremental_operation=AlterConfigOpType.SET)])
+    for f in admin.incremental_alter_configs([resource]).values():
+        f.result(30)
+    assert produce(broker, topic, kbatch([b"old"], [t - 2 * HOUR])).error_code == NONE
+    assert produce(broker, topic, kbatch([b"soon"], [now_ms() + 60_000])).error_code == \
+        INVALID_TIMESTAMP
+
+
+def _stored_batches(b: RunningBroker, topic: str) -> list[bytes]:
+    data = (b.data_dir / "worker-1" / f"{topic}-0" / "00000000000000000000.log").read_bytes()
+    out, pos = [], 0
+    while pos + 12 <= len(data):
+        size = struct.unpack_from(">i", data, pos + 8)[0] + 12
+        out.append(data[pos : pos + size])
+        pos += size
+    return out
+
+
+@pytest.mark.parametrize("compression", [0, 3])
+def test_a_lying_max_timestamp_is_replaced_by_the_records(broker: RunningBroker,
+                                                          compression: int) -> None:
+    """The header claims a maxTimestamp from 2100; the records say now.  Kafka derives the
+    batch's max timestamp from its records and rewrites the header (CRC too): MAX_TIMESTAMP
+    lookups and time retention follow the records."""
+    topic = new_topic(broker)
+    t = now_ms() - 1000
+    honest = kbatch([b"r" * 100, b"s" * 100], [t - 1, t], compression=compression)
+    assert header(honest, "attributes") & 7 == compression
+    lying = patch(honest, max_timestamp=4_102_444_800_000)
+    assert produce(broker, topic, lying).error_code == NONE
+    assert list_offsets(broker, topic, -3)[1:3] == (1, t)
+    (stored,) = _stored_batches(broker, topic)
+    assert header(stored, "max_timestamp") == t
+    assert struct.unpack_from(">I", stored, 17)[0] == crc32c.crc32c(stored[21:])
+    assert stored[61:] == lying[61:]  # the records as sent
+
+
+def test_a_producer_set_log_append_time_attribute(broker: RunningBroker) -> None:
+    """Kafka refuses a LogAppendTime batch on a LogAppendTime topic (INVALID_TIMESTAMP, each
+    record) and stores it as CreateTime on a CreateTime topic (its maxTimestamp validated as
+    every record's timestamp)."""
+    t = now_ms() - 1000
+    sent = patch(kbatch([b"a", b"b"], [t - 5, t - 3]), attributes=0x08, max_timestamp=t)
+    lat_topic = new_topic(broker, **{"message.timestamp.type": "LogAppendTime"})
+    r = produce(broker, lat_topic, sent)
+    assert r.error_code == INVALID_TIMESTAMP
+    assert [e.batch_index for e in r.record_errors] == [0, 1]
+    assert "Producer should not set timestamp type to LogAppendTime" in \
+        r.record_errors[0].batch_index_error_message
+    create_topic = new_topic(broker)
+    assert produce(broker, create_topic, sent).error_code == NONE
+    (stored,) = _stored_batches(broker, create_topic)
+    assert header(stored, "attributes") == 0 and header(stored, "max_timestamp") == t
+    assert struct.unpack_from(">I", stored, 17)[0] == crc32c.crc32c(stored[21:])

@@ -587,3 +587,28 @@ def test_mutated_stream_only_raises_corrupt_record_error(codec: int, data: st.Da
     out = _decompress_checked(codec, bytes(packed), max_size=10_000)
     if codec in (GZIP, LZ4) and out is not None:
         assert out == original  # CRC32 / xxhash32 content checksum catch real damage
+
+
+def test_decompress_scratch_reuses_one_buffer_and_caps_like_decompress() -> None:
+    """The produce path's decompression: the same output as the codecs' own libraries, a view
+    of one buffer per thread (no per-batch output allocation), the same cap and errors."""
+    from shmq.protocol import compression as c
+
+    data = bytes(random.Random(3).choices(range(65, 91), k=300_000))
+    oracles = {c.GZIP: gzip.compress, c.LZ4: lz4.frame.compress,
+               c.ZSTD: zstandard.ZstdCompressor().compress, c.SNAPPY: snappy.compress}
+    for codec, compress in oracles.items():
+        out = c.decompress_scratch(codec, compress(data))
+        assert bytes(out) == data, codec
+        assert bytes(c.decompress_scratch(codec, compress(b"tiny"))) == b"tiny"
+        with pytest.raises(CorruptRecordError):
+            c.decompress_scratch(codec, compress(data), max_size=len(data) - 1)
+        damaged = compress(data)[:-7] + b"garbage" if codec != c.SNAPPY \
+            else compress(data)[:-7]  # raw snappy has no checksum: cut it instead
+        with pytest.raises(CorruptRecordError):
+            c.decompress_scratch(codec, damaged)
+    first = c.decompress_scratch(c.LZ4, lz4.frame.compress(data))
+    second = c.decompress_scratch(c.LZ4, lz4.frame.compress(data[::-1]))
+    assert isinstance(first, memoryview) and first.obj is second.obj  # one buffer, reused
+    assert bytes(second) == data[::-1]
+    assert bytes(c.decompress_scratch(c.NONE, b"plain")) == b"plain"

@@ -254,6 +254,39 @@ def test_decode_records_parity(section: tuple[bytes, int, int, int], base_offset
                         base_ts, lat) == got_c
 
 
+@PROPS
+@given(
+    section=record_sections(),
+    base_offset=st.integers(0, 2**40),
+    lat=st.one_of(st.just(NO_LAT), st.just(-1), st.integers(0, 2**41)),
+    create_time=st.booleans(),
+    now=st.one_of(st.integers(0, 2**41), st.just(1_700_000_000_000)),
+    before=st.one_of(st.integers(0, 2**42), st.just(INT64_MAX)),
+    after=st.one_of(st.integers(0, 2**42), st.just(INT64_MAX), st.just(3_600_000)),
+)
+def test_check_timestamps_parity(section: tuple[bytes, int, int, int], base_offset: int, lat: int,
+                                 create_time: bool, now: int, before: int, after: int) -> None:
+    """LogValidator.validateTimestamp, compiled and twin: the derived max timestamp, every
+    refused record, and the same InvalidRecordError on a malformed section."""
+    from shmq.errors import InvalidRecordError
+
+    body, count, base_ts, _ = section
+    args = (count, base_offset, base_ts, lat, create_time, now, before, after)
+
+    def run(fn: Callable[..., Any], data: Any) -> tuple[str, Any]:
+        try:
+            return "ok", fn(data, *args)
+        except InvalidRecordError:
+            return "invalid", None
+
+    got_c = run(batch.check_timestamps, body)
+    assert got_c == run(ref.check_timestamps, body)
+    assert run(batch.check_timestamps, memoryview(bytearray(body))) == got_c
+    if got_c[0] == "ok" and lat == NO_LAT:  # the max is the decoders' max
+        decoded = batch.decode_records(body, count, base_offset, base_ts)
+        assert got_c[1][0] == max([-1] + [r[1] for r in decoded])
+
+
 class _Rec(NamedTuple):
     offset: int
     timestamp: int

@@ -5,9 +5,11 @@ receive buffer until the one ``pwritev`` that stores them.  Kafka's rules: v3+ c
 batch per partition; versions 0..2 are advertised (librdkafka's compression gate, KAFKA-18659)
 but refused; a bad size or CRC is CORRUPT_MESSAGE, a batch that breaks a produce rule (record
 count, control batch, sequence, magic 0/1, a length past the bytes sent) is INVALID_RECORD, and
-neither appends anything; a batch over max.message.bytes is MESSAGE_TOO_LARGE.  acks=0 gets no
-response at all; acks=all on a single replica means appended and, with ``flush.on.ack``, fsynced
-by a group commit shared by every waiting request.
+neither appends anything; a batch over max.message.bytes is MESSAGE_TOO_LARGE; records whose
+timestamps ``message.timestamp.before/after.max.ms`` refuse are INVALID_TIMESTAMP, with one
+``record_errors`` entry per record (v8+), as Kafka answers.  acks=0 gets no response at all;
+acks=all on a single replica means appended and, with ``flush.on.ack``, fsynced by a group
+commit shared by every waiting request.
 
 ``produce_partition`` is the one path from a batch to the log: validation, idempotence, append,
 high watermark, state table, long-poll wake-ups and the per-partition metrics.  The wire handler
@@ -48,6 +50,7 @@ class PartitionResult(NamedTuple):
     log_append_time: int
     log_start_offset: int
     error_message: str | None
+    record_errors: tuple[tuple[int, str], ...] = ()  # (record index, message), v8+
 
 
 class Durable(NamedTuple):
@@ -62,6 +65,7 @@ def produce_partition(ctx: BrokerContext, topic: str, index: int, records: Any,
     """Validate and append one partition's batch; the answer and, for acks=all with
     ``flush.on.ack``, the flush the answer must wait for."""
     code, base, start, message, append_time = NONE, -1, -1, None, -1
+    record_errors: tuple[tuple[int, str], ...] = ()
     durable = None
     appended = None
     info = ctx.metadata.topics.get(topic)
@@ -90,6 +94,7 @@ def produce_partition(ctx: BrokerContext, topic: str, index: int, records: Any,
             code, message = CORRUPT_MESSAGE, str(exc)
         except KafkaApiError as exc:
             code, message = exc.code, str(exc)
+            record_errors = tuple(getattr(exc, "record_errors", ()))  # InvalidTimestampError
         else:
             base = appended.first_offset
             append_time = appended.log_append_time
@@ -110,7 +115,8 @@ def produce_partition(ctx: BrokerContext, topic: str, index: int, records: Any,
         elif appended is not None:
             metrics.produced(slot, appended.last_offset - appended.first_offset + 1
                              if appended.batch_count else 0, appended.size)
-    return PartitionResult(index, code, base, append_time, start, message), durable
+    return PartitionResult(index, code, base, append_time, start, message,
+                           record_errors), durable
 
 
 async def flush_for_acks(ctx: BrokerContext, flushes: Iterable[Durable]) -> int:
