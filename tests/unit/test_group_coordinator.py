@@ -299,6 +299,32 @@ def test_existing_member_that_disconnects_mid_join_still_counts_as_joined(tmp_pa
     run(main)
 
 
+def test_leader_that_disconnects_mid_join_stays_leader_until_its_session_expires(
+        tmp_path: Path) -> None:
+    """The leader's JoinGroup is parked when its connection drops: it stays leader of the new
+    generation (Kafka keeps a leader that is awaiting join), never assigns, and its session
+    timeout (not the rebalance timeout) frees the follower waiting in SyncGroup."""
+    async def main() -> None:
+        c = make(tmp_path)
+        session, rebalance = 300, 20_000
+        a, b = await _stable_pair(c, session, rebalance)
+        crash = asyncio.ensure_future(join(c, "g", a, session=session, rebalance=rebalance))
+        await asyncio.sleep(0.01)
+        _disconnect(crash)  # the leader's rejoin (it forces a rebalance) is parked, then gone
+        await asyncio.sleep(0.01)
+        b3 = await asyncio.wait_for(join(c, "g", b, session=session, rebalance=rebalance), 2)
+        assert b3.generation == 3 and b3.leader == a
+        started = asyncio.get_running_loop().time()
+        follower = await asyncio.wait_for(c.sync_group("g", 3, b, None, None, None, {}), 2)
+        assert follower.error == 27  # REBALANCE_IN_PROGRESS once a's session expired
+        assert asyncio.get_running_loop().time() - started < 1
+        b4 = await asyncio.wait_for(join(c, "g", b, session=session, rebalance=rebalance), 2)
+        assert b4.generation == 4 and b4.leader == b and [m for m, _, _ in b4.members] == [b]
+        c.close()
+
+    run(main)
+
+
 def test_follower_that_disconnects_while_waiting_in_sync_expires_after_the_assignment(
         tmp_path: Path) -> None:
     """A SyncGroup parked for the leader's assignment also outlives its connection (Kafka): the
