@@ -597,14 +597,14 @@ def test_decompress_scratch_reuses_one_buffer_and_caps_like_decompress() -> None
     data = bytes(random.Random(3).choices(range(65, 91), k=300_000))
     oracles = {c.GZIP: gzip.compress, c.LZ4: lz4.frame.compress,
                c.ZSTD: zstandard.ZstdCompressor().compress, c.SNAPPY: snappy.compress}
-    for codec, compress in oracles.items():
-        out = c.decompress_scratch(codec, compress(data))
+    for codec, pack in oracles.items():
+        out = c.decompress_scratch(codec, pack(data))
         assert bytes(out) == data, codec
-        assert bytes(c.decompress_scratch(codec, compress(b"tiny"))) == b"tiny"
+        assert bytes(c.decompress_scratch(codec, pack(b"tiny"))) == b"tiny"
         with pytest.raises(CorruptRecordError):
-            c.decompress_scratch(codec, compress(data), max_size=len(data) - 1)
-        damaged = compress(data)[:-7] + b"garbage" if codec != c.SNAPPY \
-            else compress(data)[:-7]  # raw snappy has no checksum: cut it instead
+            c.decompress_scratch(codec, pack(data), max_size=len(data) - 1)
+        damaged = pack(data)[:-7] + b"garbage" if codec != c.SNAPPY \
+            else pack(data)[:-7]  # raw snappy has no checksum: cut it instead
         with pytest.raises(CorruptRecordError):
             c.decompress_scratch(codec, damaged)
     first = c.decompress_scratch(c.LZ4, lz4.frame.compress(data))
