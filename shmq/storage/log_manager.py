@@ -65,8 +65,8 @@ class StartupReport(NamedTuple):
     seconds: float
 
     def describe(self) -> str:
-        how = "clean shutdown" if self.clean else "unclean shutdown"
-        parts = [f"{self.opened} logs opened after a {how}"]
+        how = "a clean shutdown" if self.clean else "an unclean shutdown"
+        parts = [f"{self.opened} logs opened after {how}"]
         if not self.clean:
             parts.append(f"{self.recovered} recovered from their recovery points, "
                          f"{_size(self.validated_bytes)} validated")

@@ -205,18 +205,6 @@ def publish_partition_gauges(ctx: Any, manager: Any,
                                      len(plog.segments))
 
 
-def configure_logging(name: str) -> None:
-    """Warnings and errors by default, plus the INFO lines of the process life cycle (a worker's
-    start with what recovery did, restarts); ``SHMQ_LOG_LEVEL`` sets one level for everything."""
-    level = os.environ.get("SHMQ_LOG_LEVEL")
-    logging.basicConfig(level=level or "WARNING",
-                        format=f"%(asctime)s {name} %(levelname)s %(message)s",
-                        force=True)  # a fork of the controller has its handler already
-    if not level:
-        for lifecycle in ("shmq.worker", "shmq.controller"):
-            logging.getLogger(lifecycle).setLevel(logging.INFO)
-
-
 def _die_with_parent() -> None:
     """PR_SET_PDEATHSIG: SIGTERM when the controller dies, even if EOF is missed."""
     from shmq.supervisor.forkserver import PR_SET_PDEATHSIG, prctl
@@ -370,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--config", required=True)
     args = p.parse_args(argv)
+    from shmq._startup import configure_logging
+
     configure_logging(f"worker-{args.node_id}")
     _die_with_parent()
     try:
