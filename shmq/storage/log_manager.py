@@ -19,7 +19,9 @@ topic configs it knows, and removes stray logs once it holds the metadata image)
   checkpoints and its recovery record do not vouch for; a directory without ``partition.metadata``
   (written by an older shmq) is adopted and gets one.
 
-Then the marker is removed: from now on a crash must look like a crash.  ``checkpoint``
+Directories are opened ``RECOVERY_THREADS`` at a time (Kafka's
+``num.recovery.threads.per.data.dir``): with a cold page cache a start is mostly waits for small
+reads.  Then the marker is removed: from now on a crash must look like a crash.  ``checkpoint``
 rewrites both checkpoint files (atomically); ``shutdown`` flushes and closes every log,
 checkpoints, and writes the marker last.  Without ``hosted`` (storage tests, tools) every
 directory is opened, with ``topic_configs`` or the default config.
@@ -34,6 +36,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
@@ -43,6 +46,8 @@ from shmq.storage.log import PartitionLog
 from shmq.storage.log_config import LogConfig
 
 log = logging.getLogger(__name__)
+
+RECOVERY_THREADS = 8  # logs opened (and recovered) at once by startup
 
 
 class HostedLog(NamedTuple):
@@ -106,22 +111,23 @@ class LogManager:
         starts = checkpoint.read_offsets(self.log_dir / layout.LOG_START_OFFSET_CHECKPOINT)
         topic_configs = topic_configs or {}
         deleted: list[str] = []
+        todo: list[tuple[tuple[str, int], Path, HostedLog | None]] = []
         for entry in sorted(os.scandir(self.log_dir), key=lambda e: e.name):
             if entry.is_dir() and entry.name.endswith("-delete"):
                 shutil.rmtree(entry.path, ignore_errors=True)  # a deletion that did not finish
                 continue
             tp = layout.parse_partition_dir(entry.name) if entry.is_dir() else None
-            if tp is None:
-                continue
-            directory = Path(entry.path)
-            want = hosted.get(tp) if hosted is not None else None
+            if tp is not None:
+                todo.append((tp, Path(entry.path), hosted.get(tp) if hosted is not None else None))
+
+        def open_one(tp: tuple[str, int], directory: Path,
+                     want: HostedLog | None) -> PartitionLog | str:
             if hosted is not None:
                 why = _stray(directory, want)
                 if why is not None:
                     log.warning("deleting stray log %s: %s", directory, why)
                     self._delete_directory(directory)
-                    deleted.append(entry.name)
-                    continue
+                    return directory.name
             config = want.config if want is not None else topic_configs.get(tp[0],
                                                                              self.default_config)
             plog = PartitionLog.open(
@@ -129,7 +135,18 @@ class LogManager:
                 log_start_offset=starts.get(tp, 0), clean_shutdown=self.had_clean_shutdown)
             if want is not None:
                 plog.assign_topic_id(want.topic_id)  # adopts a directory from before the ids
-            self.logs[tp] = plog
+            return plog
+
+        # Kafka's num.recovery.threads.per.data.dir: a start is mostly small reads of many
+        # files (a cold cache waits for each), and recovery's CRC loop runs without the GIL
+        with ThreadPoolExecutor(max(1, min(RECOVERY_THREADS, len(todo)))) as pool:
+            opened = [pool.submit(open_one, *item) for item in todo]
+            for (tp, _, _), future in zip(todo, opened, strict=True):
+                result = future.result()
+                if isinstance(result, str):
+                    deleted.append(result)
+                else:
+                    self.logs[tp] = result
         if self.had_clean_shutdown:
             marker.unlink()
         self._started = True
