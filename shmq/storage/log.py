@@ -219,7 +219,13 @@ class PartitionLog:
         for seg in self.segments:
             if seg.next_offset <= start or seg.size == 0:
                 continue
-            header = seg.translate_offset(start) if start > seg.base_offset else None
+            header = None
+            if start > seg.base_offset:
+                # snapshots sit at batch boundaries; an index not checked yet (recovery resumed
+                # in this segment) must name the batch starting there, else it is checked first
+                header = seg.translate_offset(start, checked=False)
+                if header is None or header.base_offset != start:
+                    header = seg.translate_offset(start)
             table = seg.scan_headers_from(header.position if header is not None else 0)
             if len(table):
                 ps.load_from_batches(table[table[:, 1] >= start])

@@ -278,3 +278,37 @@ def test_a_clean_start_opens_no_index_until_a_segment_is_used(tmp_path) -> None:
         reopened.close()
     assert all_records(d)[:120] == records
     assert_indexes_follow_the_rule(d, config)
+
+
+def test_kept_index_entries_are_checked_at_the_first_read(tmp_path) -> None:
+    """Recovery keeps the index entries below the recovery point; they get the check a clean
+    start makes, at the first read rather than during the restart.  A garbled one is caught
+    there, the indexes rebuilt, and the read is right; appends before it do not wait for it."""
+    d = tmp_path / "t-0"
+    config = LogConfig(segment_index_bytes=1 << 20, index_interval_bytes=0)
+    log = PartitionLog.open(d, config)
+    fill(log, 60, 200)
+    log.flush()
+    fill(log, 3, 200, start=60)
+    records = all_records(d)
+    log.crash_close()
+    index = segment_paths(d, 0)[1]
+    raw = bytearray(index.read_bytes())
+    rel, pos = struct.unpack_from(">ii", raw, 20 * 8)
+    struct.pack_into(">ii", raw, 20 * 8, rel, pos + 1)  # in order, but names no batch
+    index.write_bytes(bytes(raw))
+    reopened = reopen(d, config)
+    try:
+        seg = reopened.active_segment
+        assert reopened.load_summary.resumed_at is not None and not seg.rebuilt
+        reopened.append(kbatch([b"appended"], [T0 + 99]))  # does not check
+        assert not seg.rebuilt
+        got = reopened.read(21, 1 << 20, upper_bound=reopened.log_end_offset)  # checks
+        assert seg.rebuilt
+        data = got.slices[0].read()
+        first = struct.unpack_from(">q", data, 0)[0]
+        assert first == 21
+    finally:
+        reopened.close()
+    assert all_records(d)[:63] == records
+    assert_indexes_follow_the_rule(d, config)
