@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 
 
@@ -21,3 +23,15 @@ def skip_hypothesis() -> None:
     """
     if "hypothesis" not in sys.modules:
         sys.modules["hypothesis"] = None  # type: ignore[assignment]
+
+
+def configure_logging(name: str) -> None:
+    """Warnings and errors by default, plus the INFO lines of the process life cycle (a worker's
+    start with what recovery did, restarts); ``SHMQ_LOG_LEVEL`` sets one level for everything."""
+    level = os.environ.get("SHMQ_LOG_LEVEL")
+    logging.basicConfig(level=level or "WARNING",
+                        format=f"%(asctime)s {name} %(levelname)s %(message)s",
+                        force=True)  # a fork of the controller has its handler already
+    if not level:
+        for lifecycle in ("shmq.worker", "shmq.controller"):
+            logging.getLogger(lifecycle).setLevel(logging.INFO)

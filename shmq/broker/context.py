@@ -98,7 +98,8 @@ class BrokerContext:
             from shmq.broker.dynamic_configs import effective_log_config
 
             config = effective_log_config(self.metadata, self.config.log, self.node_id, topic)
-            log = self.logs.get_or_create_log(topic, partition, config)
+            topic_id = self.metadata.topics[topic].topic_id
+            log = self.logs.get_or_create_log(topic, partition, config, topic_id=topic_id)
             if log is not None:
                 self.publish_state(topic, partition, log)
         return log

@@ -55,8 +55,8 @@ class InternalLogs:
         except IndexError:
             return None
 
-    def get_or_create_log(self, topic: str, partition: int,
-                          config: LogConfig | None = None) -> PartitionLog | None:
+    def get_or_create_log(self, topic: str, partition: int, config: LogConfig | None = None,
+                          topic_id: str | None = None) -> PartitionLog | None:
         return self.get_log(topic, partition)
 
     def checkpoint(self) -> None:

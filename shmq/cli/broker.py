@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from shmq.cli import CommandError
@@ -53,15 +52,14 @@ def _read_properties(path: str) -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
-    import logging
 
+    from shmq._startup import configure_logging
     from shmq.broker.config import BrokerConfig
     from shmq.errors import ConfigError
     from shmq.supervisor.controller import BootError, Controller
     from shmq.supervisor.forkserver import ForkServer
 
-    logging.basicConfig(level=os.environ.get("SHMQ_LOG_LEVEL", "WARNING"),
-                        format="%(asctime)s controller %(levelname)s %(message)s")
+    configure_logging("controller")
     host, _, port = args.listeners.rpartition(":")
     if not host or not port.isdigit():
         raise CommandError(f"--listeners must be host:port, got {args.listeners!r}")

@@ -306,8 +306,29 @@ class KafkaConnection(asyncio.BufferedProtocol):
 
 
 async def serve(router: Any, host: str, port: int, max_frame_bytes: int,
-                stats: dict[str, int], metrics: Any = None) -> asyncio.base_events.Server:
+                stats: dict[str, int], metrics: Any = None,
+                sock: socket.socket | None = None) -> asyncio.base_events.Server:
+    """Serve on ``host:port``, or on ``sock``, a socket already bound and listening (a worker's:
+    the controller binds it and keeps it across the worker's restarts)."""
     loop = asyncio.get_running_loop()
+    if sock is not None:
+        return await loop.create_server(
+            lambda: KafkaConnection(router, max_frame_bytes, stats, metrics), sock=sock,
+            backlog=1024)
     return await loop.create_server(
         lambda: KafkaConnection(router, max_frame_bytes, stats, metrics), host, port,
         reuse_address=True, backlog=1024)
+
+
+def listening_socket(host: str, port: int, backlog: int = 1024) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (0: a free port) and listening, not yet served."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except OSError:
+        sock.close()
+        raise
+    return sock

@@ -2,13 +2,14 @@
 
 from shmq.storage.log import AppendInfo, LogReadResult, PartitionLog, RecordTooLargeError
 from shmq.storage.log_config import LogConfig
-from shmq.storage.log_manager import LogManager
+from shmq.storage.log_manager import HostedLog, LogManager
 from shmq.storage.slices import FileHandle, FileSlice
 
 __all__ = [
     "AppendInfo",
     "FileHandle",
     "FileSlice",
+    "HostedLog",
     "LogConfig",
     "LogManager",
     "LogReadResult",

@@ -13,6 +13,9 @@
         00000000000000001234.snapshot      producer state at offset 1234
         leader-epoch-checkpoint            "<epoch> <start offset>" lines
         partition.metadata                 "version: 0" / "topic_id: <base64 uuid>"
+        shmq-recovery-point                shmq's own: the recovery point as a byte position
+                                           (recovery_point.py; Kafka ignores the file)
+      <topic>-<partition>.<uuid>-delete/   a log being deleted (finished at the next start)
 
 A segment is named after its base offset, zero-padded to 20 digits.  ``.deleted`` / ``.cleaned``
 / ``.swap`` suffixes mark files in the middle of deletion or compaction; the loader removes them.

@@ -19,7 +19,12 @@ Offsets::
 * Durability: the recovery point is the offset below which everything is fsynced.  ``flush`` is a
   group commit: callers pass the offset they need durable; whoever gets the flush lock fsyncs up to
   the LEO it sees, and everyone whose offset that covered returns without a second fsync.
-  ``flush.messages`` / ``flush.ms`` trigger flushes from ``append`` and ``maybe_flush``.
+  ``flush.messages`` / ``flush.ms`` trigger flushes from ``append`` and ``maybe_flush``.  After each
+  fsync the recovery point is also recorded as a byte position (``recovery_point.py``), so that
+  recovery after a crash validates only what came after it.
+* Restarts: producer state is snapshotted at every roll, at close, and every
+  ``PRODUCER_SNAPSHOT_BYTES`` of appends, so rebuilding it after a crash replays at most that many
+  bytes of batch headers, not the whole active segment.
 
 Thread safety: one writer (the partition's worker).  ``flush`` may run on other threads while the
 writer appends: it only reads the segment list under ``_lock`` and fsyncs outside it.
@@ -27,19 +32,22 @@ writer appends: it only reads the segment list under ``_lock`` and fsyncs outsid
 
 from __future__ import annotations
 
+import os
 import secrets
 import struct
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from shmq import _fast
 from shmq.errors import CorruptRecordError, KafkaApiError, OffsetOutOfRangeError
 from shmq.protocol.compression import decompress_scratch
-from shmq.storage import checkpoint, layout
+from shmq.storage import checkpoint, layout, partition_metadata
 from shmq.storage.log_config import LogConfig
-from shmq.storage.producer_state import ProducerStateManager
+from shmq.storage.producer_state import ProducerStateManager, snapshot_path
+from shmq.storage.recovery_point import RecoveryPointFile
 from shmq.storage.segment import LogSegment
 from shmq.storage.slices import FileSlice
 
@@ -50,6 +58,9 @@ EARLIEST_TIMESTAMP = -2
 MAX_TIMESTAMP = -3
 UNDEFINED_EPOCH = -1  # LeaderEpochFileCache's answer for an epoch it cannot place
 UNDEFINED_EPOCH_OFFSET = -1
+# producer state is snapshotted after this many bytes of appends (besides every roll): the replay
+# of batch headers after a crash reads at most this much
+PRODUCER_SNAPSHOT_BYTES = 16 << 20
 
 _I64 = struct.Struct(">q")
 _I16 = struct.Struct(">h")
@@ -115,6 +126,15 @@ class TimestampAndOffset(NamedTuple):
     leader_epoch: int               # -1: unknown
 
 
+class LoadSummary(NamedTuple):
+    """What opening the log did (for the broker's start-up line)."""
+
+    validated_bytes: int            # bytes validated batch by batch
+    truncated_bytes: int
+    rebuilt_segments: int           # segments whose indexes were rebuilt at open
+    resumed_at: tuple[int, int] | None   # (segment, byte) where validation resumed
+
+
 class LogReadResult(NamedTuple):
     slices: list[FileSlice]         # zero or one slice, whole batches
     log_start_offset: int
@@ -135,7 +155,7 @@ class PartitionLog:
 
     def __init__(self, directory: Path, config: LogConfig, segments: list[LogSegment],
                  log_start_offset: int, recovery_point: int, leader_epoch: int = -1,
-                 recovered: Any = None) -> None:
+                 recovered: Any = None, summary: LoadSummary | None = None) -> None:
         """``recovered``: the header table (``scan_headers`` columns) of the batches recovery
         scanned, whose leader epochs rebuild what the checkpoint lacks."""
         self.directory = directory
@@ -156,6 +176,11 @@ class PartitionLog:
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self.closed = False
+        self.load_summary = summary or LoadSummary(0, 0, 0, None)
+        self.topic_id: uuid.UUID | None = partition_metadata.read(directory)
+        self._topic_id_durable = True
+        self._recovery_file = RecoveryPointFile(directory)
+        self._bytes_since_snapshot = 0
         self.producer_state = ProducerStateManager(directory)
         self._rebuild_producer_state()
         # leader-epoch-checkpoint (LeaderEpochFileCache): (epoch, start offset), one per epoch.
@@ -181,6 +206,20 @@ class PartitionLog:
             self._write_epochs(self.epoch_entries, sync=True)
         if self.epoch_entries:
             self.leader_epoch = max(self.leader_epoch, self.epoch_entries[-1][0])
+
+    def assign_topic_id(self, topic_id: str | uuid.UUID) -> None:
+        """Record the topic id in ``partition.metadata`` (if it is not there already).  Written
+        at once, made durable by the next flush, before anything it flushes counts as durable
+        (Kafka flushes the file before the first append; here that cost two fsyncs per new
+        partition on CreateTopics' path)."""
+        value = topic_id if isinstance(topic_id, uuid.UUID) else uuid.UUID(topic_id)
+        if value == self.topic_id:
+            return
+        partition_metadata.write(self.directory, value, sync=False)
+        with self._lock:
+            self.topic_id = value
+            self._topic_id_durable = False
+            self._directory_dirty = True  # the file's name, renamed into place
 
     def _first_offset_of_epoch(self, epoch: int) -> int:
         for e, o in self.epoch_entries:
@@ -211,17 +250,20 @@ class PartitionLog:
     def _rebuild_producer_state(self) -> None:
         """Latest snapshot at or below the LEO, then replay the batch headers after it
         (``UnifiedLog.rebuildProducerState``); snapshots outside the log are dropped."""
-        from shmq.protocol.records import scan_headers
-
         ps = self.producer_state
         start = ps.truncate_and_reload(self.log_start_offset, self.log_end_offset,
                                        int(time.time() * 1000))
         for seg in self.segments:
             if seg.next_offset <= start or seg.size == 0:
                 continue
-            header = seg.translate_offset(start) if start > seg.base_offset else None
-            pos = header.position if header is not None else 0
-            table = scan_headers(seg.read_bytes(pos, seg.size - pos), verify_crc=False)
+            header = None
+            if start > seg.base_offset:
+                # snapshots sit at batch boundaries; an index not checked yet (recovery resumed
+                # in this segment) must name the batch starting there, else it is checked first
+                header = seg.translate_offset(start, checked=False)
+                if header is None or header.base_offset != start:
+                    header = seg.translate_offset(start)
+            table = seg.scan_headers_from(header.position if header is not None else 0)
             if len(table):
                 ps.load_from_batches(table[table[:, 1] >= start])
 
@@ -234,8 +276,10 @@ class PartitionLog:
         config = config or LogConfig()
         loaded = load_log(directory, config, recovery_point=recovery_point,
                           log_start_offset=log_start_offset, clean_shutdown=clean_shutdown)
+        summary = LoadSummary(loaded.validated_bytes, loaded.truncated_bytes,
+                              len(loaded.rebuilt_segments), loaded.resumed_at)
         return cls(directory, config, loaded.segments, loaded.log_start_offset,
-                   loaded.recovery_point, loaded.leader_epoch, loaded.recovered_batches)
+                   loaded.recovery_point, loaded.leader_epoch, loaded.recovered_batches, summary)
 
     # -- offsets ------------------------------------------------------------------------------
 
@@ -361,12 +405,29 @@ class PartitionLog:
                 position, last, batch_max, _ = meta[i]
                 self.producer_state.update(pid, pepoch, seq, _add_seq(seq, delta),
                                            last - delta, last, batch_max, txn)
+            self._bytes_since_snapshot += end
+            if self._bytes_since_snapshot >= PRODUCER_SNAPSHOT_BYTES:
+                self._take_periodic_snapshot()
         info = AppendInfo(first, offset - 1, max_ts, offset_of_max, now if log_append else -1,
                           len(spans), end)
         if (self.unflushed_messages >= config.flush_messages
                 or now - self.last_flush_ms >= config.flush_ms):
             self.flush()
         return info
+
+    def _take_periodic_snapshot(self) -> None:
+        """Snapshot producer state at the LEO and drop the periodic snapshots before it in the
+        active segment (the one taken at its roll stays: truncation reloads from it)."""
+        leo = self.log_end_offset
+        base = self.segments[-1].base_offset
+        self.producer_state.take_snapshot(leo)
+        for offset in self.producer_state.list_snapshot_offsets():
+            if base < offset < leo:
+                try:
+                    snapshot_path(self.directory, offset).unlink()
+                except FileNotFoundError:
+                    pass
+        self._bytes_since_snapshot = 0
 
     def _check_producers(self, producers: list, validate: bool) -> AppendInfo | None:
         """Idempotence (``ProducerAppendInfo``): a batch the producer already wrote is answered
@@ -548,6 +609,7 @@ class PartitionLog:
             return old  # never roll an empty segment
         old.on_become_inactive()
         self.producer_state.take_snapshot(base)  # UnifiedLog.roll
+        self._bytes_since_snapshot = 0
         new = LogSegment(self.directory, base, self.config, active=True, create=True)
         new.next_offset = base
         self.segments.append(new)
@@ -624,7 +686,14 @@ class PartitionLog:
 
     def truncate_to(self, offset: int) -> None:
         """Drop every record at or above ``offset``, cutting at the start of the batch that
-        holds it (a follower's truncation after a leader change): the LEO may end below it."""
+        holds it (a follower's truncation after a leader change): the LEO may end below it.
+
+        Runs under the flush lock: a flush that started before must not record its (higher)
+        recovery point after this lowered it."""
+        with self._flush_lock:
+            self._truncate_to(offset)
+
+    def _truncate_to(self, offset: int) -> None:
         with self._lock:
             if offset >= self.log_end_offset:
                 return
@@ -645,7 +714,11 @@ class PartitionLog:
             self.generation = (self.generation + 1) & 0xFFFFFFFF
             leo = self.log_end_offset
             self.high_watermark = min(self.high_watermark, leo)
-            self.recovery_point = min(self.recovery_point, leo)
+            if self.recovery_point >= leo:
+                # everything left was durable: record it at once (and durably), before new
+                # appends land below the old recorded position
+                self.recovery_point = leo
+                self._recovery_file.write(self._recovery_record(), sync=True)
         self.producer_state.clear()
         self._rebuild_producer_state()
         kept = [(e, o) for e, o in self.epoch_entries if o < self.log_end_offset]
@@ -674,11 +747,19 @@ class PartitionLog:
                 sync_dir, self._directory_dirty = self._directory_dirty, False
                 epochs = None if self._epochs_durable else list(self.epoch_entries)
                 self._epochs_durable = True
+                sync_topic_id, self._topic_id_durable = not self._topic_id_durable, True
+                record = self._recovery_record() if self.segments[-1].loaded else None
             started = time.perf_counter_ns()
             for seg in todo:
                 seg.flush()
             if epochs is not None:  # before the recovery point passes the batches they start
                 self._write_epochs(epochs, sync=True)
+            if sync_topic_id:
+                fd = os.open(self.directory / layout.PARTITION_METADATA, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
             if sync_dir:
                 checkpoint.fsync_directory(self.directory)
             if self.flush_observer is not None:
@@ -687,7 +768,16 @@ class PartitionLog:
                 self.recovery_point = max(self.recovery_point, target)
                 self.unflushed_messages = max(0, self.unflushed_messages - flushed_messages)
                 self.last_flush_ms = int(time.time() * 1000)
+                if record is not None and not self.closed:
+                    self._recovery_file.write(record)
             return True
+
+    def _recovery_record(self) -> Any:
+        """The recovery record of the LEO (under ``_lock``): the active segment's end and index
+        state, with the largest leader epoch of the batches below."""
+        leo = self.log_end_offset
+        epoch = next((e for e, o in reversed(self.epoch_entries) if o < leo), -1)
+        return self.segments[-1].recovery_record(epoch)
 
     def _flush_if_due(self, now_ms: int) -> None:
         if (self.unflushed_messages >= self.config.flush_messages
@@ -711,7 +801,11 @@ class PartitionLog:
             self._epochs_durable = True
         with self._lock:
             self.producer_state.take_snapshot(self.log_end_offset)
-            self.active_segment.append_final_time_entry()
+            active = self.active_segment
+            if active.loaded:  # else untouched since a clean start: its record still holds
+                active.append_final_time_entry()
+                self._recovery_file.write(self._recovery_record())
+            self._recovery_file.close()
             for seg in self.segments:
                 seg.close()
             self.closed = True
@@ -719,6 +813,7 @@ class PartitionLog:
     def crash_close(self) -> None:
         """Drop every file without flushing or trimming: what SIGKILL leaves (fault tests)."""
         with self._lock:
+            self._recovery_file.close()
             for seg in self.segments:
                 seg.crash_close()
             self.closed = True

@@ -2,10 +2,14 @@
 
 Theory of operation (gunicorn's Arbiter, STYLE.md §6)
 -----------------------------------------------------
-* Boot: lock the data dir, load the metadata, bind the bootstrap listener, spawn N workers (each
-  a fork of the fork server, ``forkserver.py``, or else a ``python -m shmq.worker``, with a
-  socketpair as control channel), wait until each reports its port, publish the broker list to
-  every worker, then write ``run/broker.json`` (0600) so local tools find the broker.
+* Boot: lock the data dir, load the metadata, bind the bootstrap listener and one listening
+  socket per worker (so every broker address is known before any worker starts), spawn N
+  workers (each a fork of the fork server, ``forkserver.py``, or else a ``python -m
+  shmq.worker``, with a socketpair as control channel and its listening socket passed in),
+  send each the current metadata as its first message, wait until each reports ready (it has
+  opened its logs with that metadata and serves), then write ``run/broker.json`` (0600) so
+  local tools find the broker.  The controller keeps every worker's listening socket open for
+  the broker's lifetime: while a worker restarts, clients that connect wait in the backlog.
 * Serve: the controller answers ApiVersions, Metadata, CreateTopics, DeleteTopics and
   InitProducerId itself, and the workers' RPCs for the same admin operations.  It leads the
   internal topic ``__consumer_offsets`` (the group coordinator's log) and serves Fetch and
@@ -68,8 +72,10 @@ class WorkerHandle:
         self.proc: subprocess.Popen | ForkedProcess | None = None
         self.started_by = ""  # "fork" (the fork server) or "exec"
         self.channel: ControlChannel | None = None
+        self.listener: socket.socket | None = None  # bound by the controller, served by the worker
         self.port = 0
         self.acked_generation = -1
+        self.sent_generation = -1
         self.ready = asyncio.Event()
         self.acked = asyncio.Condition()
         self.started = 0.0  # monotonic time of its last ready message
@@ -240,14 +246,18 @@ class Controller:
     # -- metadata to workers ----------------------------------------------------------------
 
     async def publish_metadata(self) -> None:
+        """Send the current metadata to every worker that has not got it (one still booting
+        too: it applies it right after it starts serving) and wait for the ready ones' acks."""
         assert self.store is not None
         meta = self.store.metadata
         text = meta.to_json()
         self.ctx.metadata = meta
-        live = [w for w in self.workers.values() if w.channel is not None and w.ready.is_set()]
-        for w in live:
-            assert w.channel is not None
-            w.channel.send({"type": "metadata", "metadata": text})
+        for w in self.workers.values():
+            if w.channel is not None and w.sent_generation < meta.generation:
+                w.channel.send({"type": "metadata", "metadata": text})
+                w.sent_generation = meta.generation
+        live = [w for w in self.workers.values() if w.channel is not None and w.ready.is_set()
+                and w.acked_generation < meta.generation]
 
         async def acked(w: WorkerHandle) -> None:
             async with w.acked:
@@ -305,16 +315,28 @@ class Controller:
             "state_table": self.state_table.name if self.state_table else None,
             "metrics_table": self.metrics_table.name if self.metrics_table else None})
 
+    def bind_listener(self, w: WorkerHandle) -> None:
+        """The worker's listening socket, bound once: its port stays the same across restarts."""
+        from shmq.net.connection import listening_socket
+
+        if w.listener is None:
+            w.listener = listening_socket(self.config.host, w.port)
+            w.port = w.listener.getsockname()[1]
+
     async def spawn(self, w: WorkerHandle) -> None:
+        """Start worker ``w`` and send it the current metadata, its first control message."""
+        assert self.store is not None and w.listener is not None
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         argv = ["--node-id", str(w.node_id), "--port", str(w.port),
                 "--config", self._worker_settings()]
         w.ready.clear()
         w.proc = None
+        w.acked_generation = w.sent_generation = -1
+        fds = {"--control-fd": child, "--listen-fd": w.listener}
         if self.forks is not None:
             try:
                 w.proc = await asyncio.get_running_loop().run_in_executor(
-                    None, self.forks.fork, argv, child)
+                    None, self.forks.fork, argv, fds)
                 w.started_by = "fork"
             except OSError as exc:
                 log.warning("fork server failed (%s); starting worker %d with exec",
@@ -322,11 +344,15 @@ class Controller:
                 self.forks = None
         if w.proc is None:
             w.started_by = "exec"
+            passed = [a for flag, sock in fds.items() for a in (flag, str(sock.fileno()))]
             w.proc = subprocess.Popen(
-                [sys.executable, "-m", "shmq.worker", "--control-fd", str(child.fileno()), *argv],
-                pass_fds=[child.fileno()], close_fds=True)
+                [sys.executable, "-m", "shmq.worker", *passed, *argv],
+                pass_fds=[sock.fileno() for sock in fds.values()], close_fds=True)
         child.close()
         w.channel = await ControlChannel.from_socket(parent)
+        meta = self.store.metadata
+        w.channel.send({"type": "metadata", "metadata": meta.to_json()})
+        w.sent_generation = meta.generation
         asyncio.ensure_future(self._listen(w, w.channel, w.proc))
 
     async def _listen(self, w: WorkerHandle, channel: ControlChannel,
@@ -337,8 +363,10 @@ class Controller:
                 break
             kind = msg["type"]
             if kind == "ready":
-                w.port = msg["port"]
                 w.started = time.monotonic()
+                async with w.acked:  # it serves with the metadata it booted with
+                    w.acked_generation = msg.get("generation", -1)
+                    w.acked.notify_all()
                 w.ready.set()
             elif kind == "boot_error":
                 w.boot_error = msg["error"]
@@ -442,6 +470,7 @@ class Controller:
         except BlockingIOError:
             raise BootError(f"another shmq broker is using {self.data_dir}") from None
         self.store = MetadataStore(self.data_dir)
+        self.store.reassign_missing(sorted(self.workers))
         self._open_state_table(run)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -457,6 +486,14 @@ class Controller:
         self.port = server.sockets[0].getsockname()[1]
         try:
             for w in self.workers.values():
+                self.bind_listener(w)
+            meta = self.store.metadata  # every address is known before any worker starts
+            meta.brokers = {0: (self.config.host, self.port)}
+            meta.brokers.update({w.node_id: (self.config.host, w.port)
+                                 for w in self.workers.values()})
+            self.store.save()
+            self.ctx.metadata = meta
+            for w in self.workers.values():
                 await self.spawn(w)
             all_ready: asyncio.Future[Any] = asyncio.gather(
                 *(w.ready.wait() for w in self.workers.values()))
@@ -468,13 +505,7 @@ class Controller:
             if halt in done or not all(w.ready.is_set() for w in self.workers.values()):
                 raise BootError(self.halt_reason or "workers did not start within 120 s")
             halt.cancel()
-            self.store.reassign_missing(sorted(self.workers))
-            meta = self.store.metadata
-            meta.brokers = {0: (self.config.host, self.port)}
-            meta.brokers.update({w.node_id: (self.config.host, w.port)
-                                 for w in self.workers.values()})
-            self.store.save()
-            await self.publish_metadata()
+            await self.publish_metadata()  # if it changed while they booted
             self._start_http()
             self.write_run_file()
             if ready_line:
@@ -596,6 +627,10 @@ class Controller:
         if self.metrics_table is not None:
             self.metrics_table.unlink()
             self.metrics_table.close()
+        for w in self.workers.values():
+            if w.listener is not None:
+                w.listener.close()
+                w.listener = None
 
 
 def _log_failure(what: str) -> Any:

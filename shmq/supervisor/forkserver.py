@@ -10,7 +10,8 @@ How (the zygote of Android, Python's ``multiprocessing`` forkserver):
 * The controller forks the server once, before its event loop, executor threads, listeners or
   shared memory exist, so what the server holds is only imported code.
 * The server waits on a ``SOCK_SEQPACKET`` socket.  A request is the worker's argv (JSON) with
-  its control socket attached (``SCM_RIGHTS``).  The server forks a middle process, which forks
+  its descriptors attached (``SCM_RIGHTS``): the control socket and the listening socket, each
+  named by the flag that passes it (``--control-fd``, ``--listen-fd``).  The server forks a middle process, which forks
   the worker and exits at once; the server reaps the middle one and answers the worker's pid.
 * The controller is a child subreaper (``PR_SET_CHILD_SUBREAPER``): an orphaned worker is
   re-parented to it, not to init, so the controller waits for its workers and reads their exit
@@ -139,11 +140,13 @@ class ForkServer:
         theirs.close()
         return cls(pid, ours)
 
-    def fork(self, argv: list[str], control: socket.socket) -> ForkedProcess:
-        """Start a worker with ``argv`` (``--control-fd`` is added) on ``control``'s socket."""
+    def fork(self, argv: list[str], fds: dict[str, socket.socket]) -> ForkedProcess:
+        """Start a worker with ``argv`` plus ``<flag> <fd>`` for each of ``fds`` (flag ->
+        socket, e.g. ``{"--control-fd": control, "--listen-fd": listener}``)."""
+        flags = list(fds)
         with self._lock:
-            socket.send_fds(self.sock, [json.dumps({"argv": argv}).encode()],
-                            [control.fileno()])
+            socket.send_fds(self.sock, [json.dumps({"argv": argv, "fds": flags}).encode()],
+                            [fds[f].fileno() for f in flags])
             answer = json.loads(self.sock.recv(_MAX_REQUEST) or b"{}")  # timeout: OSError
         if "pid" not in answer:
             raise OSError(f"fork server: {answer.get('error', 'no answer')}")
@@ -166,16 +169,20 @@ def _serve(sock: socket.socket, controller: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the controller decides, and closes us
     while True:
         try:
-            msg, fds, _flags, _addr = socket.recv_fds(sock, _MAX_REQUEST, 1)
+            msg, fds, _flags, _addr = socket.recv_fds(sock, _MAX_REQUEST, 4)
         except OSError:
             return
         if not msg:
             return
         try:
-            argv = json.loads(msg)["argv"]
-            if len(fds) != 1:
-                raise ValueError(f"expected one control socket, got {len(fds)}")
-            pid = _fork_worker(sock, fds[0], [*argv, "--control-fd", str(fds[0])], controller)
+            request = json.loads(msg)
+            flags = request.get("fds", ["--control-fd"])
+            if len(fds) != len(flags):
+                raise ValueError(f"expected {len(flags)} descriptors, got {len(fds)}")
+            argv = list(request["argv"])
+            for flag, fd in zip(flags, fds, strict=True):
+                argv += [flag, str(fd)]
+            pid = _fork_worker(sock, argv, controller)
             answer: dict[str, Any] = {"pid": pid}
         except Exception as exc:  # noqa: BLE001 - every failure is the controller's to handle
             answer = {"error": f"{type(exc).__name__}: {exc}"}
@@ -185,8 +192,7 @@ def _serve(sock: socket.socket, controller: int) -> None:
         sock.send(json.dumps(answer).encode())
 
 
-def _fork_worker(server_sock: socket.socket, control_fd: int, argv: list[str],
-                 controller: int) -> int:
+def _fork_worker(server_sock: socket.socket, argv: list[str], controller: int) -> int:
     r, w = os.pipe()
     middle = os.fork()
     if middle == 0:

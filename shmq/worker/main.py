@@ -1,5 +1,18 @@
 """Worker process entry: recover this worker's logs, serve Kafka requests, obey the controller.
 
+Boot, in this order (a worker never answers a client before it knows the cluster):
+
+1. Wait for the controller's first control message: the current cluster metadata (topics with
+   their ids, partitions, leaders, epochs, configs, every broker's address).
+2. Open the logs it hosts with their topics' effective configs (``LogManager.startup``):
+   recovery validates only what follows each log's recovery record; logs of topics that are gone,
+   or that were deleted and created again under the same name (another topic id), are deleted
+   crash-safely; logs it leads and has none of yet are created.
+3. Serve on the listening socket the controller bound and passed in (``--listen-fd``).  The
+   controller keeps that socket open across restarts, so a client connecting while the worker
+   restarts waits in the backlog instead of being refused and backing off.  Then report ``ready``
+   with the metadata generation it holds, and log one line saying what recovery did.
+
 Exit codes: 0 after a requested stop, ``BOOT_ERROR`` (3) when the worker cannot start (the
 controller then halts instead of restarting it in a loop), 1 on anything else.  A worker exits
 when its control channel closes: the controller is gone, and an orphan must not keep serving.
@@ -81,6 +94,39 @@ class ControllerRpc:
 
     async def create_internal_topic(self, name: str, wait: bool = True) -> bool:
         return bool(await self._call("create_internal_topic", name=name, wait=wait))
+
+
+def hosted_logs(meta: Any, node_id: int, base: Any) -> dict[tuple[str, int], Any]:
+    """The logs this node must hold under ``meta``: every partition it is a replica of, with its
+    topic's id and effective log config (overrides, dynamic broker configs, ``base``)."""
+    from shmq.broker.dynamic_configs import effective_log_config
+    from shmq.storage import HostedLog
+
+    hosted = {}
+    for name, info in meta.topics.items():
+        config = None
+        for part in info.partitions:
+            if node_id in part.replicas or part.leader == node_id:
+                if config is None:
+                    config = effective_log_config(meta, base, node_id, name)
+                hosted[(name, part.partition)] = HostedLog(info.topic_id, config)
+    return hosted
+
+
+def apply_metadata(ctx: Any, manager: Any, new: Any) -> None:
+    """A metadata update: delete the logs it no longer hosts here (topics deleted, or deleted and
+    created again: another topic id), apply configs, publish states, create the led logs."""
+    removed = manager.remove_strays(hosted_logs(new, ctx.node_id, ctx.config.log))
+    if removed:
+        log.info("worker %d deleted the logs of deleted topics: %s", ctx.node_id,
+                 ", ".join(removed))
+    ctx.metadata = new
+    ctx.wake_fetches()  # a parked fetch of a deleted or moved partition answers now
+    apply_log_configs(ctx, manager)  # dynamic topic/broker configs, at once
+    for (topic, partition), plog in list(manager.logs.items()):
+        if topic in new.topics:
+            ctx.publish_state(topic, partition, plog)
+    create_led_logs(ctx, manager)
 
 
 def apply_log_configs(ctx: Any, manager: Any) -> None:
@@ -219,15 +265,18 @@ async def run(args: argparse.Namespace) -> int:
                           flush_on_ack=settings["flush_on_ack"],
                           log=LogConfig(**settings["log"]), cluster_id=settings["cluster_id"])
     channel = await ControlChannel.from_socket(socket.socket(fileno=args.control_fd))
+    listener = socket.socket(fileno=args.listen_fd) if args.listen_fd >= 0 else None
+    first = await channel.receive()  # the cluster metadata, before any log is opened
+    if first is None:
+        return 0  # the controller is gone
     try:
+        if first.get("type") != "metadata":
+            raise RuntimeError(f"expected the metadata first, got {first.get('type')!r}")
+        metadata = ClusterMetadata.from_json(first["metadata"])
         manager = LogManager(config.data_dir / f"worker-{args.node_id}", config.log)
-        started = time.monotonic()
-        manager.startup()
-        log.info("worker %d recovered %d logs in %.2f s", args.node_id, len(manager.logs),
-                 time.monotonic() - started)
+        report = manager.startup(hosted=hosted_logs(metadata, args.node_id, config.log))
         rpc = ControllerRpc(channel)
-        ctx = BrokerContext(node_id=args.node_id, config=config,
-                            metadata=ClusterMetadata(cluster_id=config.cluster_id),
+        ctx = BrokerContext(node_id=args.node_id, config=config, metadata=metadata,
                             controller=rpc, logs=manager)
         if settings.get("state_table"):
             from shmq.ipc.state_table import StateTable
@@ -236,8 +285,11 @@ async def run(args: argparse.Namespace) -> int:
         metrics_table = None
         if settings.get("metrics_table"):
             metrics_table, ctx.metrics = attach_metrics(settings["metrics_table"], args.node_id)
+        for (topic, partition), plog in manager.logs.items():
+            ctx.publish_state(topic, partition, plog)
+        created = create_led_logs(ctx, manager)
         server = await serve(Router(ctx), config.host, args.port, config.socket_request_max_bytes,
-                             ctx.stats, ctx.metrics)
+                             ctx.stats, ctx.metrics, sock=listener)
         from shmq.ipc.session import socket_path
         from shmq.worker.rings import RingServer
 
@@ -249,7 +301,10 @@ async def run(args: argparse.Namespace) -> int:
         await channel.writer.drain()
         return BOOT_ERROR
     port = server.sockets[0].getsockname()[1]
-    channel.send({"type": "ready", "port": port, "pid": os.getpid()})
+    channel.send({"type": "ready", "port": port, "pid": os.getpid(),
+                  "generation": metadata.generation})
+    log.info("worker %d ready: %s%s", args.node_id, report.describe(),
+             f"; {created} new logs created" if created else "")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -264,16 +319,7 @@ async def run(args: argparse.Namespace) -> int:
             kind = msg["type"]
             if kind == "metadata":
                 new = ClusterMetadata.from_json(msg["metadata"])
-                for name in set(ctx.metadata.topics) - set(new.topics):
-                    for p in range(len(ctx.metadata.topics[name].partitions)):
-                        manager.delete_log(name, p)
-                ctx.metadata = new
-                ctx.wake_fetches()  # a parked fetch of a deleted or moved partition answers now
-                apply_log_configs(ctx, manager)  # dynamic topic/broker configs, at once
-                for (topic, partition), plog in list(manager.logs.items()):
-                    if topic in new.topics:
-                        ctx.publish_state(topic, partition, plog)
-                create_led_logs(ctx, manager)
+                apply_metadata(ctx, manager, new)
                 channel.send({"type": "metadata_ack", "generation": new.generation})
             elif kind == "rpc_reply":
                 rpc.reply(msg)
@@ -343,12 +389,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="shmq-worker")
     p.add_argument("--node-id", type=int, required=True)
     p.add_argument("--control-fd", type=int, required=True)
+    p.add_argument("--listen-fd", type=int, default=-1,
+                   help="a bound, listening socket to serve on (else bind --port)")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--config", required=True)
     args = p.parse_args(argv)
-    logging.basicConfig(level=os.environ.get("SHMQ_LOG_LEVEL", "WARNING"),
-                        format=f"%(asctime)s worker-{args.node_id} %(levelname)s %(message)s",
-                        force=True)  # a fork of the controller has its handler already
+    from shmq._startup import configure_logging
+
+    configure_logging(f"worker-{args.node_id}")
     _die_with_parent()
     try:
         data_dir = json.loads(args.config)["data_dir"]

@@ -20,8 +20,10 @@ checkpoint files) with a seeded random sequence of operations on a random small 
 * clean close + reopen (optionally with an index file deleted, garbled or cut first),
 * crash: ``crash_close`` (what SIGKILL leaves: untrimmed indexes, nothing else lost), then
   optional damage - a recoverable segment truncated at a random byte, bits flipped near the end
-  of one (never in partitionLeaderEpoch, the one field nothing covers), zero bytes appended to
-  one (a preallocated-looking tail), an index deleted, garbled or cut - and a reopen with
+  of one (never in partitionLeaderEpoch, the one field nothing covers, and never before the
+  recovery point's byte: recovery validates from the partition's recovery record, the last
+  flush's byte position, when there is one), zero bytes appended to one (a
+  preallocated-looking tail), an index deleted, garbled or cut - and a reopen with
   ``clean_shutdown=False`` from a recovery point a checkpoint could hold.
 
 ``test_sigkill_writer`` runs ``_writer.py`` in a real process that appends in a loop (up to
@@ -64,7 +66,10 @@ Invariants (checked after every operation; the expensive ones after every reopen
    (first offset >= log start with timestamp >= ts); -1 / -2 / -3 too.
 5. durability: every byte below the recovery point was fsynced (``SyncTracker`` wraps
    ``os.fsync`` / ``os.fdatasync``), so a checkpoint of it never vouches for page-cache-only
-   data.
+   data; after every flush the recovery record names the LEO at a byte position that was
+   fsynced.  A reopen after a crash resumes validation at the record's byte whenever the
+   damage left the record's segment and indexes consistent with it, and the recovery point it
+   reports is then the record's (or the checkpoint's, if higher).
 
 Reproducing: failures print the seed, the config and the last operations;
 ``SHMQ_FUZZ_SEED=<n>`` pins the seed (every parametrized case then runs that seed),
@@ -95,7 +100,7 @@ import pytest
 from shmq.errors import CorruptRecordError, OffsetOutOfRangeError
 from shmq.protocol.records import iter_batches
 from shmq.storage import checkpoint as ckpt_mod
-from shmq.storage import layout
+from shmq.storage import layout, recovery_point
 from shmq.storage import loader as loader_mod
 from shmq.storage.log import PartitionLog
 from shmq.storage.log_config import LogConfig
@@ -315,6 +320,10 @@ class Expectation:
     max_k: int
     must_rebuild: set[int] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
+    record: Any = None          # the recovery record recovery should resume from (unclean)
+    record_broken: bool = False     # damage made it unusable: recovery must not resume from it
+    record_doubtful: bool = False   # damage to its segment's indexes: it may not resume
+    fallback_rebuild: set[int] = field(default_factory=set)  # rebuilt if it does not resume
 
 
 class Fuzz:
@@ -527,7 +536,10 @@ class Fuzz:
         self.check(log.recovery_point <= log.log_end_offset,
                    f"recovery point {log.recovery_point} above the LEO {log.log_end_offset}")
         names = {p.name for p in self.dir.iterdir()}
+        loaded = {s.base_offset for s in log.segments if s.loaded}
         for s in segs:
+            if s.base not in loaded:
+                continue  # a lazily opened segment: its indexes are checked at first use
             for suffix in (layout.INDEX_SUFFIX, layout.TIME_INDEX_SUFFIX):
                 self.check(layout.filename_prefix(s.base) + suffix in names,
                            f"segment {s.base} has no {suffix} file")
@@ -782,21 +794,62 @@ class Fuzz:
         first_base = segs[0].base
         leo = self.leo
         self.start = min(max(exp.start_checkpoint, first_base), leo)
-        want_rp = leo if exp.clean and not loaded.truncated_bytes else min(exp.rp_checkpoint, leo)
+        rp_ckpt = exp.rp_checkpoint
+        if not exp.clean and exp.record is not None:
+            rec = exp.record
+            if exp.record_broken:
+                self.check(loaded.resumed_at is None,
+                           f"recovery resumed at {loaded.resumed_at} from a record the damage "
+                           f"broke ({exp.notes})")
+            elif loaded.resumed_at is not None:
+                self.check(loaded.resumed_at == (rec.segment_base, rec.position),
+                           f"recovery resumed at {loaded.resumed_at}, the record names "
+                           f"{(rec.segment_base, rec.position)}")
+                rp_ckpt = max(rp_ckpt, rec.offset)
+            else:
+                self.check(exp.record_doubtful,
+                           f"recovery did not resume from the intact record {rec} ({exp.notes})")
+            if loaded.resumed_at is None:
+                exp.must_rebuild |= exp.fallback_rebuild
+        want_rp = leo if exp.clean and not loaded.truncated_bytes else min(rp_ckpt, leo)
         self.check(log.recovery_point == want_rp,
                    f"recovery point {log.recovery_point} != {want_rp} (clean={exp.clean}, "
-                   f"checkpoint {exp.rp_checkpoint}, LEO {leo})")
+                   f"checkpoint {exp.rp_checkpoint}, record {exp.record}, LEO {leo})")
         self.hw = leo
         self.check_live_vs_disk(segs)
-        rebuilt = set(loaded.rebuilt_segments)
+        # reads first: they load lazily opened segments (and check their indexes) on the way
+        self.check_reads(segs, 8)
+        self.check_lookups(segs, 8)
+        for seg in log.segments:
+            seg.ensure_loaded()
+        rebuilt = set(loaded.rebuilt_segments) | {s.base_offset for s in log.segments if s.rebuilt}
         live_bases = {s.base_offset for s in log.segments}
         missing = (exp.must_rebuild & live_bases) - rebuilt
         self.check(not missing, f"segments {sorted(missing)} were not rebuilt "
                                 f"(rebuilt: {sorted(rebuilt)}; {exp.notes})")
         self.check_indexes(segs, rebuilt)
         self.check_recovery_point_durable(segs)
-        self.check_reads(segs, 8)
-        self.check_lookups(segs, 8)
+
+    def read_record(self) -> Any:
+        return recovery_point.read(self.dir)
+
+    def plan_recovery(self, exp: Expectation, rp: int) -> tuple[int, int, int]:
+        """Where an unclean reopen validates from: (segment index, byte), the recovery record's
+        when its segment is still there, else the start of the checkpoint's segment; and the
+        checkpoint's segment index (where it falls back to if damage breaks the record).  Every
+        segment after the start must be rebuilt, and the start one too unless recovery resumes
+        in it."""
+        bases = disk_bases(self.dir)
+        ckpt_first = max([i for i, b in enumerate(bases) if b <= rp], default=0)
+        rec = self.read_record()
+        if rec is not None and rec.segment_base in bases:
+            exp.record = rec
+            first = bases.index(rec.segment_base)
+            exp.must_rebuild |= set(bases[first + 1:])
+            exp.fallback_rebuild = set(bases[ckpt_first:])
+            return first, rec.position, ckpt_first
+        exp.must_rebuild |= set(bases[ckpt_first:])
+        return ckpt_first, 0, ckpt_first
 
     # -- operations -------------------------------------------------------------------------------
 
@@ -875,8 +928,22 @@ class Fuzz:
         log = self.log
         assert log is not None
         self.note(f"flush (LEO {log.log_end_offset})")
-        log.flush()
+        flushed = log.flush()
         self.check(log.recovery_point == log.log_end_offset, "flush did not move the recovery point")
+        rec = self.read_record()
+        if flushed and log.active_segment.loaded:
+            # the record names the LEO at the end of the active segment, and only fsynced bytes
+            active = log.active_segment
+            self.check(rec is not None and (rec.offset, rec.segment_base, rec.position)
+                       == (log.log_end_offset, active.base_offset, active.size),
+                       f"after a flush the recovery record is {rec}, not the LEO "
+                       f"{log.log_end_offset} at byte {active.size} of segment {active.base_offset}")
+        if rec is not None and self.check_sync:
+            path = os.path.abspath(layout.segment_paths(self.dir, rec.segment_base)[0])
+            have = self.sync.synced.get(path, 0)
+            self.check(have >= rec.position or not os.path.exists(path),
+                       f"the recovery record vouches for {rec.position} bytes of "
+                       f"{os.path.basename(path)}, only {have} were fsynced")
 
     def op_hw(self) -> None:
         log = self.log
@@ -1033,14 +1100,9 @@ class Fuzz:
         assert rp is not None and start_ckpt is not None
         exp = Expectation(False, rp, start_ckpt, k, k)
         segs = self.scan()
-        bases = [s.base for s in segs]
-        first_recovered = 0
-        for i, base in enumerate(bases):
-            if base <= rp:
-                first_recovered = i
-        exp.must_rebuild |= set(bases[first_recovered:])
+        first_recovered, from_byte, ckpt_first = self.plan_recovery(exp, rp)
         if self.rng.random() < 0.6:
-            self.damage_logs(exp, segs, first_recovered)
+            self.damage_logs(exp, segs, first_recovered, from_byte, ckpt_first)
         if self.rng.random() < 0.3:
             self.damage_indexes(exp)
         self.note(f"  reopen unclean with recovery point {rp}, start {start_ckpt}; {exp.notes}")
@@ -1058,7 +1120,12 @@ class Fuzz:
             return self.model.index_at(kept[-1].base) + 1
         return self.model.index_at(seg.base)
 
-    def damage_logs(self, exp: Expectation, segs: list[DiskSegment], first: int) -> None:
+    def damage_logs(self, exp: Expectation, segs: list[DiskSegment], first: int,
+                    from_byte: int = 0, fallback: int = 0) -> None:
+        """Damage a segment recovery will validate: ``first`` and later ones, in ``first`` only
+        from byte ``from_byte`` on (what a recovery record vouches for is not validated again).
+        A truncation below that byte breaks the record and recovery falls back to the
+        checkpoint's segment ``fallback``: allowed only if that one is not later."""
         kinds = [k for k in ("truncate", "flip", "zeros") if k in self.damage_kinds]
         if not kinds:
             return
@@ -1072,6 +1139,13 @@ class Fuzz:
                 cut = seg.size - self.rng.randint(1, min(seg.size, 200))
             else:
                 cut = self.rng.randrange(seg.size)
+            if s == first and cut < from_byte:
+                if fallback > first:
+                    cut = from_byte + (cut % max(1, seg.size - from_byte))
+                    if cut >= seg.size:
+                        return
+                elif exp.record is not None:
+                    exp.record_broken = True
             os.truncate(path, cut)
             self.sync.truncated(path, cut)
             intact = self.intact_before(segs, s, cut)
@@ -1080,7 +1154,7 @@ class Fuzz:
             self.count("damage_truncate")
         elif kind == "flip" and seg.size > 0:
             window = self.rng.choice([8, 61, 200, 1000])
-            lo = max(0, seg.size - window)
+            lo = max(from_byte if s == first else 0, seg.size - window)
             # partitionLeaderEpoch (header bytes 12-15) is the one field neither the CRC nor
             # recovery's offset checks cover (as in Kafka): a flip there is undetectable
             epoch_bytes = {b.position + x for b in seg.batches for x in range(12, 16)}
@@ -1118,6 +1192,8 @@ class Fuzz:
         kind = self.rng.choice(allowed)
         base = self.rng.choice(disk_bases(self.dir))
         _, idx, tidx = layout.segment_paths(self.dir, base)
+        if exp.record is not None and exp.record.segment_base == base:
+            exp.record_doubtful = True
         if kind == "delete_index":
             which = self.rng.choice([[idx], [tidx], [idx, tidx]])
             for p in which:
@@ -1397,9 +1473,7 @@ def _run_writer_round(fz: Fuzz, round_no: int, rng: random.Random) -> tuple[int,
     fz.k = attempted   # the model's upper bound; verify_disk sets the real k
     rp_ckpt = rp if rng.random() < 0.8 else rng.randint(0, rp)
     exp = Expectation(False, rp_ckpt, fz.start, acked, attempted)
-    bases = disk_bases(fz.dir)
-    first_recovered = max([i for i, b in enumerate(bases) if b <= rp_ckpt], default=0)
-    exp.must_rebuild |= set(bases[first_recovered:])
+    fz.plan_recovery(exp, rp_ckpt)
     if rng.random() < 0.3:
         fz.damage_indexes(exp, ("delete_index", "cut_index"))
     fz.note(f"round {round_no}: killed after {len(lines)} lines, acked<{acked}, attempted<"

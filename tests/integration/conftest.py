@@ -69,14 +69,14 @@ def _remove_stale_shm(data_dir: Path) -> None:
     remove_stale(stale_names(records))
 
 
-def start_broker(data_dir: Path, *args: str, workers: int = 2,
-                 timeout: float = 60) -> RunningBroker:
+def start_broker(data_dir: Path, *args: str, workers: int = 2, timeout: float = 60,
+                 env: dict[str, str] | None = None) -> RunningBroker:
     log_path = data_dir.parent / f"{data_dir.name}-broker.log"
     log = open(log_path, "ab")
     proc = subprocess.Popen(
         [sys.executable, "-m", "shmq", "broker", "--listeners", "127.0.0.1:0",
          "--workers", str(workers), "--data-dir", str(data_dir), *args],
-        stdout=subprocess.PIPE, stderr=log, text=True)
+        stdout=subprocess.PIPE, stderr=log, text=True, env=env)
     log.close()
     deadline = time.monotonic() + timeout
     assert proc.stdout is not None

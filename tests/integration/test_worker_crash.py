@@ -319,7 +319,10 @@ def _run_worker_kill(b: RunningBroker, client: str) -> None:
                 pid = b.worker_pids()[victim]
                 if pid in killed or not _alive(pid):
                     continue
-                in_flight_at_kill.append(stream.in_flight())
+                in_flight = stream.in_flight()
+                if not in_flight:  # all acknowledged already (this thread was descheduled on
+                    continue       # a loaded box): kill at the next chance instead
+                in_flight_at_kill.append(in_flight)
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
                 end = max(end, n + 2_500)  # keep streaming for a second after every kill

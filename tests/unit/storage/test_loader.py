@@ -21,7 +21,7 @@ from _storage_util import (
     time_index_entries,
 )
 
-from shmq.storage import LogConfig, PartitionLog
+from shmq.storage import LogConfig, PartitionLog, recovery_point
 from shmq.storage.layout import segment_paths
 from shmq.storage.loader import LoadedLog, load_log
 
@@ -52,10 +52,28 @@ def load(directory, config: LogConfig = CFG, **kw) -> LoadedLog:
 
 
 def rebuilt_on_load(directory, config: LogConfig = CFG, **kw) -> list[int]:
-    """Load and close ``directory``; the base offsets of the segments whose indexes were rebuilt."""
+    """Load and close ``directory``; the base offsets of the segments whose indexes were rebuilt
+    (at load, or at the first use of a lazily opened segment, forced here)."""
     loaded = load(directory, config, **kw)
-    close_loaded(loaded)
-    return loaded.rebuilt_segments
+    try:
+        return rebuilt(loaded)
+    finally:
+        close_loaded(loaded)
+
+
+def rebuilt(loaded: LoadedLog) -> list[int]:
+    """Segments rebuilt by the loader or when first used (every segment is used here)."""
+    for seg in loaded.segments:
+        seg.ensure_loaded()
+    return sorted(set(loaded.rebuilt_segments) | {s.base_offset for s in loaded.segments
+                                                   if s.rebuilt})
+
+
+def forget_record(directory) -> None:
+    """Remove the partition's recovery record: recovery then follows Kafka's rule (the whole
+    segment holding the checkpointed recovery point and every later one), as for a directory
+    written before shmq had records, or whose record was torn."""
+    (directory / recovery_point.FILE_NAME).unlink(missing_ok=True)
 
 
 def close_loaded(loaded: LoadedLog) -> None:
@@ -144,11 +162,18 @@ def test_crash_then_recover_from_the_recovery_point(tmp_path, flush_to, rebuilt)
     assert os.path.getsize(index_path) == 4096
     loaded = load(d, clean_shutdown=False, recovery_point=rp)
     try:
-        assert loaded.rebuilt_segments == rebuilt
         assert loaded.truncated_bytes == 0
         assert loaded.segments[-1].next_offset == 48
         assert loaded.recovery_point == rp  # recovered bytes are valid but not known durable
-        assert int(loaded.recovered_batches[:, 1].min()) == rebuilt[0]
+        if flush_to is None:
+            # the flush recorded its byte position: nothing after it to validate
+            assert loaded.rebuilt_segments == []
+            assert loaded.resumed_at == (36, os.path.getsize(segment_paths(d, 36)[0]))
+            assert loaded.validated_bytes == 0 and len(loaded.recovered_batches) == 0
+        else:
+            assert loaded.rebuilt_segments == rebuilt
+            assert loaded.resumed_at is None
+            assert int(loaded.recovered_batches[:, 1].min()) == rebuilt[0]
     finally:
         close_loaded(loaded)
     assert all_records(d) == records
@@ -227,6 +252,7 @@ def test_corrupt_batch_in_a_middle_segment_truncates_it_and_drops_later_segments
     d = tmp_path / "t-0"
     log = build(d)
     log.close()
+    forget_record(d)  # Kafka's rule: validate from the checkpoint (0)
     log_path = segment_paths(d, 12)[0]
     rows = batch_rows(log_path)
     flip(log_path, rows[2][0] + rows[2][3] - 1)  # last byte of the third batch: CRC mismatch
@@ -253,6 +279,7 @@ def test_corrupt_batch_in_a_middle_segment_truncates_it_and_drops_later_segments
 def test_corrupt_first_batch_empties_the_log(tmp_path) -> None:
     d = tmp_path / "t-0"
     build(d, n_segments=2).close()
+    forget_record(d)  # Kafka's rule: validate from the checkpoint (0)
     flip(segment_paths(d, 0)[0], 61)  # first record byte of the first batch
     loaded = load(d, clean_shutdown=False, recovery_point=0)
     try:
@@ -263,17 +290,22 @@ def test_corrupt_first_batch_empties_the_log(tmp_path) -> None:
     assert all_records(d) == []
 
 
-def test_corruption_below_the_recovery_point_is_not_scanned_after_a_crash(tmp_path) -> None:
-    # Kafka only recovers segments from the recovery point on; earlier ones are trusted
+@pytest.mark.parametrize("record", [True, False])
+def test_corruption_below_the_recovery_point_is_not_scanned_after_a_crash(tmp_path,
+                                                                          record: bool) -> None:
+    # Kafka only recovers segments from the recovery point on; earlier ones are trusted.  With
+    # the recovery record, only the bytes after the last flush's byte position are validated.
     d = tmp_path / "t-0"
     log = build(d)
     log.flush()
     log.crash_close()
+    if not record:
+        forget_record(d)
     rows = batch_rows(segment_paths(d, 0)[0])
     flip(segment_paths(d, 0)[0], rows[1][0] + rows[1][3] - 1)
     loaded = load(d, clean_shutdown=False, recovery_point=30)
     close_loaded(loaded)
-    assert loaded.rebuilt_segments == [24, 36]
+    assert loaded.rebuilt_segments == ([] if record else [24, 36])
     assert loaded.segments[-1].next_offset == 48
 
 
@@ -286,7 +318,10 @@ def test_deleted_index_is_rebuilt_identically(tmp_path) -> None:
         (d / name).unlink()
     loaded = load(d, clean_shutdown=True)
     try:
-        assert loaded.rebuilt_segments == [12, 24, 36]
+        # the tail (36) is checked at load, its record naming a missing index; the others are
+        # opened lazily and rebuilt at first use
+        assert loaded.rebuilt_segments == [36]
+        assert rebuilt(loaded) == [12, 24, 36]
         assert loaded.truncated_bytes == 0
         assert loaded.segments[-1].next_offset == 48
     finally:
@@ -354,7 +389,7 @@ def test_garbled_index_entry_of_a_large_segment_is_rebuilt(tmp_path, garble: str
     loaded = load(d, clean_shutdown=True)
     try:
         assert loaded.segments[0].size > 16 << 20  # the large-segment path
-        assert loaded.rebuilt_segments == [0]
+        assert rebuilt(loaded) == [0]
         assert loaded.truncated_bytes == 0
     finally:
         close_loaded(loaded)
@@ -391,7 +426,7 @@ def test_intact_indexes_of_a_large_segment_are_kept(tmp_path, timestamp_type: st
     loaded = load(d, config, clean_shutdown=True)
     try:
         assert loaded.segments[0].size > 16 << 20
-        assert loaded.rebuilt_segments == []
+        assert rebuilt(loaded) == []
         assert loaded.segments[0].max_timestamp_so_far == T0 + 16 * 10 + (
             5 if timestamp_type == "LogAppendTime" else 3)
     finally:

@@ -925,6 +925,7 @@ def test_recovery_rebuilds_epochs_the_checkpoint_lacks(tmp_path, stale: str) -> 
     path = tmp_path / "topic-0" / "leader-epoch-checkpoint"
     if stale == "missing":
         path.unlink()
+        (tmp_path / "topic-0" / "shmq-recovery-point").unlink()  # never flushed: no record
     elif stale == "older":
         path.write_text("0\n2\n0 0\n1 2\n")
     # "missing": a new log never flushed (its first epoch's write lost): recovery point 0

@@ -227,3 +227,169 @@ def test_topic_configs_apply_at_startup(tmp_path) -> None:
         assert info.log_append_time == T0 + 99
     finally:
         mgr2.shutdown()
+
+
+# -- the logs a directory hosts: topic ids, strays, configs ------------------------------------
+
+TOPIC_ID = "6f1c2e9a-3b7d-4c5e-8f90-123456789abc"
+NEW_TOPIC_ID = "0b8d5f3c-1a2e-4d6f-9b7c-abcdef012345"
+
+
+def hosted(**topics) -> dict:
+    """{(topic, partition): HostedLog} from topic=(topic id, partitions[, LogConfig])."""
+    from shmq.storage import HostedLog
+
+    out = {}
+    for name, spec in topics.items():
+        topic_id, partitions, *config = spec
+        for p in range(partitions):
+            out[(name, p)] = HostedLog(topic_id, config[0] if config else LogConfig())
+    return out
+
+
+def test_partition_metadata_is_kafkas_file(tmp_path) -> None:
+    """``version: 0`` / ``topic_id: <Uuid.toString()>``: 16 bytes, URL-safe base64, no padding."""
+    import base64
+    import uuid
+
+    from shmq.storage.partition_metadata import kafka_uuid
+
+    assert kafka_uuid("00000000-0000-0000-0000-000000000001") == "AAAAAAAAAAAAAAAAAAAAAQ"
+    mgr = LogManager(tmp_path / "logs")
+    mgr.startup()
+    mgr.get_or_create_log("orders", 0, topic_id=TOPIC_ID)
+    text = (tmp_path / "logs" / "orders-0" / "partition.metadata").read_text()
+    want = base64.urlsafe_b64encode(uuid.UUID(TOPIC_ID).bytes).decode().rstrip("=")
+    assert text == f"version: 0\ntopic_id: {want}"
+    mgr.shutdown()
+
+
+def test_startup_deletes_the_logs_of_topics_it_does_not_host(tmp_path) -> None:
+    """Logs of deleted topics (not in the metadata any more) are removed at start, and so are
+    those of a topic deleted and created again under the same name: another topic id."""
+    log_dir = tmp_path / "logs"
+    mgr = LogManager(log_dir)
+    mgr.startup()
+    for topic, p in (("kept", 0), ("kept", 1), ("gone", 0), ("again", 0)):
+        plog = mgr.get_or_create_log(topic, p, topic_id=TOPIC_ID)
+        plog.append(kbatch([b"old data of %s-%d" % (topic.encode(), p)], [T0]))
+    mgr.shutdown()
+    mgr2 = LogManager(log_dir)
+    report = mgr2.startup(hosted=hosted(kept=(TOPIC_ID, 2), again=(NEW_TOPIC_ID, 1)))
+    try:
+        assert sorted(report.deleted) == ["again-0", "gone-0"]
+        assert sorted(mgr2.logs) == [("kept", 0), ("kept", 1)]
+        assert sorted(p.name for p in log_dir.iterdir() if p.is_dir()) == ["kept-0", "kept-1"]
+        assert mgr2.get_log("kept", 0).log_end_offset == 1
+        again = mgr2.get_or_create_log("again", 0, topic_id=NEW_TOPIC_ID)
+        assert (again.log_start_offset, again.log_end_offset) == (0, 0)
+        assert all_records(log_dir / "again-0") == []
+    finally:
+        mgr2.shutdown()
+    assert "gone" not in (log_dir / RP).read_text()
+
+
+def test_a_directory_without_a_topic_id_is_adopted(tmp_path) -> None:
+    """Written before shmq kept topic ids: the hosted topic takes it over (Kafka assigns the id
+    to a log that has none) and the file is written."""
+    log_dir = tmp_path / "logs"
+    mgr = LogManager(log_dir)
+    mgr.startup()
+    mgr.get_or_create_log("old", 0).append(kbatch([b"before ids"], [T0]))
+    mgr.shutdown()
+    assert not (log_dir / "old-0" / "partition.metadata").exists()
+    mgr2 = LogManager(log_dir)
+    report = mgr2.startup(hosted=hosted(old=(TOPIC_ID, 1)))
+    try:
+        assert report.deleted == () and mgr2.get_log("old", 0).log_end_offset == 1
+        assert "topic_id: b" in (log_dir / "old-0" / "partition.metadata").read_text()
+    finally:
+        mgr2.shutdown()
+
+
+def test_remove_strays_on_a_metadata_update(tmp_path) -> None:
+    mgr = LogManager(tmp_path / "logs")
+    mgr.startup(hosted={})
+    mgr.get_or_create_log("t", 0, topic_id=TOPIC_ID).append(kbatch([b"x"], [T0]))
+    mgr.get_or_create_log("u", 0, topic_id=TOPIC_ID)
+    assert mgr.remove_strays(hosted(u=(TOPIC_ID, 1))) == ["t-0"]
+    assert mgr.remove_strays(hosted(u=(NEW_TOPIC_ID, 1))) == ["u-0"]
+    assert mgr.logs == {} and not [p for p in (tmp_path / "logs").iterdir() if p.is_dir()]
+    mgr.shutdown()
+
+
+def test_creating_a_log_over_an_old_topics_directory_starts_empty(tmp_path) -> None:
+    log_dir = tmp_path / "logs"
+    mgr = LogManager(log_dir)
+    mgr.startup()
+    mgr.get_or_create_log("t", 0, topic_id=TOPIC_ID).append(kbatch([b"old"], [T0]))
+    mgr.logs.clear()  # forgotten without deleting it, as a worker that was down missed it
+    plog = mgr.get_or_create_log("t", 0, topic_id=NEW_TOPIC_ID)
+    assert plog.log_end_offset == 0 and all_records(log_dir / "t-0") == []
+    mgr.shutdown()
+
+
+_DELETE_VICTIM = r"""
+import os, signal, sys
+from shmq.storage import HostedLog, LogConfig, LogManager
+
+log_dir, kill_at = sys.argv[1], int(sys.argv[2])
+mgr = LogManager(log_dir)
+mgr.startup(hosted={("t", 0): HostedLog(sys.argv[3], LogConfig())})
+calls = [0]
+
+def counting(fn):
+    def wrapper(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)  # a crash in the middle of the delete
+        return fn(*args, **kwargs)
+    return wrapper
+
+for name in ("rename", "unlink", "rmdir"):
+    setattr(os, name, counting(getattr(os, name)))
+mgr.remove_strays({})  # the topic was deleted
+print(calls[0])
+"""
+
+
+def test_a_crash_in_the_middle_of_a_delete_leaves_nothing_a_new_topic_picks_up(tmp_path) -> None:
+    """A worker SIGKILLed at every step of deleting a log (before the rename to ``-delete``,
+    after it, after each file removed): the next start removes what is left, and a topic
+    created again under the name gets an empty log, never the old records."""
+    import subprocess
+    import sys
+
+    pristine = tmp_path / "pristine"
+    mgr = LogManager(pristine, LogConfig(segment_bytes=4096))
+    mgr.startup()
+    plog = mgr.get_or_create_log("t", 0, LogConfig(segment_bytes=4096), topic_id=TOPIC_ID)
+    for i in range(30):
+        plog.append(kbatch([b"old record %d " % i + b"x" * 300], [T0 + i]))
+    mgr.shutdown()
+    assert len(list((pristine / "t-0").glob("*.log"))) >= 3
+
+    def run(kill_at: int, log_dir) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", _DELETE_VICTIM, str(log_dir), str(kill_at),
+                               TOPIC_ID], capture_output=True, text=True, timeout=60)
+
+    import shutil
+
+    shutil.copytree(pristine, tmp_path / "count")
+    total = int(run(0, tmp_path / "count").stdout)  # no kill: how many steps there are
+    assert total > 10
+    # before the rename, right after it, after the first and second removals, halfway, last
+    for kill_at in sorted({1, 2, 3, 4, total // 2, total}):
+        log_dir = tmp_path / f"kill-{kill_at}"
+        shutil.copytree(pristine, log_dir)
+        done = run(kill_at, log_dir)
+        assert done.returncode == -9, (kill_at, done.stderr)
+        mgr = LogManager(log_dir)
+        mgr.startup(hosted=hosted(t=(NEW_TOPIC_ID, 1)))  # the topic was created again
+        try:
+            plog = mgr.get_or_create_log("t", 0, topic_id=NEW_TOPIC_ID)
+            assert plog.log_end_offset == 0, kill_at
+            assert all_records(log_dir / "t-0") == [], kill_at
+            assert sorted(p.name for p in log_dir.iterdir() if p.is_dir()) == ["t-0"], kill_at
+        finally:
+            mgr.shutdown()

@@ -1,0 +1,59 @@
+"""``partition.metadata``: the id of the topic a partition directory belongs to (Kafka's
+``PartitionMetadataFile``).
+
+    version: 0
+    topic_id: 3q7ABiUfQfOHj2vG1nXU2A
+
+The id is Kafka's ``Uuid.toString()``: the 16 bytes in URL-safe base64 without padding.  A topic
+deleted and created again under the same name gets a new id, so a directory whose file names
+another id holds the old topic's data: it is removed, never served (``LogManager.startup``).
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from pathlib import Path
+
+from shmq.storage import checkpoint, layout
+
+VERSION = 0
+
+
+def kafka_uuid(topic_id: str | uuid.UUID) -> str:
+    """Kafka's text form of a topic id (``Uuid.toString``)."""
+    value = topic_id if isinstance(topic_id, uuid.UUID) else uuid.UUID(topic_id)
+    return base64.urlsafe_b64encode(value.bytes).decode().rstrip("=")
+
+
+def parse_kafka_uuid(text: str) -> uuid.UUID:
+    """The inverse of ``kafka_uuid``; ValueError for anything that is not one."""
+    raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    if len(raw) != 16:
+        raise ValueError(f"not a topic id: {text!r}")
+    return uuid.UUID(bytes=raw)
+
+
+def encode(topic_id: str | uuid.UUID) -> str:
+    return f"version: {VERSION}\ntopic_id: {kafka_uuid(topic_id)}"
+
+
+def read(directory: Path) -> uuid.UUID | None:
+    """The topic id recorded in ``directory``; None if the file is missing or unreadable."""
+    try:
+        text = (directory / layout.PARTITION_METADATA).read_text()
+    except (FileNotFoundError, UnicodeDecodeError):
+        return None
+    fields = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
+    try:
+        if int(fields["version"]) != VERSION:
+            return None
+        return parse_kafka_uuid(fields["topic_id"].strip())
+    except (KeyError, ValueError):
+        return None
+
+
+def write(directory: Path, topic_id: str | uuid.UUID, *, sync: bool) -> None:
+    """Replace the file atomically; without ``sync`` the caller fsyncs it before the log's
+    first flush (Kafka flushes it before the first append lands on disk)."""
+    checkpoint.write_atomically(directory / layout.PARTITION_METADATA, encode(topic_id), sync=sync)
