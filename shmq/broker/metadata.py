@@ -209,7 +209,8 @@ class MetadataStore:
     def reassign_missing(self, workers: list[int]) -> list[tuple[str, int, int, int]]:
         """Partitions led by workers that no longer exist move (``--workers`` shrank).
 
-        Returns (topic, partition, old leader, new leader); the caller moves the directories.
+        Returns (topic, partition, old leader, new leader); ``relocate_orphan_logs`` then moves their
+        logs to the new leaders' directories before any worker starts.
         """
         moves = []
         live = set(workers)

@@ -50,6 +50,7 @@ from shmq.broker.metadata import INTERNAL_TOPICS, OFFSETS_TOPIC, MetadataStore
 from shmq.broker.router import Router
 from shmq.net.connection import serve
 from shmq.storage import checkpoint
+from shmq.storage.relocate import relocate_orphan_logs
 from shmq.supervisor.control import ControlChannel
 from shmq.supervisor.forkserver import ForkedProcess, ForkServer
 from shmq.worker.main import BOOT_ERROR
@@ -471,6 +472,13 @@ class Controller:
             raise BootError(f"another shmq broker is using {self.data_dir}") from None
         self.store = MetadataStore(self.data_dir)
         self.store.reassign_missing(sorted(self.workers))
+        moved = relocate_orphan_logs(self.data_dir, {
+            (t.name, p.partition): p.leader
+            for t in self.store.metadata.topics.values() if not t.internal
+            for p in t.partitions}, set(self.workers))
+        for topic, partition, old, new in moved:
+            log.info("the log of %s-%d moved from worker %d to worker %d, its new leader",
+                     topic, partition, old, new)
         self._open_state_table(run)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

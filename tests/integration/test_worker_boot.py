@@ -455,3 +455,59 @@ def test_worker_kills_under_a_consumer_group_and_an_idempotent_producer(tmp_path
 def test_fifty_worker_kills_under_a_consumer_group_and_an_idempotent_producer(
         tmp_path: Path) -> None:
     _kills_under_a_group(tmp_path, 50)
+
+
+# -- fewer workers than before: the missing workers' logs move to the new leaders -----------------
+
+
+@pytest.mark.parametrize("how", ["clean", "sigkill"])
+def test_fewer_workers_keep_every_record(tmp_path: Path, how: str) -> None:
+    """Started again with ``--workers 2`` after 3, the partitions of worker 3 get new leaders and
+    their logs follow them (they stayed under ``worker-3/`` and the new leaders served empty
+    logs: every record of worker 3's partitions was gone).  DeleteRecords' log start offset moves
+    with the log; after a SIGKILL of the whole broker the moved logs are recovered."""
+    data = tmp_path / "data"
+    b = start_broker(data, workers=3)
+    try:
+        leaders = _create_topic(b.bootstrap, "shrink", 6)
+        assert 3 in leaders.values()
+        p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all"})
+        for i in range(600):
+            p.produce("shrink", value=b"v%d" % i, partition=i % 6)
+        assert p.flush(30) == 0
+        gone = min(q for q, node in leaders.items() if node == 3)
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        fut = admin.delete_records([TopicPartition("shrink", gone, 40)])
+        fut[TopicPartition("shrink", gone, 40)].result(15)
+        if how == "sigkill":
+            os.kill(b.proc.pid, signal.SIGKILL)
+            for pid in b.worker_pids().values():
+                _wait_until(lambda pid=pid: not _alive(pid), 10)
+            b.proc.wait()
+        assert _stop(b) == (0 if how == "clean" else -signal.SIGKILL)
+    finally:
+        _stop(b)
+    env = {k: v for k, v in os.environ.items() if k != "SHMQ_LOG_LEVEL"}  # INFO lines shown
+    b = start_broker(data, workers=2, env=env)
+    try:
+        md = AdminClient({"bootstrap.servers": b.bootstrap}).list_topics("shrink", timeout=10)
+        assert {part.leader for part in md.topics["shrink"].partitions.values()} <= {1, 2}
+        probe = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "shrink-probe"})
+        try:
+            lows = [probe.get_watermark_offsets(TopicPartition("shrink", q), timeout=10)[0]
+                    for q in range(6)]
+        finally:
+            probe.close()
+        assert lows == [40 if q == gone else 0 for q in range(6)]
+        got = _consume_all(b.bootstrap, "shrink", 6, starts={gone: 40})
+        for q in range(6):
+            start = 40 if q == gone else 0
+            assert [v for _, v in got[q]] == [b"v%d" % i for i in range(q, 600, 6)][start:], q
+            assert got[q][0][0] == start
+        assert not (data / "worker-3").exists()
+        assert "from worker 3 to worker" in b.log_path.read_text()
+        p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all"})
+        p.produce("shrink", value=b"after", partition=gone)
+        assert p.flush(30) == 0
+    finally:
+        assert _stop(b) == 0, b.log_path.read_text()

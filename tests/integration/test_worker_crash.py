@@ -67,9 +67,10 @@ def _wait_until(pred, timeout: float, interval: float = 0.05) -> bool:
     return bool(pred())
 
 
-def _consume_all(bootstrap: str, topic: str, partitions: int,
-                 timeout: float = 30) -> dict[int, list[tuple[int, bytes]]]:
-    """Every record of ``topic`` from offset 0 up to the high watermark: {p: [(offset, value)]}."""
+def _consume_all(bootstrap: str, topic: str, partitions: int, timeout: float = 30,
+                 starts: dict[int, int] | None = None) -> dict[int, list[tuple[int, bytes]]]:
+    """Every record of ``topic`` from offset 0 (or ``starts[p]``) up to the high watermark:
+    {p: [(offset, value)]}."""
     consumer = Consumer({
         "bootstrap.servers": bootstrap, "group.id": "crash-check", "enable.auto.commit": False,
         "check.crcs": True, "isolation.level": "read_uncommitted",
@@ -80,7 +81,8 @@ def _consume_all(bootstrap: str, topic: str, partitions: int,
         for p in range(partitions):
             _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
             ends[p] = high
-        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        consumer.assign([TopicPartition(topic, p, (starts or {}).get(p, 0))
+                         for p in range(partitions)])
         out: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(partitions)}
         done = {p for p in range(partitions) if ends[p] == 0}
         deadline = time.monotonic() + timeout
