@@ -248,7 +248,16 @@ class Controller:
 
     async def publish_metadata(self) -> None:
         """Send the current metadata to every worker that has not got it (one still booting
-        too: it applies it right after it starts serving) and wait for the ready ones' acks."""
+        too: it applies it right after it starts serving) and wait for the ready ones' acks.
+
+        The sending runs to its end even when the request that changed the store is cancelled
+        (its client went away): the workers must hear of every change, and a failure nobody
+        awaits any more is logged instead of lost."""
+        task = asyncio.ensure_future(self._send_metadata())
+        task.add_done_callback(_log_failure("publishing the metadata"))
+        await asyncio.shield(task)
+
+    async def _send_metadata(self) -> None:
         assert self.store is not None
         meta = self.store.metadata
         text = meta.to_json()

@@ -295,3 +295,39 @@ def test_a_config_change_survives_a_killed_broker(tmp_path: Path) -> None:
     finally:
         assert b.stop() == 0
         shutil.rmtree(tmp_path)
+
+
+def test_create_topics_from_clients_that_go_away_at_once(tmp_path: Path) -> None:
+    """A client that sends CreateTopics and closes its connection at once: every topic is still
+    created and published to the workers, and the controller logs no error (the cancelled
+    request abandoned the wait for the workers' acks: 'exception was never retrieved')."""
+    from kafka.protocol.admin import CreateTopicsRequest
+    from test_wire_bad_input import encode
+
+    env = {k: v for k, v in os.environ.items() if k != "SHMQ_LOG_LEVEL"}  # ERROR lines shown
+    b = start_broker(tmp_path / "data", workers=2, env=env)
+    try:
+        host, port = b.bootstrap.split(":")
+        for i in range(20):
+            request = CreateTopicsRequest[3](topics=[(f"gone-{i}", 4, 1, [], [])],
+                                             timeout_ms=10000, validate_only=False)
+            with socket.create_connection((host, int(port))) as sock:
+                sock.sendall(encode(request, 9))
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            topics = admin.list_topics(timeout=5).topics
+            if all(f"gone-{i}" in topics and len(topics[f"gone-{i}"].partitions) == 4
+                   for i in range(20)):
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("not every topic was created")
+        p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all"})
+        for i in range(20):
+            p.produce(f"gone-{i}", value=b"x", partition=3)
+        assert p.flush(30) == 0
+    finally:
+        assert b.stop() == 0
+    text = b.log_path.read_text()
+    assert " ERROR " not in text and "never retrieved" not in text, text[-3000:]
