@@ -33,7 +33,8 @@ _HEAD = struct.Struct(">hhi")
 class Router:
     def __init__(self, ctx: BrokerContext) -> None:
         self.ctx = ctx
-        # what the last Produce or Fetch waited (ns: group commit, long poll), for the
+        # what the last request waited (ns: Produce's group commit, Fetch's long poll, the
+        # rebalance of JoinGroup and SyncGroup), for the
         # connection's metrics; read and reset by it as soon as ``handle`` returns
         self.remote_ns = 0
 
@@ -65,6 +66,7 @@ class Router:
         if handler is None:
             raise RemoteProtocolError(f"API {header.api_key} is not served by this node")
         response = await handler(self.ctx, header, body)
+        self.remote_ns, self.ctx.remote_ns = self.ctx.remote_ns, 0  # JoinGroup, SyncGroup
         if isinstance(response, list):
             return response
         code = getattr(response, "error_code", 0)

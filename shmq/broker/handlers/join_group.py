@@ -7,6 +7,7 @@ response (nullable protocol name); v9: skip_assignment for a static leader that 
 
 from __future__ import annotations
 
+from time import perf_counter_ns
 from typing import Any
 
 from shmq.broker.context import BrokerContext
@@ -21,11 +22,13 @@ async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
     if coord is None:
         return _response(cls, m, version, error=NOT_COORDINATOR, member_id=request.member_id)
     rebalance = getattr(request, "rebalance_timeout", None)
+    parked = perf_counter_ns()
     r = await coord.join_group(
         request.group_id, request.member_id, getattr(request, "group_instance_id", None),
         header.client_id or "", client_host(ctx), millis(request.session_timeout),
         -1 if rebalance is None else millis(rebalance), request.protocol_type,
         [(p.name, bytes(p.metadata)) for p in request.protocols], version)
+    ctx.remote_ns = perf_counter_ns() - parked  # the rebalance wait: Kafka's remote time
     members = tuple(build(m.JoinGroupResponseMember, member_id=mid, group_instance_id=iid,
                           metadata=meta) for mid, iid, meta in r.members)
     return _response(cls, m, version, error=r.error, generation=r.generation,
