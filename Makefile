@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "setuptools>=68" wheel "Cython>=3.0,<3.4"
-	$(PY) -m pip install -q --no-build-isolation -e ".[test,lint]"
+	$(PY) -m pip install -q --no-build-isolation -e ".[spark,test,lint]"
 	touch $(STAMP)
 
 setup: system-packages $(STAMP)
@@ -75,8 +75,8 @@ perf: build
 	$(PY) perf/suite.py
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check shmq tests perf
-	$(VENV)/bin/mypy shmq
+	$(VENV)/bin/ruff check shmq spark_bridge pyspark_shmq.py tests perf
+	$(VENV)/bin/mypy shmq spark_bridge pyspark_shmq.py
 
 clean:
 	rm -rf build *.egg-info shmq/_fast/*.c shmq/_fast/*.so shmq/_fast/*.html

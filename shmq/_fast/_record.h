@@ -332,4 +332,135 @@ shmq_fill_section(shmq_columns *c, const unsigned char *p, const unsigned char *
     return shmq_fill_loop(c, p, e, count, base_offset, base_ts, lat, no_lat, 0);
 }
 
+/* --- record headers into Arrow list<struct<key: string, value: binary>> buffers -------------
+ *
+ * fill_headers: the same records fill_columns selects (offset in [min_offset, max_offset)),
+ * one list entry per record, null when the record has no header (Kafka's converter gives
+ * Spark null, not an empty array).  Keys are copied as they are and checked as UTF-8: an
+ * invalid one is counted and the caller repairs it (Java decodes header keys with
+ * replacement characters). */
+
+typedef struct {
+    int32_t *list_offsets;         /* rows + 1 entries */
+    unsigned char *list_valid;     /* starts all ones */
+    int32_t *key_offsets;          /* headers + 1 entries */
+    unsigned char *key_data;
+    int32_t *value_offsets;        /* headers + 1 entries */
+    unsigned char *value_data;
+    unsigned char *value_valid;    /* starts all ones */
+    int64_t cap_rows, cap_headers, cap_key, cap_value;
+    int64_t min_offset, max_offset;
+    int64_t rows, headers, klen, vlen, list_nulls, value_nulls, bad_keys;
+    int64_t records_done, left;
+} shmq_header_columns;
+
+/* Whether [p, p + n) is well-formed UTF-8 (RFC 3629: no overlongs, no surrogates, at most
+   U+10FFFF), as Python's strict decoder accepts it. */
+static inline int
+shmq_utf8_valid(const unsigned char *p, int64_t n) {
+    const unsigned char *e = p + n;
+    while (p < e) {
+        unsigned char c = *p;
+        if (c < 0x80) {
+            p++;
+            continue;
+        }
+        int len;
+        unsigned char lo = 0x80, hi = 0xBF;
+        if (c >= 0xC2 && c <= 0xDF) len = 2;
+        else if (c >= 0xE0 && c <= 0xEF) {
+            len = 3;
+            if (c == 0xE0) lo = 0xA0;
+            if (c == 0xED) hi = 0x9F;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            len = 4;
+            if (c == 0xF0) lo = 0x90;
+            if (c == 0xF4) hi = 0x8F;
+        } else
+            return 0;
+        if (e - p < len || p[1] < lo || p[1] > hi)
+            return 0;
+        for (int i = 2; i < len; i++)
+            if (p[i] < 0x80 || p[i] > 0xBF)
+                return 0;
+        p += len;
+    }
+    return 1;
+}
+
+static __attribute__((noinline)) int
+shmq_fill_headers_section(shmq_header_columns *c, const unsigned char *p, const unsigned char *e,
+                          int64_t count, int64_t base_offset) {
+    shmq_record r;
+    shmq_varint_read v;
+    int64_t i, j, off;
+    const uint64_t min_offset = (uint64_t)c->min_offset;
+    const uint64_t span = c->max_offset > c->min_offset
+        ? (uint64_t)c->max_offset - (uint64_t)c->min_offset : 0;
+    int status = SHMQ_FILL_OK;
+    for (i = 0; i < count; i++) {
+        p = shmq_parse_record(p, e, &r);
+        if (p == NULL) {
+            status = SHMQ_FILL_MALFORMED;
+            break;
+        }
+        off = (int64_t)((uint64_t)base_offset + (uint64_t)r.offset_delta);
+        if ((uint64_t)off - min_offset >= span)
+            continue;
+        if (c->rows >= c->cap_rows || r.headers_count > c->cap_headers - c->headers) {
+            status = SHMQ_FILL_FULL;
+            break;
+        }
+        if (r.headers_count == 0) {
+            c->list_valid[c->rows >> 3] &= (unsigned char)~(1u << (c->rows & 7));
+            c->list_nulls++;
+        }
+        /* shmq_parse_record checked every header's lengths against the record */
+        const unsigned char *h = r.headers;
+        for (j = 0; j < r.headers_count; j++) {
+            v = shmq_varint2(h, r.end, 5);
+            h = v.p;
+            if (v.v > c->cap_key - c->klen) {
+                status = SHMQ_FILL_FULL;
+                goto done;
+            }
+            memcpy(c->key_data + c->klen, h, (size_t)v.v);
+            if (!shmq_utf8_valid(h, v.v))
+                c->bad_keys++;
+            c->klen += v.v;
+            h += v.v;
+            v = shmq_varint2(h, r.end, 5);
+            h = v.p;
+            if (v.v < 0) {
+                c->value_valid[c->headers >> 3] &= (unsigned char)~(1u << (c->headers & 7));
+                c->value_nulls++;
+            } else {
+                if (v.v > c->cap_value - c->vlen) {
+                    status = SHMQ_FILL_FULL;
+                    goto done;
+                }
+                memcpy(c->value_data + c->vlen, h, (size_t)v.v);
+                c->vlen += v.v;
+                h += v.v;
+            }
+            if (c->klen > 0x7fffffff || c->vlen > 0x7fffffff) {
+                status = SHMQ_FILL_OVERFLOW;
+                goto done;
+            }
+            c->headers++;
+            c->key_offsets[c->headers] = (int32_t)c->klen;
+            c->value_offsets[c->headers] = (int32_t)c->vlen;
+        }
+        c->rows++;
+        c->list_offsets[c->rows] = (int32_t)c->headers;
+    }
+done:
+    if (status == SHMQ_FILL_OK && p != e) {
+        status = SHMQ_FILL_TRAILING;
+        c->left = e - p;
+    }
+    c->records_done = i;
+    return status;
+}
+
 #endif

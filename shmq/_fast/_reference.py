@@ -442,6 +442,105 @@ def fill_columns(
     return rows, klen, vlen, knulls, vnulls
 
 
+def _header_fields(data: bytes, pos: int, end: int) -> list[tuple[bytes, bytes | None]]:
+    """The raw (key bytes, value bytes | None) headers of the record at ``pos`` (already parsed
+    once by ``_parse_record``, so every length is in range)."""
+    length, pos = _read_varint(data, pos, end, 5)
+    rend = pos + length
+    pos += 1
+    _, pos = _read_varint(data, pos, rend, 10)
+    _, pos = _read_varint(data, pos, rend, 5)
+    for _ in range(2):
+        n, pos = _read_varint(data, pos, rend, 5)
+        pos += max(n, 0)
+    count, pos = _read_varint(data, pos, rend, 5)
+    out = []
+    for _ in range(count):
+        n, pos = _read_varint(data, pos, rend, 5)
+        key = data[pos : pos + n]
+        pos += n
+        n, pos = _read_varint(data, pos, rend, 5)
+        out.append((key, None if n < 0 else data[pos : pos + n]))
+        pos += max(n, 0)
+    return out
+
+
+def fill_headers(
+    bodies: list[Any],
+    meta: Any,
+    list_offsets: Any,
+    list_valid: Any,
+    key_offsets: Any,
+    key_data: Any,
+    value_offsets: Any,
+    value_data: Any,
+    value_valid: Any,
+    min_offset: int = -0x7FFFFFFFFFFFFFFF,
+    max_offset: int = 0x7FFFFFFFFFFFFFFF,
+) -> tuple[int, int, int, int, int, int, int]:
+    if len(meta) < 4 * len(bodies):
+        raise ValueError("meta holds fewer than 4 values per section")
+    cap_rows = min(len(list_offsets) - 1, 8 * len(list_valid))
+    cap_headers = min(len(key_offsets) - 1, len(value_offsets) - 1, 8 * len(value_valid))
+    if cap_rows < 0 or cap_headers < 0:
+        raise ValueError("offset arrays need room for n + 1 entries")
+    lv, vv = memoryview(list_valid).cast("B"), memoryview(value_valid).cast("B")
+    kd, vd = memoryview(key_data).cast("B"), memoryview(value_data).cast("B")
+    lv[:] = bytes(len(lv))
+    vv[:] = bytes(len(vv))
+    list_offsets[0] = key_offsets[0] = value_offsets[0] = 0
+    rows = headers = klen = vlen = list_nulls = value_nulls = bad_keys = 0
+    for b, body in enumerate(bodies):
+        count, base_offset = int(meta[4 * b]), int(meta[4 * b + 1])
+        data = bytes(body)
+        if count < 0 or count > len(data):
+            raise CorruptRecordError(f"record count {count} cannot fit in {len(data)} bytes")
+        pos = 0
+        for i in range(count):
+            start = pos
+            try:
+                _, off_delta, _, _, _, pos = _parse_record(data, pos, len(data))
+            except CorruptRecordError:
+                raise CorruptRecordError(
+                    f"record {i} of {count} in section {b} is malformed") from None
+            offset = _wrap64(base_offset + off_delta)
+            if offset < min_offset or offset >= max_offset:
+                continue
+            fields = _header_fields(data, start, pos)
+            if rows >= cap_rows or len(fields) > cap_headers - headers:
+                raise ValueError("column buffers are too small for these sections")
+            if fields:
+                lv[rows >> 3] |= 1 << (rows & 7)
+            else:
+                list_nulls += 1
+            for key, value in fields:
+                if len(key) > len(kd) - klen or (value is not None and len(value) > len(vd) - vlen):
+                    raise ValueError("column buffers are too small for these sections")
+                kd[klen : klen + len(key)] = key
+                klen += len(key)
+                try:
+                    key.decode("utf-8")
+                except UnicodeDecodeError:
+                    bad_keys += 1
+                if value is None:
+                    value_nulls += 1
+                else:
+                    vv[headers >> 3] |= 1 << (headers & 7)
+                    vd[vlen : vlen + len(value)] = value
+                    vlen += len(value)
+                if klen > 0x7FFFFFFF or vlen > 0x7FFFFFFF:
+                    raise OverflowError("more than 2 GiB of header keys or values in one column")
+                headers += 1
+                key_offsets[headers] = klen
+                value_offsets[headers] = vlen
+            rows += 1
+            list_offsets[rows] = headers
+        if pos != len(data):
+            raise CorruptRecordError(
+                f"{len(data) - pos} bytes left after {count} records in section {b}")
+    return rows, headers, klen, vlen, list_nulls, value_nulls, bad_keys
+
+
 # --- index search ----------------------------------------------------------------------------
 
 _WARM_BYTES = 8192

@@ -70,3 +70,16 @@ def fill_columns(
     max_offset: int = ...,
     timestamp_scale: int = 1,
 ) -> tuple[int, int, int, int, int]: ...
+def fill_headers(
+    bodies: list[Any],
+    meta: Any,
+    list_offsets: Any,
+    list_valid: Any,
+    key_offsets: Any,
+    key_data: Any,
+    value_offsets: Any,
+    value_data: Any,
+    value_valid: Any,
+    min_offset: int = ...,
+    max_offset: int = ...,
+) -> tuple[int, int, int, int, int, int, int]: ...

@@ -908,3 +908,96 @@ def fill_columns(list bodies not None, const int64_t[::1] meta not None,
         _clear_bits_from(c.key_valid, key_valid.shape[0], c.rows)
         _clear_bits_from(c.value_valid, value_valid.shape[0], c.rows)
     return c.rows, c.klen, c.vlen, c.knulls, c.vnulls
+
+
+cdef extern from "_record.h":
+    ctypedef struct HeaderColumns "shmq_header_columns":
+        int32_t *list_offsets
+        unsigned char *list_valid
+        int32_t *key_offsets
+        unsigned char *key_data
+        int32_t *value_offsets
+        unsigned char *value_data
+        unsigned char *value_valid
+        int64_t cap_rows, cap_headers, cap_key, cap_value
+        int64_t min_offset, max_offset
+        int64_t rows, headers, klen, vlen, list_nulls, value_nulls, bad_keys
+        int64_t records_done, left
+    int _fill_headers_section "shmq_fill_headers_section"(
+        HeaderColumns *c, const unsigned char *p, const unsigned char *e, int64_t count,
+        int64_t base_offset) noexcept nogil
+
+
+def fill_headers(list bodies not None, const int64_t[::1] meta not None,
+                 int32_t[::1] list_offsets not None, unsigned char[::1] list_valid not None,
+                 int32_t[::1] key_offsets not None, unsigned char[::1] key_data not None,
+                 int32_t[::1] value_offsets not None, unsigned char[::1] value_data not None,
+                 unsigned char[::1] value_valid not None,
+                 int64_t min_offset=-0x7fffffffffffffff, int64_t max_offset=0x7fffffffffffffff):
+    """Decode the records' headers into Arrow ``list<struct<key: string, value: binary>>``
+    buffers, for the records ``fill_columns`` selects from the same sections and window.
+
+    A record without headers is a null list entry.  Sizes the caller guarantees: rows + 1
+    list offsets, rows/8 + 1 list bitmap bytes; for the headers (at most a section's length / 2
+    of them: a header takes two bytes at least) that many + 1 key and value offsets and /8 + 1
+    value bitmap bytes; keys and values at most the sections' lengths.  Returns (rows, headers,
+    key bytes, value bytes, null lists, null values, keys that are not valid UTF-8).  A
+    malformed section raises CorruptRecordError.
+    """
+    cdef Py_ssize_t nb = len(bodies), b, end
+    cdef int64_t count
+    cdef const unsigned char[::1] body
+    cdef const unsigned char *p
+    cdef HeaderColumns c
+    cdef int status = FILL_OK
+    if meta.shape[0] < 4 * nb:
+        raise ValueError("meta holds fewer than 4 values per section")
+    c.cap_rows = min(list_offsets.shape[0] - 1, 8 * list_valid.shape[0])
+    c.cap_headers = min(key_offsets.shape[0] - 1, value_offsets.shape[0] - 1,
+                        8 * value_valid.shape[0])
+    if c.cap_rows < 0 or c.cap_headers < 0:
+        raise ValueError("offset arrays need room for n + 1 entries")
+    c.cap_key = key_data.shape[0]
+    c.cap_value = value_data.shape[0]
+    c.list_offsets = &list_offsets[0]
+    c.list_valid = &list_valid[0] if list_valid.shape[0] else NULL
+    c.key_offsets, c.value_offsets = &key_offsets[0], &value_offsets[0]
+    c.key_data = &key_data[0] if key_data.shape[0] else NULL
+    c.value_data = &value_data[0] if value_data.shape[0] else NULL
+    c.value_valid = &value_valid[0] if value_valid.shape[0] else NULL
+    c.min_offset, c.max_offset = min_offset, max_offset
+    c.rows = c.headers = c.klen = c.vlen = c.list_nulls = c.value_nulls = c.bad_keys = 0
+    if list_valid.shape[0]:
+        memset(c.list_valid, 0xff, list_valid.shape[0])
+    if value_valid.shape[0]:
+        memset(c.value_valid, 0xff, value_valid.shape[0])
+    c.list_offsets[0] = c.key_offsets[0] = c.value_offsets[0] = 0
+    try:
+        for b in range(nb):
+            body = bodies[b]
+            count = meta[4 * b]
+            end = body.shape[0]
+            if count < 0 or count > end:
+                raise CorruptRecordError(f"record count {count} cannot fit in {end} bytes")
+            if count == 0:
+                if end:
+                    raise CorruptRecordError(f"{end} bytes left after 0 records")
+                continue
+            p = &body[0]
+            with nogil:
+                status = _fill_headers_section(&c, p, p + end, count, meta[4 * b + 1])
+            if status == FILL_MALFORMED:
+                raise CorruptRecordError(
+                    f"record {c.records_done} of {count} in section {b} is malformed")
+            if status == FILL_TRAILING:
+                raise CorruptRecordError(f"{c.left} bytes left after {count} records in section {b}")
+            if status == FILL_FULL:
+                raise ValueError("column buffers are too small for these sections")
+            if status == FILL_OVERFLOW:
+                raise OverflowError("more than 2 GiB of header keys or values in one column")
+    finally:
+        if c.list_valid != NULL:
+            _clear_bits_from(c.list_valid, list_valid.shape[0], c.rows)
+        if c.value_valid != NULL:
+            _clear_bits_from(c.value_valid, value_valid.shape[0], c.headers)
+    return c.rows, c.headers, c.klen, c.vlen, c.list_nulls, c.value_nulls, c.bad_keys

@@ -1,0 +1,142 @@
+"""Records as Arrow in the schema of Spark's Kafka source, with Spark's exact Arrow types.
+
+    key binary | value binary | topic string | partition int32 | offset int64
+    | timestamp timestamp[us, tz=UTC] | timestampType int32
+    [| headers list<element: struct<key: string, value: binary>>]   (includeHeaders)
+
+The types are what ``pyspark.sql.pandas.types.to_arrow_schema`` makes of Spark's Kafka schema
+(``KafkaRecordToRowConverter.kafkaSchema``), every field nullable: Spark (>= 4.2) refuses a
+Python data source's batch whose Arrow schema differs in any way (``binary`` not
+``large_binary``, microseconds with the UTC zone).  ``timestamp`` is Kafka's milliseconds times
+1000 (Spark's ``fromJavaTimestamp``); ``timestampType`` 0 is CreateTime, 1 LogAppendTime (the
+batch's max timestamp is then every record's); ``headers`` is null, not empty, for a record
+without headers, as Spark's converter makes it.  Header keys that are not UTF-8 are decoded with
+replacement characters (Java's ``new String(bytes, UTF_8)``).
+
+Keys, values and headers go from the records sections into the Arrow buffers in one Cython pass
+each (``_fast.fill_columns``, ``_fast.fill_headers``); nothing is built per record in Python.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from shmq import _fast
+
+HEADERS_TYPE = pa.list_(pa.field("element", pa.struct([pa.field("key", pa.string()),
+                                                        pa.field("value", pa.binary())])))
+_FIELDS = [
+    pa.field("key", pa.binary()),
+    pa.field("value", pa.binary()),
+    pa.field("topic", pa.string()),
+    pa.field("partition", pa.int32()),
+    pa.field("offset", pa.int64()),
+    pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+    pa.field("timestampType", pa.int32()),
+]
+SCHEMA = pa.schema(_FIELDS)
+SCHEMA_WITH_HEADERS = pa.schema([*_FIELDS, pa.field("headers", HEADERS_TYPE)])
+# the same as Spark DDL (DataSource.schema())
+DDL = ("key binary, value binary, topic string, partition int, offset bigint, "
+       "timestamp timestamp, timestampType int")
+DDL_WITH_HEADERS = DDL + ", headers array<struct<key: string, value: binary>>"
+# fill_columns copies fields in blocks that may run up to 32 bytes past the last one
+_SLACK = 64
+
+
+def kafka_schema(include_headers: bool = False) -> pa.Schema:
+    return SCHEMA_WITH_HEADERS if include_headers else SCHEMA
+
+
+def empty_batch(include_headers: bool = False) -> pa.RecordBatch:
+    schema = kafka_schema(include_headers)
+    return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema], schema=schema)
+
+
+def sections_to_arrow(bodies: list[Any], meta: np.ndarray, topic: str, partition: int, *,
+                      min_offset: int, max_offset: int,
+                      include_headers: bool = False) -> pa.RecordBatch:
+    """The records of ``bodies`` (uncompressed records sections, ``meta`` as for
+    ``_fast.fill_columns``) with offsets in [min_offset, max_offset), as one Arrow batch."""
+    meta = np.ascontiguousarray(meta, dtype=np.int64).reshape(-1)
+    counts = meta[0::4]
+    rows = int(counts.sum())
+    data = sum(len(b) for b in bodies) + _SLACK
+    alloc = pa.allocate_buffer
+    offsets, stamps = alloc(8 * rows), alloc(8 * rows)
+    koff, voff = alloc(4 * (rows + 1)), alloc(4 * (rows + 1))
+    kdata, vdata = alloc(data), alloc(data)
+    kvalid, vvalid = alloc(rows // 8 + 1), alloc(rows // 8 + 1)
+    mv = memoryview
+    n, klen, vlen, knulls, vnulls = _fast.fill_columns(
+        bodies, meta, mv(offsets).cast("q"), mv(stamps).cast("q"), mv(koff).cast("i"),
+        mv(kdata).cast("B"), mv(kvalid).cast("B"), mv(voff).cast("i"), mv(vdata).cast("B"),
+        mv(vvalid).cast("B"), min_offset, max_offset, 1000)
+    offset_array = pa.Array.from_buffers(pa.int64(), n, [None, offsets])
+    arrays = [
+        _binary(n, koff, kdata, kvalid, knulls, klen),
+        _binary(n, voff, vdata, vvalid, vnulls, vlen),
+        _repeated_string(topic, n),
+        pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(np.full(n, partition,
+                                                                         np.int32))]),
+        offset_array,
+        pa.Array.from_buffers(pa.timestamp("us", tz="UTC"), n, [None, stamps]),
+        _timestamp_types(meta, n, offset_array),
+    ]
+    if include_headers:
+        arrays.append(_headers(bodies, meta, n, min_offset, max_offset))
+    return pa.RecordBatch.from_arrays(arrays, schema=kafka_schema(include_headers))
+
+
+def _binary(n: int, off: Any, data: Any, valid: Any, nulls: int, used: int) -> pa.Array:
+    return pa.Array.from_buffers(pa.binary(), n, [valid if nulls else None, off,
+                                                  data.slice(0, used)], null_count=nulls)
+
+
+def _repeated_string(text: str, n: int) -> pa.Array:
+    raw = text.encode()
+    ends = np.arange(n + 1, dtype=np.int32) * len(raw)
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(ends),
+                                                  pa.py_buffer(raw * n)])
+
+
+def _timestamp_types(meta: np.ndarray, n: int, offsets: pa.Array) -> pa.Array:
+    lat = meta[3::4] != _fast.NO_LOG_APPEND_TIME
+    if n == 0 or not lat.any() or lat.all():
+        kind = 1 if n and lat.all() else 0
+        return pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(np.full(n, kind,
+                                                                                np.int32))])
+    # mixed batches (a topic whose message.timestamp.type changed): each row's batch by offset
+    bases = meta[1::4]
+    which = np.searchsorted(bases, offsets.to_numpy(zero_copy_only=True), side="right") - 1
+    return pa.array(lat[which].astype(np.int32), pa.int32())
+
+
+def _headers(bodies: list[Any], meta: np.ndarray, n: int, lo: int, hi: int) -> pa.Array:
+    data = sum(len(b) for b in bodies)
+    heads = data // 2 + 1  # a header takes at least two bytes (two length varints)
+    alloc = pa.allocate_buffer
+    loff, lvalid = alloc(4 * (n + 1)), alloc(n // 8 + 1)
+    koff, voff = alloc(4 * (heads + 1)), alloc(4 * (heads + 1))
+    kdata, vdata = alloc(max(data, 1)), alloc(max(data, 1))
+    vvalid = alloc(heads // 8 + 1)
+    mv = memoryview
+    rows, count, klen, vlen, list_nulls, value_nulls, bad_keys = _fast.fill_headers(
+        bodies, meta, mv(loff).cast("i"), mv(lvalid).cast("B"), mv(koff).cast("i"),
+        mv(kdata).cast("B"), mv(voff).cast("i"), mv(vdata).cast("B"), mv(vvalid).cast("B"),
+        lo, hi)
+    assert rows == n, (rows, n)
+    if bad_keys:
+        raw = pa.Array.from_buffers(pa.binary(), count, [None, koff, kdata.slice(0, klen)])
+        keys = pa.array([k.decode("utf-8", "replace") for k in raw.to_pylist()], pa.string())
+    else:
+        keys = pa.Array.from_buffers(pa.string(), count, [None, koff, kdata.slice(0, klen)])
+    values = pa.Array.from_buffers(pa.binary(), count,
+                                   [vvalid if value_nulls else None, voff, vdata.slice(0, vlen)],
+                                   null_count=value_nulls)
+    entries = pa.StructArray.from_arrays([keys, values], fields=list(HEADERS_TYPE.value_type))
+    return pa.Array.from_buffers(HEADERS_TYPE, n, [lvalid if list_nulls else None, loff],
+                                 null_count=list_nulls, children=[entries])
