@@ -163,14 +163,13 @@ def split_ranges(ranges: list[OffsetRange], min_partitions: int | None,
     def part_count(size: int, whole: int, parts: int) -> int:
         return max(_round_half_up(size / whole * parts), 1)
 
-    unsplit = {(r.topic, r.partition, r.start) for r in ranges
-               if part_count(r.size, total, min_partitions) == 1}
-    unsplit_size = sum(r.size for r in ranges if (r.topic, r.partition, r.start) in unsplit)
-    split_total = total - unsplit_size
-    split_min = max(min_partitions - len(unsplit), 1)
+    small = [r for r in ranges if part_count(r.size, total, min_partitions) == 1]
+    unsplit = {(r.topic, r.partition) for r in small}  # by partition, as Kafka keys them
+    split_total = total - sum(r.size for r in small)
+    split_min = max(min_partitions - len(small), 1)
     out = []
     for r in ranges:
-        if (r.topic, r.partition, r.start) in unsplit:
+        if (r.topic, r.partition) in unsplit:
             out.append(r)
         else:
             out += _divide(r, part_count(r.size, split_total, split_min))
