@@ -135,6 +135,8 @@ def _read_mmap(plan: ReadPlan, topic: str, partition: int, start: int, end: int,
     if state is not None and state.log_start > start:
         gap(start, min(state.log_start, end))
         start = state.log_start
+    from shmq.errors import CorruptRecordError
+
     reader = PartitionReader(directory)
     try:
         for chunk in reader.read(start, end, chunk_records=plan.batch_rows, on_gap=gap):
@@ -145,6 +147,9 @@ def _read_mmap(plan: ReadPlan, topic: str, partition: int, start: int, end: int,
                 yield batch
     except FileNotFoundError:
         gap(start, end)  # the partition directory went away: the topic was deleted
+    except CorruptRecordError as exc:
+        raise BridgeError(f"corrupt data in {topic}-{partition} (nothing was read past it): "
+                          f"{exc}") from None
 
 
 # -- Kafka protocol ------------------------------------------------------------------------
