@@ -89,6 +89,13 @@ def _partitions(catalog: Catalog, plan: ReadPlan,
     return out
 
 
+def _read(partition: InputPartition) -> Any:
+    if not isinstance(partition, RangePartition):
+        return iter(())  # no ranges: Spark plans one InputPartition(None) and reads it
+    return read_range(partition.plan, partition.topic, partition.partition, partition.start,
+                      partition.end, partition.directory)
+
+
 class ShmqBatchReader(DataSourceReader):
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
@@ -99,8 +106,7 @@ class ShmqBatchReader(DataSourceReader):
             return _partitions(catalog, plan, planning.batch_ranges(catalog, self.opts))
 
     def read(self, partition: RangePartition) -> Any:  # type: ignore[override]
-        return read_range(partition.plan, partition.topic, partition.partition, partition.start,
-                          partition.end, partition.directory)
+        return _read(partition)
 
 
 class ShmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -198,8 +204,7 @@ class ShmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                                                  self.opts))
 
     def read(self, partition: RangePartition) -> Any:  # type: ignore[override]
-        return read_range(partition.plan, partition.topic, partition.partition, partition.start,
-                          partition.end, partition.directory)
+        return _read(partition)
 
     def commit(self, end: dict) -> None:
         """Nothing to do: like Kafka's source, shmq's never commits consumer-group offsets
