@@ -4,8 +4,10 @@ The README's main job.  It starts ``shmq broker`` on a free loopback port with a
 dir, creates a 6-partition topic with confluent-kafka's AdminClient, produces records with
 librdkafka (lz4, acks=all, idempotent), consumes them back and checks every key and value, then
 SIGKILLs a worker in the middle of a produce stream and checks that after its restart every
-acknowledged record is there exactly once.  ``--storage`` runs the storage-engine demo instead
-(partition logs written, read, crashed and recovered without a broker).
+acknowledged record is there exactly once; then it runs the Spark ETL pipeline of
+``shmq/cli/demo_spark.py`` (``--spark`` runs that part alone, ``--no-spark`` skips it).
+``--storage`` runs the storage-engine demo instead (partition logs written, read, crashed and
+recovered without a broker).
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--storage", action="store_true",
                    help="the storage-engine demo (no broker): logs written, crashed, recovered")
     p.add_argument("--messages", type=int, default=200_000, help="messages for the broker demo")
+    p.add_argument("--spark", action="store_true",
+                   help="only the Spark ETL pipeline (format(\"shmq\") batch and streaming jobs)")
+    p.add_argument("--no-spark", action="store_true", help="skip the Spark ETL pipeline")
+    p.add_argument("--events", type=int, default=200_000, help="click events for the pipeline")
     p.add_argument("--_crash-writer", dest="crash_writer", help=argparse.SUPPRESS)
     return p
 
@@ -191,8 +197,17 @@ def _broker_demo(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.crash_writer:
         return _crash_writer(args.crash_writer)
-    if not args.storage:
-        return _broker_demo(args)
+    if args.spark or not args.storage:
+        from shmq.cli.demo_spark import run_spark_demo
+
+        if args.events < 1:
+            raise CommandError("--events must be positive")
+        if not args.spark:
+            _broker_demo(args)
+            if args.no_spark:
+                return 0
+            print("\nThe pipeline on Spark (shmq demo --spark):")
+        return run_spark_demo(args.events, args.keep)
     from shmq import _fast
     from shmq.protocol.records import decode_batches
     from shmq.storage import LogConfig, LogManager
