@@ -154,8 +154,9 @@ def _java_home() -> bool:
 
 def run_spark_demo(events: int = 200_000, keep: bool = False) -> int:
     _check_setup()
-    import spark_bridge
     from confluent_kafka.admin import AdminClient, NewTopic
+
+    import spark_bridge
 
     work = Path(tempfile.mkdtemp(prefix="shmq-spark-demo-"))
     proc, bootstrap = start_broker(work / "data")
