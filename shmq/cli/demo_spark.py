@@ -149,7 +149,7 @@ def _java_home() -> bool:
     import os
 
     home = os.environ.get("JAVA_HOME")
-    return bool(home) and Path(home, "bin", "java").exists()
+    return home is not None and Path(home, "bin", "java").exists()
 
 
 def run_spark_demo(events: int = 200_000, keep: bool = False) -> int:
