@@ -137,6 +137,11 @@ def open_sink(target: SinkTarget) -> RecordSink:
 
 
 class KafkaProtocolSink(RecordSink):
+    """confluent-kafka, one producer per task.  Delivery reports come only for failures
+    (``delivery.report.only.error``: no Python call per acknowledged record), and rows without
+    headers or timestamps go through ``produce_batch`` (one call per Arrow batch and topic;
+    measured 150k -> 260k records/s in one Python process on the loaded 2-core box)."""
+
     def __init__(self, target: SinkTarget) -> None:
         from confluent_kafka import Producer
 
@@ -147,13 +152,15 @@ class KafkaProtocolSink(RecordSink):
         conf.setdefault("enable.idempotence", True)
         conf.setdefault("acks", "all")
         conf.setdefault("partitioner", "murmur2_random")  # Java's choice for keyed records
+        conf["delivery.report.only.error"] = True
+        conf["on_delivery"] = self._on_delivery
         self.producer = make_client(Producer, conf)
         self.error: str | None = None
         self.known_topics: set[str] = set()
 
     def _on_delivery(self, err: Any, msg: Any) -> None:
         if err is not None and self.error is None:
-            self.error = (f"writing to {msg.topic()}-{msg.partition()} failed: {err.str()}")
+            self.error = f"writing to {msg.topic()}-{msg.partition()} failed: {err.str()}"
 
     def _check_topic(self, topic: str) -> None:
         """A topic that does not exist is an error now, not a delivery timeout later (the
@@ -200,23 +207,56 @@ class KafkaProtocolSink(RecordSink):
 
             micros = batch.column("timestamp").cast(pa.int64()).to_pylist()
             stamps = [None if us is None else us // 1000 for us in micros]  # Kafka's ms
-        topic_col = None if self.target.topic else column("topic")
-        topic = self.target.topic
-        if topic_col is None:
-            assert topic is not None
-            if topic not in self.known_topics:
-                self._check_topic(topic)
-        else:
-            if None in topic_col:
+        topics = None if self.target.topic else column("topic")
+        if topics is not None:
+            if None in topics:
                 raise BridgeError("null topic present in the data; use the topic option for "
                                   "setting a default topic")
-            for t in set(topic_col) - self.known_topics:
-                self._check_topic(t)
+            distinct = set(topics)
+        else:
+            assert self.target.topic is not None
+            distinct = {self.target.topic}
+        for t in distinct - self.known_topics:
+            self._check_topic(t)
+        if headers is None and stamps is None and partitions is None and len(distinct) == 1:
+            # produce_batch takes neither headers nor timestamps, and confluent-kafka 2.16
+            # drops a record for an unknown partition without an error: explicit partitions go
+            # through produce(), which refuses them
+            self._send_batch(next(iter(distinct)), keys, values)
+        else:
+            self._send_rows(topics or [self.target.topic] * n, keys, values, partitions,
+                            headers, stamps)
+        if self.error is not None:
+            raise BridgeError(self.error)
+        self.producer.poll(0)
+        return n
+
+    def _send_batch(self, topic: str, keys: list | None, values: list) -> None:
+        from confluent_kafka import KafkaError
+
+        if keys is None:
+            msgs = [{"value": v} for v in values]
+        else:
+            msgs = [{"key": k, "value": v} for k, v in zip(keys, values, strict=True)]
+        pending = msgs
+        while pending:
+            queued = self.producer.produce_batch(topic, pending)
+            if queued == len(pending):
+                return
+            failed = [m for m in pending if "_error" in m]
+            for m in failed:
+                err = m.pop("_error")
+                if err.code() != KafkaError._QUEUE_FULL:
+                    raise BridgeError(f"cannot write a record to {topic}: {err.str()}")
+            pending = failed  # the local queue was full: let deliveries drain it, then go on
+            self.producer.poll(0.05)
+
+    def _send_rows(self, topics: list, keys: list | None, values: list,
+                   partitions: list | None, headers: list | None,
+                   stamps: list | None) -> None:
         produce = self.producer.produce
         poll = self.producer.poll
-        callback = self._on_delivery
-        for i in range(n):
-            value = values[i]
+        for i, value in enumerate(values):
             kw: dict[str, Any] = {}
             if keys is not None and keys[i] is not None:
                 kw["key"] = keys[i]
@@ -226,23 +266,18 @@ class KafkaProtocolSink(RecordSink):
                 kw["headers"] = [(h["key"], h["value"]) for h in headers[i]]
             if stamps is not None and stamps[i] is not None:
                 kw["timestamp"] = stamps[i]
-            t = topic if topic_col is None else topic_col[i]
+            t = topics[i]
             while True:
                 try:
-                    produce(t, value, on_delivery=callback, **kw)
+                    produce(t, value, **kw)
                     break
                 except BufferError:
                     poll(0.05)  # the local queue is full: let deliveries drain it
                 except Exception as exc:  # noqa: BLE001 - librdkafka's errors as one line
                     err = exc.args[0] if exc.args else exc
                     text = err.str() if hasattr(err, "str") else str(err)
-                    raise BridgeError(f"cannot write a record to {t}"
-                                      f"{'-' + str(kw['partition']) if 'partition' in kw else ''}"
-                                      f": {text}") from None
-            if self.error is not None:
-                raise BridgeError(self.error)
-        poll(0)
-        return n
+                    where = f"{t}-{kw['partition']}" if "partition" in kw else t
+                    raise BridgeError(f"cannot write a record to {where}: {text}") from None
 
     def flush(self) -> None:
         left = self.producer.flush(_FLUSH_TIMEOUT_S)
