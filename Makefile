@@ -12,10 +12,11 @@ PYTEST := $(PY) -m pytest
 # Debian packages the tests use, as "package:command": kcat (a client in the client tests),
 # prometheus (scrapes /metrics), chromium (the dashboard test, driven by Playwright), tmux
 # (`shmq top`), burrow (a consumer-lag monitor reading __consumer_offsets) and the zookeeper it
-# keeps its locks in.  Missing ones are installed with one apt-get update; in CI (CI set) a
-# package that cannot be installed fails the setup instead of skipping its tests.
+# keeps its locks in, a Java 17 runtime (Spark: the demo's pipeline and tests/spark).  Missing
+# ones are installed with one apt-get update; in CI (CI set) a package that cannot be installed
+# fails the setup instead of skipping its tests.
 DEB_PACKAGES := kcat:kcat prometheus:prometheus chromium:chromium tmux:tmux burrow:Burrow \
-                zookeeper:/usr/share/zookeeper/bin/zkServer.sh
+                zookeeper:/usr/share/zookeeper/bin/zkServer.sh openjdk-17-jre-headless:java
 
 system-packages:
 	@missing=$$(for pc in $(DEB_PACKAGES); do command -v $${pc#*:} >/dev/null || echo $${pc%%:*}; done); \
