@@ -357,7 +357,10 @@ def latency(spark: Any, args: argparse.Namespace, bootstrap: str, fmt: str,
     stop.set()
     feeder.join()
     time.sleep(2)
+    failure = q.exception()
     q.stop()
+    if failure is not None:
+        print(f"latency query ({fmt}) failed: {str(failure)[:2000]}", flush=True)
     ages = ages[2:] or ages  # the first batches after start carry the warm-up
     if not ages:
         return float("nan"), float("nan"), 0
