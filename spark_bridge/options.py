@@ -99,6 +99,7 @@ class SinkOptions:
     bootstrap: str | None
     data_dir: Path | None
     kafka_conf: dict[str, str]
+    transport: str = "auto"
 
 
 def lower(options: Any) -> dict[str, str]:
@@ -188,7 +189,8 @@ def parse_sink(options: Any) -> SinkOptions:
     target = _target(o)
     return SinkOptions(topic=topic.strip() if topic is not None else None,
                        bootstrap=target["bootstrap"], data_dir=target["data_dir"],
-                       kafka_conf=_kafka_conf(o, _FORBIDDEN_SINK))
+                       kafka_conf=_kafka_conf(o, _FORBIDDEN_SINK),
+                       transport=target["transport"])
 
 
 # -- pieces ---------------------------------------------------------------------------------

@@ -7,13 +7,20 @@ The columns and their rules are those of Spark's Kafka sink (``KafkaWriter``): `
 binary>>, optional) and ``timestamp`` (timestamp, optional: null means now).  The schema is
 checked on the driver before any task starts; a row with a null topic fails its task.
 
-Records go through a ``RecordSink`` per task.  Today that is ``KafkaProtocolSink``:
-confluent-kafka with idempotence and ``acks=all`` (Kafka's Java producer defaults since 3.0)
-and librdkafka's ``murmur2_random`` partitioner, which puts a keyed record in the partition
-Kafka's Java client would choose (murmur2 of the key, as ``BuiltInPartitioner``).  When shmq's
-shared-memory produce path exists, ``open_sink`` returns it for a local broker instead; the
-writers do not change.  The guarantee is Kafka's sink's: at least once (a task Spark retries
-writes its rows again).
+Records go through a ``RecordSink`` per task, idempotent with ``acks=all`` (Kafka's Java
+producer defaults since 3.0), keyed records in the partition Kafka's Java client chooses
+(``toPositive(murmur2(key)) % partitions``, ``BuiltInPartitioner``), records without a key
+spread over the partitions in blocks (Kafka's sticky partitioning):
+
+* ``RingSink`` when the broker runs on this host (``shmq.transport`` auto or mmap): the rows of
+  each Arrow batch are partitioned in Cython (``_fast.murmur2_partitions``), grouped per
+  partition, and each group is encoded as RecordBatch v2 straight into the shared-memory submit
+  ring of the partition's worker (``shmq.ipc.client``: producer id and sequences, the same
+  validation and append as a Produce request, answers on the completion ring).
+* ``KafkaProtocolSink`` otherwise (a remote shmq, Apache Kafka, ``shmq.transport=kafka``):
+  confluent-kafka, librdkafka's ``murmur2_random`` partitioner.
+
+The guarantee is Kafka's sink's: at least once (a task Spark retries writes its rows again).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from spark_bridge.catalog import client_conf, read_run_file
+from spark_bridge.catalog import client_conf, locate_data_dir, read_run_file
 from spark_bridge.errors import BridgeError
 from spark_bridge.options import SinkOptions, default_data_dir, parse_sink
 
@@ -43,6 +50,8 @@ class SinkTarget:
     topic: str | None                     # the topic option (overrides the column)
     columns: tuple[str, ...]              # the sink columns present in the DataFrame
     kafka_conf: dict[str, str] = field(default_factory=dict)
+    data_dir: str | None = None           # the local broker's, for the ring path
+    transport: str = "auto"
 
 
 @dataclass
@@ -100,14 +109,22 @@ def _same_type(a: Any, b: Any) -> bool:
 
 
 def resolve_target(opts: SinkOptions, schema: Any) -> SinkTarget:
+    """The broker to write to (found on the driver, before any task starts)."""
     columns = check_sink_schema(schema, opts.topic)
+    data_dir = None
+    if opts.transport != "kafka":
+        data_dir = locate_data_dir(opts.data_dir, opts.bootstrap, opts.kafka_conf)
+        if data_dir is None and opts.transport == "mmap":
+            raise BridgeError(f"shmq.transport=mmap, but the broker at {opts.bootstrap} keeps "
+                              "no data directory on this host")
     bootstrap = opts.bootstrap
     if bootstrap is None:
-        data_dir = opts.data_dir or default_data_dir()
-        bootstrap = read_run_file(data_dir).get("bootstrap")
+        where = data_dir or opts.data_dir or default_data_dir()
+        bootstrap = read_run_file(where).get("bootstrap")
         if not bootstrap:
-            raise BridgeError(f"{data_dir}/run/broker.json names no bootstrap address")
-    return SinkTarget(bootstrap, opts.topic, columns, dict(opts.kafka_conf))
+            raise BridgeError(f"{where}/run/broker.json names no bootstrap address")
+    return SinkTarget(bootstrap, opts.topic, columns, dict(opts.kafka_conf),
+                      str(data_dir) if data_dir else None, opts.transport)
 
 
 # -- where records go ----------------------------------------------------------------------
@@ -130,10 +147,237 @@ class RecordSink(ABC):
 
 
 def open_sink(target: SinkTarget) -> RecordSink:
-    """The transport for a write task.  Only the Kafka protocol exists today; the
-    shared-memory produce path (rings into the worker) will be chosen here for a local broker
-    once it exists, behind the same interface."""
+    """The transport for a write task: the rings when the driver found a local broker and this
+    executor sees it too, the Kafka protocol otherwise."""
+    if target.data_dir is not None:
+        from shmq.ipc.client import NotLocalError
+
+        try:
+            return RingSink(target)
+        except (NotLocalError, OSError) as exc:
+            if target.transport == "mmap":
+                raise BridgeError(f"cannot write through shared memory to the broker in "
+                                  f"{target.data_dir}: {exc}") from None
+            log.warning("shmq: writing over the Kafka protocol (%s)", exc)
     return KafkaProtocolSink(target)
+
+
+def _columns(batch: Any, target: SinkTarget) -> dict[str, Any]:
+    """The sink columns of an Arrow batch as Python lists (topic only without the option)."""
+    names = batch.schema.names
+    out: dict[str, Any] = {}
+    for name in ("key", "value", "partition", "headers"):
+        if name in target.columns and name in names:
+            out[name] = batch.column(name).to_pylist()
+    if "timestamp" in target.columns and "timestamp" in names:
+        import pyarrow as pa
+
+        micros = batch.column("timestamp").cast(pa.int64()).to_pylist()
+        out["timestamp"] = [None if us is None else us // 1000 for us in micros]  # Kafka's ms
+    if not target.topic:
+        topics = batch.column("topic").to_pylist()
+        if None in topics:
+            raise BridgeError("null topic present in the data; use the topic option for "
+                              "setting a default topic")
+        out["topic"] = topics
+    return out
+
+
+class RingSink(RecordSink):
+    """Batches encoded straight into the workers' shared-memory rings (``shmq.ipc.client``)."""
+
+    STICKY_ROWS = 1000          # rows without a key go to one partition, then the next
+    BATCH_BYTES = 512 * 1024    # encoded batches stay well below max.message.bytes (1 MiB)
+
+    def __init__(self, target: SinkTarget) -> None:
+        import random
+
+        from shmq.ipc.client import attach
+
+        assert target.data_dir is not None
+        self.target = target
+        self.broker = attach(target.data_dir)
+        self.futures: list[Any] = []
+        self.counts: dict[str, int] = {}
+        self.sticky = random.randrange(1 << 30)
+
+    def _partition_count(self, topic: str) -> int:
+        count = self.counts.get(topic)
+        if count is None:
+            count = self._count_from_run_file(topic)
+            if count == 0:
+                count = self._create(topic)
+            self.counts[topic] = count
+        return count
+
+    def _count_from_run_file(self, topic: str) -> int:
+        self.broker._load_run_info()
+        prefix = topic + "/"
+        return sum(1 for k in self.broker._info.get("slots", {}) if k.startswith(prefix)
+                   and k[len(prefix):].isdigit())
+
+    def _create(self, topic: str) -> int:
+        """A topic the run file does not list: a Metadata request creates it where the broker
+        creates topics automatically (as a Kafka producer's does), or it is an error."""
+        import time
+
+        KafkaProtocolSink(self.target)._check_topic(topic)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            count = self._count_from_run_file(topic)
+            if count:
+                return count
+            time.sleep(0.05)
+        raise BridgeError(f"topic {topic!r} exists but the broker's run file does not list it")
+
+    def send_arrow(self, batch: Any) -> int:
+        n = batch.num_rows
+        if n == 0:
+            return 0
+        cols = _columns(batch, self.target)
+        if "topic" in cols:
+            groups: dict[str, list[int]] = {}
+            for i, t in enumerate(cols["topic"]):
+                groups.setdefault(t, []).append(i)
+        else:
+            assert self.target.topic is not None
+            groups = {self.target.topic: []}  # every row
+        for topic, rows in groups.items():
+            self._send_topic(topic, batch, cols, rows if "topic" in cols else None)
+        self.broker.poll(0)
+        self._check()
+        return n
+
+    def _partitions(self, topic: str, batch: Any, cols: dict[str, Any]) -> Any:
+        import numpy as np
+
+        from shmq import _fast
+
+        count = self._partition_count(topic)
+        n = batch.num_rows
+        parts = np.full(n, -1, np.int32)
+        if "key" in cols:
+            import pyarrow as pa
+
+            key = batch.column("key")
+            if not pa.types.is_binary(key.type):
+                key = key.cast(pa.binary())  # a string key: its UTF-8 bytes
+            valid, offsets, data = key.buffers()
+            _fast.murmur2_partitions(
+                np.frombuffer(offsets, np.int32, n + 1, key.offset * 4),
+                memoryview(data).cast("B") if data is not None else np.zeros(0, np.uint8),
+                _bitmap(valid, key.offset, n), count, parts)
+        nulls = np.flatnonzero(parts < 0)
+        if len(nulls):  # Kafka's sticky partitioning: blocks of rows without a key
+            blocks = np.arange(len(nulls)) // self.STICKY_ROWS
+            parts[nulls] = (self.sticky + blocks) % count
+            self.sticky += int(blocks[-1]) + 1
+        if "partition" in cols:
+            for i, p in enumerate(cols["partition"]):
+                if p is not None:
+                    if not 0 <= p < count:
+                        raise BridgeError(f"cannot write a record to {topic}-{p}: unknown "
+                                          f"partition (the topic has {count})")
+                    parts[i] = p
+        return parts
+
+    def _send_topic(self, topic: str, batch: Any, cols: dict[str, Any],
+                    rows: list[int] | None) -> None:
+        import numpy as np
+
+        if rows is not None:
+            batch = batch.take(rows)
+            cols = {k: [v[i] for i in rows] for k, v in cols.items() if k != "topic"}
+        parts = self._partitions(topic, batch, cols)
+        records = _records(cols, batch.num_rows)
+        sizes = _sizes(batch)
+        order = np.argsort(parts, kind="stable")
+        bounds = np.flatnonzero(np.diff(parts[order])) + 1
+        for group in np.split(order, bounds):
+            if len(group) == 0:
+                continue
+            p = int(parts[group[0]])
+            size = 0
+            chunk: list[Any] = []
+            for i in group.tolist():
+                chunk.append(records[i])
+                size += sizes[i]
+                if size >= self.BATCH_BYTES:
+                    self._submit(topic, p, chunk)
+                    chunk, size = [], 0
+            if chunk:
+                self._submit(topic, p, chunk)
+
+    def _submit(self, topic: str, partition: int, records: list[Any]) -> None:
+        try:
+            self.futures.append(self.broker.send_batch(topic, partition, records, acks=-1,
+                                                       timeout=120.0))
+        except (BufferError, ValueError, OSError) as exc:
+            raise BridgeError(f"cannot write to {topic}-{partition}: {exc}") from None
+
+    def _check(self) -> None:
+        """Drop answered batches, raising the first error."""
+        left = []
+        for f in self.futures:
+            if not f.done():
+                left.append(f)
+            elif f.value.error_code:
+                v = f.value
+                raise BridgeError(f"writing to {v.topic}-{v.partition} failed: Kafka error "
+                                  f"{v.error_code} {v.error_message or ''}".rstrip())
+        self.futures = left
+
+    def flush(self) -> None:
+        left = self.broker.flush(_FLUSH_TIMEOUT_S)
+        self._check()
+        if left:
+            raise BridgeError(f"{left} batches were not acknowledged within "
+                              f"{_FLUSH_TIMEOUT_S:.0f} s by the broker in "
+                              f"{self.target.data_dir}")
+
+    def close(self) -> None:
+        self.broker.close()
+
+
+def _bitmap(valid: Any, offset: int, n: int) -> Any:
+    """The validity bitmap of an array slice, realigned to bit 0 (None: no nulls)."""
+    if valid is None:
+        return None
+    if offset % 8 == 0:
+        return memoryview(valid).cast("B")[offset // 8 : offset // 8 + (n + 7) // 8]
+    import numpy as np
+
+    bits = np.unpackbits(np.frombuffer(valid, np.uint8), bitorder="little")[offset:offset + n]
+    return np.packbits(bits, bitorder="little")
+
+
+def _records(cols: dict[str, Any], n: int) -> list[Any]:
+    """Rows as ``shmq.ipc.client`` takes them: a value, or (key, value[, ms[, headers]])."""
+    values = cols["value"]
+    keys = cols.get("key")
+    stamps = cols.get("timestamp")
+    headers = cols.get("headers")
+    if headers is not None:
+        hs = [None if h is None else [(x["key"], x["value"]) for x in h] for h in headers]
+        return list(zip(keys or [None] * n, values, stamps or [None] * n, hs, strict=True))
+    if stamps is not None:
+        return list(zip(keys or [None] * n, values, stamps, strict=True))
+    if keys is not None:
+        return list(zip(keys, values, strict=True))
+    return [(None, v) for v in values]
+
+
+def _sizes(batch: Any) -> Any:
+    """About how many bytes each row takes in a batch (key and value lengths plus framing)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    total = np.full(batch.num_rows, 16, np.int64)
+    for name in ("key", "value"):
+        if name in batch.schema.names:
+            lengths = pc.binary_length(batch.column(name)).fill_null(0)
+            total += lengths.to_numpy(zero_copy_only=False)
+    return total.tolist()
 
 
 class KafkaProtocolSink(RecordSink):

@@ -83,3 +83,6 @@ def fill_headers(
     min_offset: int = ...,
     max_offset: int = ...,
 ) -> tuple[int, int, int, int, int, int, int]: ...
+def murmur2_partitions(
+    offsets: Any, data: Any, valid: Any, partitions: int, out: Any
+) -> None: ...

@@ -1001,3 +1001,63 @@ def fill_headers(list bodies not None, const int64_t[::1] meta not None,
         if c.value_valid != NULL:
             _clear_bits_from(c.value_valid, value_valid.shape[0], c.headers)
     return c.rows, c.headers, c.klen, c.vlen, c.list_nulls, c.value_nulls, c.bad_keys
+
+
+# --- Kafka's default partitioner ---------------------------------------------------------------
+
+cdef inline uint32_t _murmur2(const unsigned char *p, Py_ssize_t n) noexcept nogil:
+    """Kafka's ``Utils.murmur2`` (seed 0x9747b28c), on uint32 as Java's int arithmetic wraps."""
+    cdef uint32_t m = 0x5bd1e995
+    cdef uint32_t h = <uint32_t>0x9747b28c ^ <uint32_t>n
+    cdef uint32_t k
+    cdef Py_ssize_t i, n4 = n // 4
+    for i in range(n4):
+        k = (<uint32_t>p[4 * i] | (<uint32_t>p[4 * i + 1] << 8) | (<uint32_t>p[4 * i + 2] << 16)
+             | (<uint32_t>p[4 * i + 3] << 24))
+        k *= m
+        k ^= k >> 24
+        k *= m
+        h *= m
+        h ^= k
+    i = n & ~3
+    if n % 4 == 3:
+        h ^= <uint32_t>p[i + 2] << 16
+    if n % 4 >= 2:
+        h ^= <uint32_t>p[i + 1] << 8
+    if n % 4 >= 1:
+        h ^= <uint32_t>p[i]
+        h *= m
+    h ^= h >> 13
+    h *= m
+    h ^= h >> 15
+    return h
+
+
+def murmur2_partitions(const int32_t[::1] offsets not None, const unsigned char[::1] data not None,
+                       valid, int32_t partitions, int32_t[::1] out not None):
+    """Kafka's partition of each key of an Arrow binary column: ``toPositive(murmur2(key)) %
+    partitions`` (Java's ``BuiltInPartitioner.partitionForKey``), -1 for a null key.
+
+    ``offsets`` has n + 1 entries, ``valid`` is the validity bitmap (a buffer, or None when no
+    key is null), ``out`` receives n partitions."""
+    cdef Py_ssize_t n = out.shape[0], i
+    cdef int32_t a, b
+    cdef const unsigned char[::1] bits
+    cdef bint has_bits = valid is not None
+    if partitions <= 0:
+        raise ValueError("partitions must be positive")
+    if offsets.shape[0] < n + 1:
+        raise ValueError("offsets need n + 1 entries")
+    if has_bits:
+        bits = memoryview(valid).cast("B")  # pyarrow buffers export signed chars
+        if bits.shape[0] * 8 < n:
+            raise ValueError("the validity bitmap is too short")
+    for i in range(n):
+        if has_bits and not (bits[i >> 3] >> (i & 7)) & 1:
+            out[i] = -1
+            continue
+        a, b = offsets[i], offsets[i + 1]
+        if a < 0 or b < a or b > data.shape[0]:
+            raise ValueError(f"key {i}: offsets {a}..{b} outside the data")
+        out[i] = <int32_t>((_murmur2(&data[0] + a if b > a else NULL, b - a) & 0x7fffffff)
+                           % <uint32_t>partitions)

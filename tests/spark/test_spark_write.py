@@ -5,6 +5,7 @@ chooses (kafka-python's murmur2, a port of Java's ``Utils.murmur2``, is the orac
 from __future__ import annotations
 
 import datetime as dt
+import time
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -54,8 +55,11 @@ def write(df: Any, bootstrap: str, **options: str) -> None:
     w.save()
 
 
-def test_batch_write_with_every_sink_column(spark: Any, wbroker: Any) -> None:
-    create_topics(wbroker.bootstrap, {"w-out": 5})
+@pytest.mark.parametrize("transport", ["auto", "kafka"])
+def test_batch_write_with_every_sink_column(spark: Any, wbroker: Any, transport: str) -> None:
+    """auto: the shared-memory rings (the broker is local); kafka: confluent-kafka."""
+    topic = f"w-out-{transport}"
+    create_topics(wbroker.bootstrap, {topic: 5})
     ts = dt.datetime(2024, 5, 6, 7, 8, 9, 123000)
     rows = [(f"key-{i}" if i % 5 else None, f"value-{i}",
              [("source", b"spark"), ("n", str(i).encode())] if i % 3 == 0 else None,
@@ -64,8 +68,14 @@ def test_batch_write_with_every_sink_column(spark: Any, wbroker: Any) -> None:
     df = spark.createDataFrame(rows, "key string, value string, "
                                "headers array<struct<key: string, value: binary>>, "
                                "partition int, timestamp timestamp")
-    write(df, wbroker.bootstrap, topic="w-out")
-    got = consume(wbroker.bootstrap, "w-out", 5)
+    def ring_entries() -> int:
+        return sum(s.get("ring_entries", 0) for s in wbroker.worker_stats(after=time.time()))
+
+    before = ring_entries()
+    write(df, wbroker.bootstrap, topic=topic, **{"shmq.transport": transport})
+    through_rings = ring_entries() - before
+    assert (through_rings > 0) == (transport == "auto"), through_rings
+    got = consume(wbroker.bootstrap, topic, 5)
     assert len(got) == 2000
     by_value = {m.value().decode(): m for m in got}
     for key, value, headers, partition, _ in rows:
