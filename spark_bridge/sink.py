@@ -162,11 +162,13 @@ def open_sink(target: SinkTarget) -> RecordSink:
     return KafkaProtocolSink(target)
 
 
-def _columns(batch: Any, target: SinkTarget) -> dict[str, Any]:
-    """The sink columns of an Arrow batch as Python lists (topic only without the option)."""
+def _columns(batch: Any, target: SinkTarget, records: bool = True) -> dict[str, Any]:
+    """The sink columns of an Arrow batch as Python lists (topic only without the option;
+    key and value only for ``records``)."""
     names = batch.schema.names
     out: dict[str, Any] = {}
-    for name in ("key", "value", "partition", "headers"):
+    wanted = ("key", "value", "partition", "headers") if records else ("partition",)
+    for name in wanted:
         if name in target.columns and name in names:
             out[name] = batch.column(name).to_pylist()
     if "timestamp" in target.columns and "timestamp" in names:
@@ -234,7 +236,8 @@ class RingSink(RecordSink):
         n = batch.num_rows
         if n == 0:
             return 0
-        cols = _columns(batch, self.target)
+        columnar = not {"headers", "timestamp"} & set(self.target.columns)
+        cols = _columns(batch, self.target, records=not columnar)
         if "topic" in cols:
             groups: dict[str, list[int]] = {}
             for i, t in enumerate(cols["topic"]):
@@ -248,7 +251,7 @@ class RingSink(RecordSink):
         self._check()
         return n
 
-    def _partitions(self, topic: str, batch: Any, cols: dict[str, Any]) -> Any:
+    def _partitions(self, topic: str, batch: Any, cols: dict[str, Any], keys: Any) -> Any:
         import numpy as np
 
         from shmq import _fast
@@ -256,17 +259,8 @@ class RingSink(RecordSink):
         count = self._partition_count(topic)
         n = batch.num_rows
         parts = np.full(n, -1, np.int32)
-        if "key" in cols:
-            import pyarrow as pa
-
-            key = batch.column("key")
-            if not pa.types.is_binary(key.type):
-                key = key.cast(pa.binary())  # a string key: its UTF-8 bytes
-            valid, offsets, data = key.buffers()
-            _fast.murmur2_partitions(
-                np.frombuffer(offsets, np.int32, n + 1, key.offset * 4),
-                memoryview(data).cast("B") if data is not None else np.zeros(0, np.uint8),
-                _bitmap(valid, key.offset, n), count, parts)
+        if keys is not None:
+            _fast.murmur2_partitions(keys[0], keys[1], keys[2], count, parts)
         nulls = np.flatnonzero(parts < 0)
         if len(nulls):  # Kafka's sticky partitioning: blocks of rows without a key
             blocks = np.arange(len(nulls)) // self.STICKY_ROWS
@@ -288,25 +282,56 @@ class RingSink(RecordSink):
         if rows is not None:
             batch = batch.take(rows)
             cols = {k: [v[i] for i in rows] for k, v in cols.items() if k != "topic"}
-        parts = self._partitions(topic, batch, cols)
-        records = _records(cols, batch.num_rows)
+        keys = _binary_buffers(batch, "key") if "key" in self.target.columns else None
+        values = _binary_buffers(batch, "value")
+        parts = self._partitions(topic, batch, cols, keys)
         sizes = _sizes(batch)
         order = np.argsort(parts, kind="stable")
         bounds = np.flatnonzero(np.diff(parts[order])) + 1
+        columnar = "headers" not in cols and "timestamp" not in cols
+        records = None if columnar else _records(cols, batch.num_rows)
         for group in np.split(order, bounds):
             if len(group) == 0:
                 continue
             p = int(parts[group[0]])
-            size = 0
-            chunk: list[Any] = []
-            for i in group.tolist():
-                chunk.append(records[i])
-                size += sizes[i]
-                if size >= self.BATCH_BYTES:
-                    self._submit(topic, p, chunk)
-                    chunk, size = [], 0
-            if chunk:
-                self._submit(topic, p, chunk)
+            # batches of about BATCH_BYTES each
+            ends = np.cumsum(sizes[group])
+            cuts = np.searchsorted(ends, np.arange(self.BATCH_BYTES, int(ends[-1]),
+                                                   self.BATCH_BYTES), side="right")
+            for chunk in np.split(group, np.unique(cuts)):
+                if len(chunk) == 0:
+                    continue
+                if columnar:
+                    assert values is not None
+                    self._submit_columns(topic, p, keys, values, chunk.astype(np.int64))
+                else:
+                    assert records is not None
+                    self._submit(topic, p, [records[i] for i in chunk.tolist()])
+
+    def _submit_columns(self, topic: str, partition: int, keys: Any, values: Any,
+                        rows: Any) -> None:
+        """Rows of the Arrow batch encoded straight into the ring (no object per record)."""
+        import time
+
+        from shmq import _fast
+
+        k_off, k_data, k_valid = keys if keys is not None else (None, None, None)
+        v_off, v_data, v_valid = values
+        now = int(time.time() * 1000)
+        encode = _fast.encode_arrow_batch_into
+
+        def write(view: Any, at: int, size: int, pid: int, epoch: int, seq: int) -> int:
+            if size < 0:  # the size alone (nothing fits in 0 bytes: -size comes back)
+                return -encode(view, 0, 0, rows, k_off, k_data, k_valid, v_off, v_data,
+                               v_valid, now, pid, epoch, seq)
+            return encode(view, at, size, rows, k_off, k_data, k_valid, v_off, v_data,
+                          v_valid, now, pid, epoch, seq)
+
+        try:
+            self.futures.append(self.broker.send_with(topic, partition, len(rows), write,
+                                                      acks=-1, timeout=120.0))
+        except (BufferError, ValueError, OSError) as exc:
+            raise BridgeError(f"cannot write to {topic}-{partition}: {exc}") from None
 
     def _submit(self, topic: str, partition: int, records: list[Any]) -> None:
         try:
@@ -351,6 +376,24 @@ def _bitmap(valid: Any, offset: int, n: int) -> Any:
     return np.packbits(bits, bitorder="little")
 
 
+def _binary_buffers(batch: Any, name: str) -> tuple[Any, Any, Any] | None:
+    """(offsets, data, validity) of a binary or string column of an Arrow batch, realigned
+    to its first row, or None without the column."""
+    import numpy as np
+    import pyarrow as pa
+
+    if name not in batch.schema.names:
+        return None
+    arr = batch.column(name)
+    if not pa.types.is_binary(arr.type):
+        arr = arr.cast(pa.binary())  # a string column: its UTF-8 bytes (zero-copy)
+    valid, offsets, data = arr.buffers()
+    n = len(arr)
+    return (np.frombuffer(offsets, np.int32, n + 1, arr.offset * 4),
+            memoryview(data).cast("B") if data is not None else np.zeros(0, np.uint8),
+            _bitmap(valid, arr.offset, n) if arr.null_count else None)
+
+
 def _records(cols: dict[str, Any], n: int) -> list[Any]:
     """Rows as ``shmq.ipc.client`` takes them: a value, or (key, value[, ms[, headers]])."""
     values = cols["value"]
@@ -377,7 +420,7 @@ def _sizes(batch: Any) -> Any:
         if name in batch.schema.names:
             lengths = pc.binary_length(batch.column(name)).fill_null(0)
             total += lengths.to_numpy(zero_copy_only=False)
-    return total.tolist()
+    return total
 
 
 class KafkaProtocolSink(RecordSink):

@@ -49,6 +49,7 @@ if HAVE_FAST:
     fill_columns = _batch.fill_columns
     fill_headers = _batch.fill_headers
     murmur2_partitions = _batch.murmur2_partitions
+    encode_arrow_batch_into = _batch.encode_arrow_batch_into
     largest_lower_bound = _index.largest_lower_bound
     smallest_upper_bound = _index.smallest_upper_bound
     MappedFile = _mapping.MappedFile
@@ -75,6 +76,7 @@ else:
     fill_columns = _reference.fill_columns
     fill_headers = _reference.fill_headers
     murmur2_partitions = _reference.murmur2_partitions
+    encode_arrow_batch_into = _reference.encode_arrow_batch_into
     largest_lower_bound = _reference.largest_lower_bound
     smallest_upper_bound = _reference.smallest_upper_bound
     MappedFile = _reference.MappedFile  # type: ignore[misc,assignment]
@@ -117,6 +119,6 @@ __all__ = [
     "COL_PRODUCER_EPOCH", "COL_PRODUCER_ID", "COL_RECORDS_COUNT", "COL_SIZE", "HAVE_FAST",
     "HEADER_SIZE", "MappedFile", "ProducerTable", "NO_LOG_APPEND_TIME", "SCAN_COLUMNS", "SCAN_CORRUPT", "SCAN_END", "SCAN_FULL", "SCAN_PARTIAL",
     "batch_header", "build_batch", "check_timestamps", "crc32c", "crc32c_software",
-    "decode_records", "decode_sections", "encode_records", "fill_columns", "fill_headers", "murmur2_partitions", "have_hardware", "largest_lower_bound",
+    "decode_records", "decode_sections", "encode_records", "fill_columns", "fill_headers", "murmur2_partitions", "encode_arrow_batch_into", "have_hardware", "largest_lower_bound",
     "scan_batches", "smallest_upper_bound", "stamp_batch", "validate_batch",
 ]

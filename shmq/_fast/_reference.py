@@ -587,6 +587,53 @@ def murmur2_partitions(offsets: Any, data: Any, valid: Any, partitions: int, out
         out[i] = (_murmur2(raw[a:b]) & 0x7FFFFFFF) % partitions
 
 
+def encode_arrow_batch_into(out: Any, pos: int, limit: int, rows: Any, key_offsets: Any,
+                            key_data: Any, key_valid: Any, value_offsets: Any, value_data: Any,
+                            value_valid: Any, timestamp: int, producer_id: int = -1,
+                            producer_epoch: int = -1, base_sequence: int = -1) -> int:
+    n = len(rows)
+    if n == 0:
+        raise ValueError("a record batch holds at least one record")
+    if pos < 0 or limit < 0 or pos > len(out) - limit:
+        raise IndexError("encode window is outside the buffer")
+    if key_offsets is not None and key_data is None:
+        raise ValueError("key offsets without key data")
+
+    def column(offsets: Any, data: Any, valid: Any, name: str) -> Any:
+        if offsets is None:
+            return None
+        raw = bytes(memoryview(data).cast("B"))
+        bits = None if valid is None else bytes(memoryview(valid).cast("B"))
+        if bits is not None and len(bits) * 8 < len(offsets) - 1:
+            raise ValueError(f"the {name} validity bitmap is too short")
+
+        def get(r: int) -> bytes | None:
+            if bits is not None and not (bits[r >> 3] >> (r & 7)) & 1:
+                return None
+            a, b = int(offsets[r]), int(offsets[r + 1])
+            if not 0 <= a <= b <= len(raw):
+                raise ValueError(f"row {r}: {name} offsets outside the column data")
+            return raw[a:b]
+
+        return get
+
+    keys = column(key_offsets, key_data, key_valid, "key")
+    values = column(value_offsets, value_data, value_valid, "value")
+    records: list[tuple[Any, Any, int, list]] = []
+    for r in (int(x) for x in rows):
+        if r < 0 or r >= len(value_offsets) - 1 or (
+                key_offsets is not None and r >= len(key_offsets) - 1):
+            raise IndexError(f"row {r} is outside the columns")
+        records.append((None if keys is None else keys(r), values(r), timestamp, []))
+    body = encode_records(records, timestamp)
+    batch = build_batch(body, n, n - 1, 0, 0, -1, timestamp, timestamp, producer_id,
+                        producer_epoch, base_sequence)
+    if len(batch) > limit:
+        return -len(batch)
+    memoryview(out).cast("B")[pos : pos + len(batch)] = batch
+    return len(batch)
+
+
 # --- index search ----------------------------------------------------------------------------
 
 _WARM_BYTES = 8192

@@ -86,3 +86,19 @@ def fill_headers(
 def murmur2_partitions(
     offsets: Any, data: Any, valid: Any, partitions: int, out: Any
 ) -> None: ...
+def encode_arrow_batch_into(
+    out: Any,
+    pos: int,
+    limit: int,
+    rows: Any,
+    key_offsets: Any,
+    key_data: Any,
+    key_valid: Any,
+    value_offsets: Any,
+    value_data: Any,
+    value_valid: Any,
+    timestamp: int,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+) -> int: ...

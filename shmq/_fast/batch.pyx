@@ -1061,3 +1061,126 @@ def murmur2_partitions(const int32_t[::1] offsets not None, const unsigned char[
             raise ValueError(f"key {i}: offsets {a}..{b} outside the data")
         out[i] = <int32_t>((_murmur2(&data[0] + a if b > a else NULL, b - a) & 0x7fffffff)
                            % <uint32_t>partitions)
+
+
+# --- RecordBatch v2 from Arrow columns ---------------------------------------------------------
+
+cdef inline bint _arrow_valid(const unsigned char *bits, int64_t r) noexcept nogil:
+    return bits == NULL or (bits[r >> 3] >> (r & 7)) & 1
+
+
+cdef inline int64_t _arrow_len(const int32_t *off, const unsigned char *bits, int64_t r) noexcept nogil:
+    """The length of row r of a binary column, -1 when null (or when there is no column)."""
+    if off == NULL or not _arrow_valid(bits, r):
+        return -1
+    return off[r + 1] - off[r]
+
+
+cdef inline Py_ssize_t _arrow_body(int64_t i, int64_t klen, int64_t vlen) noexcept nogil:
+    # attributes, timestamp delta 0, offset delta, key, value, no headers
+    return (2 + _varint_size(i) + _varint_size(klen) + (klen if klen > 0 else 0)
+            + _varint_size(vlen) + (vlen if vlen > 0 else 0) + 1)
+
+
+def encode_arrow_batch_into(unsigned char[::1] out not None, Py_ssize_t pos, Py_ssize_t limit,
+                            const int64_t[::1] rows not None,
+                            const int32_t[::1] key_offsets, const unsigned char[::1] key_data,
+                            key_valid,
+                            const int32_t[::1] value_offsets not None,
+                            const unsigned char[::1] value_data not None, value_valid,
+                            int64_t timestamp, int64_t producer_id=-1,
+                            int16_t producer_epoch=-1, int32_t base_sequence=-1):
+    """Rows ``rows`` of Arrow binary columns as one uncompressed RecordBatch v2 at
+    ``out[pos:pos + limit]``, with no object per record (the Spark sink's shared-memory path).
+
+    Keys are (offsets, data, validity bitmap or None), or None for no key column; values the
+    same.  Every record gets ``timestamp`` (CreateTime) and no headers.  Base offset 0 and
+    partition leader epoch -1 (the broker stamps both).  Returns the batch size, or ``-size``
+    (nothing written) when it does not fit in ``limit``.
+    """
+    cdef Py_ssize_t n = rows.shape[0], i, size, body
+    cdef int64_t r, klen, vlen
+    cdef int64_t key_rows = key_offsets.shape[0] - 1 if key_offsets is not None else 0
+    cdef int64_t value_rows = value_offsets.shape[0] - 1
+    cdef const int32_t *koff = &key_offsets[0] if key_offsets is not None else NULL
+    cdef const int32_t *voff = &value_offsets[0]
+    cdef const unsigned char *kbits = NULL
+    cdef const unsigned char *vbits = NULL
+    cdef const unsigned char[::1] kb
+    cdef const unsigned char[::1] vb
+    cdef unsigned char *start
+    cdef unsigned char *w
+    if n == 0:
+        raise ValueError("a record batch holds at least one record")
+    if n > 0x7fffffff:
+        raise ValueError("too many records for one batch")
+    if pos < 0 or limit < 0 or pos > out.shape[0] - limit:
+        raise IndexError("encode window is outside the buffer")
+    if key_offsets is not None and key_data is None:
+        raise ValueError("key offsets without key data")
+    if key_valid is not None and key_offsets is not None:
+        kb = memoryview(key_valid).cast("B")
+        if kb.shape[0] * 8 < key_rows:
+            raise ValueError("the key validity bitmap is too short")
+        kbits = &kb[0] if kb.shape[0] else NULL
+    if value_valid is not None:
+        vb = memoryview(value_valid).cast("B")
+        if vb.shape[0] * 8 < value_rows:
+            raise ValueError("the value validity bitmap is too short")
+        vbits = &vb[0] if vb.shape[0] else NULL
+    # pass 1: bounds and size
+    size = HEADER
+    for i in range(n):
+        r = rows[i]
+        if r < 0 or r >= value_rows or (koff != NULL and r >= key_rows):
+            raise IndexError(f"row {r} is outside the columns")
+        if koff != NULL and _arrow_valid(kbits, r) and not (
+                0 <= koff[r] <= koff[r + 1] <= key_data.shape[0]):
+            raise ValueError(f"row {r}: key offsets outside the column data")
+        if _arrow_valid(vbits, r) and not 0 <= voff[r] <= voff[r + 1] <= value_data.shape[0]:
+            raise ValueError(f"row {r}: value offsets outside the column data")
+        klen = _arrow_len(koff, kbits, r)
+        vlen = _arrow_len(voff, vbits, r)
+        body = _arrow_body(i, klen, vlen)
+        size += _varint_size(body) + body
+    if size - 12 > 0x7fffffff:
+        raise ValueError("record batch larger than 2 GiB")
+    if size > limit:
+        return -size
+    start = &out[pos]
+    w = start + HEADER
+    with nogil:
+        for i in range(n):
+            r = rows[i]
+            klen = _arrow_len(koff, kbits, r)
+            vlen = _arrow_len(voff, vbits, r)
+            body = _arrow_body(i, klen, vlen)
+            w += _write_varint(w, body)
+            w[0] = 0  # attributes
+            w[1] = 0  # timestamp delta
+            w += 2
+            w += _write_varint(w, i)
+            w += _write_varint(w, klen)
+            if klen > 0:
+                memcpy(w, &key_data[0] + koff[r], klen)
+                w += klen
+            w += _write_varint(w, vlen)
+            if vlen > 0:
+                memcpy(w, &value_data[0] + voff[r], vlen)
+                w += vlen
+            w[0] = 0  # no headers
+            w += 1
+        shmq_store_u64(start, 0)
+        shmq_store_u32(start + 8, <uint32_t>(size - 12))
+        shmq_store_u32(start + 12, <uint32_t>-1)
+        start[16] = 2
+        shmq_store_u16(start + 21, 0)
+        shmq_store_u32(start + 23, <uint32_t>(n - 1))
+        shmq_store_u64(start + 27, <uint64_t>timestamp)
+        shmq_store_u64(start + 35, <uint64_t>timestamp)
+        shmq_store_u64(start + 43, <uint64_t>producer_id)
+        shmq_store_u16(start + 51, <uint16_t>producer_epoch)
+        shmq_store_u32(start + 53, <uint32_t>base_sequence)
+        shmq_store_u32(start + 57, <uint32_t>n)
+        shmq_store_u32(start + 17, crc32c_c(start + 21, size - 21))
+    return size

@@ -509,6 +509,16 @@ class LocalBroker:
         return self._submit(topic, partition, write, count, acks, timeout, on_delivery,
                             sequenced=False)
 
+    def send_with(self, topic: str, partition: int, count: int, write: Callable[..., int], *,
+                  acks: int | str = -1, timeout: float = 30.0,
+                  on_delivery: Callable[[BatchResult], Any] | None = None) -> BatchFuture:
+        """``send_batch`` with the caller's encoder (the Spark sink encodes Arrow columns):
+        ``write(view, at, size, producer_id, epoch, sequence)`` writes one uncompressed
+        RecordBatch v2 of ``count`` records at ``view[at:at + size]`` with that producer id,
+        epoch and base sequence and returns its size; called with ``size < 0`` it only returns
+        the size it needs."""
+        return self._submit(topic, partition, write, count, acks, timeout, on_delivery)
+
     def _submit(self, topic: str, partition: int, write: Callable[..., int], count: int,
                 acks: int | str, timeout: float,
                 on_delivery: Callable[[BatchResult], Any] | None,
