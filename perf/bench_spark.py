@@ -16,8 +16,8 @@ every value goes through Spark), over the whole topic, each way, median of ``--r
   connector  Spark's own Kafka connector, ``format("kafka")``, reading the same topic from the
              shmq broker over the wire.  Target: shmq >= 2x its rate.
 
-Write: ``spark.range(n)`` with 100 B values written with ``format("shmq")`` (idempotent, acks=all
-through the broker), rows/s.  Target >= 1,000,000 rows/s.  Anchor: Spark's Kafka sink writing
+Write: ``spark.range(n)`` with 100 B values written with ``format("shmq")`` (idempotent, acks=all,
+through the workers' shared-memory rings), rows/s.  Target >= 1,000,000 rows/s.  Anchor: Spark's Kafka sink writing
 the same rows to the same broker (informational).
 
 Streaming: ``Trigger.AvailableNow`` over the 100 B topic into Spark's noop sink (rows/s), and
@@ -27,6 +27,7 @@ connector side by side.
 
     python perf/bench_spark.py [--records 5000000 --records-1k 1000000 --repeat 3]
     python perf/bench_spark.py --quick        # a small load: checks the whole run works
+    python perf/bench_spark.py --only write   # one part (read, write, stream)
 
 Timings are wall clock (the work runs in the JVM and Python workers, not in this process).
 """
@@ -66,6 +67,8 @@ def parser() -> argparse.ArgumentParser:
                    help="200,000 / 50,000 records, 1 repeat, 8 s latency runs")
     p.add_argument("--no-connector", action="store_true",
                    help="skip Spark's Kafka connector rows (no Maven Central)")
+    p.add_argument("--only", default="read,write,stream",
+                   help="which parts to run (comma list of read, write, stream)")
     c.add_dir_arg(p)
     return p
 
@@ -386,10 +389,12 @@ def run(args: argparse.Namespace) -> list[c.Row]:
         admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
         for f in admin.create_topics([NewTopic("b100", 6, 1), NewTopic("b1k", 6, 1)]).values():
             f.result(30)
-        dt = produce(bootstrap, "b100", args.records, 100)
-        print(f"produced {args.records:,} x 100 B in {dt:.1f} s", flush=True)
-        dt = produce(bootstrap, "b1k", args.records_1k, 1024)
-        print(f"produced {args.records_1k:,} x 1 KiB in {dt:.1f} s", flush=True)
+        if {"read", "stream"} & set(args.only.split(",")):
+            dt = produce(bootstrap, "b100", args.records, 100)
+            print(f"produced {args.records:,} x 100 B in {dt:.1f} s", flush=True)
+        if "read" in args.only.split(","):
+            dt = produce(bootstrap, "b1k", args.records_1k, 1024)
+            print(f"produced {args.records_1k:,} x 1 KiB in {dt:.1f} s", flush=True)
         conf = {"spark.driver.memory": "6g", "spark.sql.shuffle.partitions": "2",
                 "spark.sql.execution.arrow.pyspark.enabled": "true"}
         connector = not args.no_connector
@@ -400,12 +405,17 @@ def run(args: argparse.Namespace) -> list[c.Row]:
         spark.dataSource.register(prebuilt_source())
         print(f"Spark {spark.version}, local[2], connector: "
               f"{conf.get('spark.jars.packages', 'not loaded')}\n", flush=True)
-        rows = read_rows(spark, args, bootstrap, work / "data", work, "b100", args.records,
-                         "100 B", connector)
-        rows += read_rows(spark, args, bootstrap, work / "data", work, "b1k", args.records_1k,
-                          "1 KiB", connector)
-        rows += write_rows(spark, args, bootstrap, connector)
-        rows += stream_rows(spark, args, bootstrap, "b100", args.records, work, connector)
+        parts = set(args.only.split(","))
+        rows = []
+        if "read" in parts:
+            rows += read_rows(spark, args, bootstrap, work / "data", work, "b100", args.records,
+                              "100 B", connector)
+            rows += read_rows(spark, args, bootstrap, work / "data", work, "b1k",
+                              args.records_1k, "1 KiB", connector)
+        if "write" in parts:
+            rows += write_rows(spark, args, bootstrap, connector)
+        if "stream" in parts:
+            rows += stream_rows(spark, args, bootstrap, "b100", args.records, work, connector)
         return rows
     finally:
         if spark is not None:
