@@ -147,6 +147,9 @@ def _read_mmap(plan: ReadPlan, topic: str, partition: int, start: int, end: int,
                 yield batch
     except FileNotFoundError:
         gap(start, end)  # the partition directory went away: the topic was deleted
+    except OSError as exc:  # permissions, not a directory, an I/O error
+        raise BridgeError(f"cannot read the segments of {topic}-{partition} in {directory}: "
+                          f"{exc.strerror or exc}") from None
     except CorruptRecordError as exc:
         raise BridgeError(f"corrupt data in {topic}-{partition} (nothing was read past it): "
                           f"{exc}") from None

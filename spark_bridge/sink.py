@@ -548,6 +548,9 @@ class KafkaProtocolSink(RecordSink):
             if keys is not None and keys[i] is not None:
                 kw["key"] = keys[i]
             if partitions is not None and partitions[i] is not None:
+                if partitions[i] < 0:  # librdkafka would take -1 as "use the partitioner"
+                    raise BridgeError(f"cannot write a record to {topics[i]}-{partitions[i]}: "
+                                      "a partition number is >= 0")
                 kw["partition"] = partitions[i]
             if headers is not None and headers[i] is not None:
                 kw["headers"] = [(h["key"], h["value"]) for h in headers[i]]

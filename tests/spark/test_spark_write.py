@@ -126,6 +126,9 @@ def test_write_errors(spark: Any, wbroker: Any) -> None:
         "automatically", topic="w-missing")
     err(spark.createDataFrame([("a", 9)], "value string, partition int"),
         "cannot write a record to w-err-9", topic="w-err")
+    # a negative partition over the Kafka protocol too (librdkafka reads -1 as "any")
+    err(spark.createDataFrame([("a", -1)], "value string, partition int"),
+        "cannot write a record to w-err--1", topic="w-err", **{"shmq.transport": "kafka"})
     assert consume(wbroker.bootstrap, "w-err", 2) == []
 
 

@@ -4,6 +4,8 @@ oracle for the same rules in ``tests/spark``; here: bad input, and properties of
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -181,3 +183,74 @@ def test_split_ranges_cover_each_partition_exactly(sizes: list[int], min_partiti
             assert all(b - a <= max_records for a, b in pieces)
     if min_partitions is None and max_records is None:
         assert len(out) == sum(1 for s in sizes if s)
+
+
+def test_unreadable_data_dir_and_partition_directory(tmp_path: Path) -> None:
+    from spark_bridge.catalog import open_catalog
+    from spark_bridge.reading import ReadPlan, _read_mmap
+
+    a_file = tmp_path / "a-file"
+    a_file.write_bytes(b"not a data directory")
+    with pytest.raises(BridgeError, match=f"cannot read {a_file}/run/broker.json: .*Not a "
+                                          "directory"):
+        open_catalog(parse_source({"subscribe": "a", "shmq.dataDir": str(a_file)},
+                                  streaming=False))
+    # an executor whose partition directory cannot be listed: one line, not a traceback
+    with pytest.raises(BridgeError, match=f"cannot read the segments of a-0 in {a_file}: Not a "
+                                          "directory"):
+        list(_read_mmap(ReadPlan(transport="mmap"), "a", 0, 0, 10, str(a_file)))
+    assert a_file.read_bytes() == b"not a data directory"
+
+
+def test_malformed_stream_offsets_and_sink_options() -> None:
+    # a streaming offset Spark hands back from a checkpoint must have Kafka's shape
+    for garbage in ({"t": 5}, {"t": {"zero": 1}}, {"t": {"0": "x"}}, ["t"]):
+        with pytest.raises(BridgeError, match="not a Kafka source offset"):
+            planning.from_json(garbage)  # type: ignore[arg-type]
+    assert planning.from_json({"t": {"0": 42, "1": 7}}) == {("t", 0): 42, ("t", 1): 7}
+    with pytest.raises(BridgeError, match="must be one of auto, mmap, kafka"):
+        parse_sink({"topic": "t", "shmq.transport": "carrier"})
+    with pytest.raises(BridgeError, match="'kafka.bootstrap.servers' is empty"):
+        parse_sink({"topic": "t", "kafka.bootstrap.servers": ""})
+
+
+def test_sink_schema_rules() -> None:
+    """Kafka's ``KafkaWriter.validateQuery``: which columns, of which types."""
+    from pyspark.sql.types import (
+        ArrayType,
+        BinaryType,
+        IntegerType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+    )
+
+    from spark_bridge.sink import check_sink_schema
+
+    def schema(**cols: Any) -> StructType:
+        return StructType([StructField(n, t) for n, t in cols.items()])
+
+    headers = ArrayType(StructType().add("key", StringType()).add("value", BinaryType()))
+    assert check_sink_schema(schema(value=BinaryType(), key=StringType(), headers=headers,
+                                    partition=IntegerType(), topic=StringType()), None) == \
+        ("topic", "key", "value", "headers", "partition")
+    assert check_sink_schema(schema(value=StringType(), topic=StringType()), "t") == ("value",)
+    for cols, topic, message in [
+        ({"key": StringType()}, "t", "required attribute 'value' not found"),
+        ({"value": StringType()}, None, "topic option required"),
+        ({"value": StringType(), "topic": IntegerType()}, None,
+         "topic attribute unsupported type int"),
+        ({"value": StringType(), "key": LongType()}, "t", "key attribute unsupported type bigint"),
+        ({"value": StringType(), "partition": LongType()}, "t",
+         "partition attribute unsupported type bigint"),
+        ({"value": StringType(), "timestamp": StringType()}, "t",
+         "timestamp attribute unsupported type string"),
+        ({"value": StringType(), "headers": ArrayType(StringType())}, "t",
+         "headers attribute unsupported type array<string>"),
+        ({"value": StringType(), "headers": ArrayType(
+            StructType().add("key", BinaryType()).add("value", BinaryType()))}, "t",
+         "headers attribute unsupported type"),
+    ]:
+        with pytest.raises(BridgeError, match=message):
+            check_sink_schema(schema(**cols), topic)
