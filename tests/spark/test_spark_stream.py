@@ -1,13 +1,14 @@
 """``spark.readStream.format("shmq")``: exact resume from a checkpoint (new partitions and new
-topics of a pattern picked up from their start), and every record exactly once at the sink
-when the streaming driver (Spark and its JVM) is SIGKILLed mid-batch while a broker worker is
-SIGKILLed too."""
+topics of a pattern picked up from their start), every record exactly once at the sink when the
+streaming driver (Spark and its JVM) is SIGKILLed mid-batch while a broker worker is SIGKILLed
+too, and a running query that goes on across a SIGKILL and restart of the whole broker."""
 
 from __future__ import annotations
 
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ import pytest
 from _spark_data import create_topics, produce_confluent
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewPartitions
+from shmq_test_broker import start_broker
 
 JOB = Path(__file__).with_name("_stream_job.py")
 
@@ -146,3 +148,50 @@ def test_sigkill_driver_and_worker_exactly_once_soak(spark: Any, sbroker: Any,
                                                      tmp_path: Path) -> None:
     kill_cycles(spark, sbroker, tmp_path, cycles=int(os.environ.get("SHMQ_SPARK_KILLS", "6")),
                 seed=int(os.environ.get("SHMQ_SPARK_SEED", "29")))
+
+
+def test_a_running_query_goes_on_across_a_broker_sigkill_and_restart(spark: Any,
+                                                                     tmp_path: Path) -> None:
+    """The whole broker (controller and workers) is SIGKILLed under a running query and
+    restarted on the same data directory and port: the query neither fails nor loses or
+    repeats a record (the tasks read the segments, which outlive the processes; the driver
+    follows the new broker's state table)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = tmp_path / "data"
+    listeners = ("--listeners", f"127.0.0.1:{port}")
+    b = start_broker(data, *listeners)
+    try:
+        create_topics(b.bootstrap, {"bk": 2})
+        counts: dict[int, int] = {}
+        produce_counted(b.bootstrap, "bk", 1000, 2, counts)
+        ck, out = tmp_path / "ck", tmp_path / "out"
+        q = (spark.readStream.format("shmq").option("kafka.bootstrap.servers", b.bootstrap)
+             .option("subscribe", "bk").option("startingOffsets", "earliest")
+             .option("maxOffsetsPerTrigger", "300").load()
+             .selectExpr("partition", "offset").writeStream.format("parquet")
+             .option("path", str(out)).option("checkpointLocation", str(ck))
+             .trigger(processingTime="200 milliseconds").start())
+        try:
+            deadline = time.monotonic() + 120
+            while committed_batches(ck) < 1:
+                assert q.isActive and time.monotonic() < deadline, q.exception()
+                time.sleep(0.1)
+            info = b.run_info
+            for w in info["workers"]:
+                if w["pid"]:
+                    os.kill(w["pid"], signal.SIGKILL)
+            os.kill(info["controller_pid"], signal.SIGKILL)
+            b.stop()
+            time.sleep(1.0)  # micro-batches run against the dead broker's files meanwhile
+            assert q.isActive, q.exception()
+            b = start_broker(data, *listeners)
+            produce_counted(b.bootstrap, "bk", 600, 2, counts)
+            q.processAllAvailable()
+            assert q.isActive and q.exception() is None
+        finally:
+            q.stop()
+        exactly_once(spark, out, counts)
+    finally:
+        b.stop()
