@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST := $(PY) -m pytest
 
-.PHONY: setup system-packages build debug run demo test test-fast test-slow bench perf lint clean
+.PHONY: setup system-packages build debug run demo test test-fast test-slow bench perf lint clean kafka
 
 # Debian packages the tests use, as "package:command": kcat (a client in the client tests),
 # prometheus (scrapes /metrics), chromium (the dashboard test, driven by Playwright), tmux
@@ -50,9 +50,16 @@ debug: $(STAMP)
 run demo: build
 	$(VENV)/bin/shmq demo
 
+# Apache Kafka, the reference the differential tests compare shmq with (tools/apache_kafka.py):
+# Maven resolves the pinned artifacts into ~/.m2; the classpath is kept in .cache/kafka/.  Where
+# Kafka is required (SHMQ_REQUIRE_KAFKA=1 or CI set) a failure stops here with one line;
+# elsewhere the line is printed and the Kafka tests skip with it.
+kafka: $(STAMP)
+	@$(PY) tools/apache_kafka.py fetch --if-possible
+
 # The whole default suite (long soak/fault runs are marked slow and excluded).
 # pytest exits 5 when it collected no test: that is a failure here, said plainly.
-test: build
+test: build kafka
 	@$(PYTEST) -q; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$status
 
@@ -61,7 +68,7 @@ test-fast: build
 	$(PYTEST) -q tests/unit tests/property
 
 # The slow soak and fault runs, on demand.
-test-slow: build
+test-slow: build kafka
 	$(PYTEST) -q -m slow
 
 bench: build

@@ -14,6 +14,10 @@ from pathlib import Path
 
 import pytest
 
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tools"))
+import apache_kafka  # noqa: E402  (tools/apache_kafka.py: Kafka from Maven Central, on demand)
+
 
 @dataclass
 class RunningBroker:
@@ -102,6 +106,40 @@ def broker(tmp_path: Path) -> Iterator[RunningBroker]:
     finally:
         code = b.stop()
         assert code == 0, b.log_path.read_text()
+
+
+# The reference Kafka broker is configured like shmq's defaults where a default only sets a pace
+# or a size that tests would otherwise wait for or fill: the first rebalance of an empty group
+# (Kafka: 3000 ms) and the partitions of __consumer_offsets (Kafka: 50, created at the first
+# FindCoordinator).  Every other setting is Kafka's default.
+KAFKA_TEST_OVERRIDES = {
+    "group.initial.rebalance.delay.ms": "100",
+    "offsets.topic.num.partitions": "1",
+    "transaction.state.log.num.partitions": "1",
+}
+
+
+# Eligible leader replicas (KIP-966, on by default in 4.3) off: shmq has one replica per partition
+# (tests/integration/kafka_differences.py, row 3).
+KAFKA_FEATURES = {"eligible.leader.replicas.version": 0}
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[apache_kafka.KafkaBroker]:
+    """One Apache Kafka broker (KRaft, single node) for the whole test session.  Where Kafka is
+    required (CI) a failed fetch or start fails the tests that need it, with one line; elsewhere
+    they skip with that line."""
+    try:
+        k = apache_kafka.start_broker(tmp_path_factory.mktemp("apache-kafka"),
+                                      overrides=KAFKA_TEST_OVERRIDES, features=KAFKA_FEATURES)
+    except apache_kafka.KafkaUnavailable as e:
+        if apache_kafka.required():
+            pytest.fail(str(e), pytrace=False)
+        pytest.skip(str(e))
+    try:
+        yield k
+    finally:
+        k.stop()
 
 
 def pytest_collection_modifyitems(items: list) -> None:
