@@ -234,11 +234,8 @@ def plan_create_partitions(meta: ClusterMetadata, topics: list[dict[str, Any]],
             continue
         info = meta.topics.get(name)
         current = len(info.partitions) if info is not None else 0
-        if validate_topic_name(name) is not None and info is None:
-            results.append(_result(name, INVALID_TOPIC, validate_topic_name(name)))
-        elif info is None:
-            results.append(_result(name, UNKNOWN_TOPIC_OR_PARTITION,
-                                   f"The topic '{name}' does not exist."))
+        if info is None:  # Kafka: UnknownTopicOrPartitionException(), no message
+            results.append(_result(name, UNKNOWN_TOPIC_OR_PARTITION, None))
         elif name in INTERNAL_TOPICS:
             results.append(_result(name, INVALID_REQUEST,
                                    f"Cannot add partitions to the internal topic '{name}'."))
@@ -277,7 +274,7 @@ def _check_keys_and_nulls(ops: list[tuple[str, int, str | None]], incremental: b
     names = [name for name, _, _ in ops]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
-        raise ConfigChangeError(INVALID_REQUEST, f"Error due to duplicate config keys: {dup}")
+        raise ConfigChangeError(INVALID_REQUEST, "Error due to duplicate config keys")
     nulls = [name for name, op, value in ops if value is None and not (incremental and op == DELETE)]
     if nulls:
         raise ConfigChangeError(INVALID_REQUEST, f"Null value not supported for : {', '.join(nulls)}")
@@ -306,7 +303,7 @@ def plan_alter_configs(meta: ClusterMetadata, base: LogConfig, resources: list[d
                 info = meta.topics.get(name)
                 if info is None:
                     raise ConfigChangeError(UNKNOWN_TOPIC_OR_PARTITION,
-                                            f"Topic {name} does not exist")
+                                            f"The topic '{name}' does not exist.")
                 new = apply_ops(info.configs, ops, topic_def, incremental)
                 new = validate_topic_configs(new, base)
                 if new != info.configs:

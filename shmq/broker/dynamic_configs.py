@@ -77,11 +77,11 @@ def _d(name: str, type_: int, default: str | None, doc: str, *synonyms: str,
 
 
 _LONG_MAX = str(LONG_MAX)
-# Kafka 4.0's topic configs (``TopicConfig``), with the LogConfig field where shmq acts on one.
+# Kafka 4.3's topic configs (``TopicConfig``), with the LogConfig field where shmq acts on one.
 TOPIC_CONFIGS: dict[str, ConfigDef] = {d.name: d for d in (
     _d("cleanup.policy", LIST, "delete", "The retention policy of old log segments: delete "
        "(by time or size) or compact (shmq stores the setting but does not compact).",
-       "log.cleanup.policy", choices=("delete", "compact"), log_field="cleanup_policy"),
+       "log.cleanup.policy", choices=("compact", "delete"), log_field="cleanup_policy"),
     _d("compression.type", STRING, "producer", "The final compression type: shmq keeps the "
        "producer's compression, so only 'producer' is accepted.", "compression.type",
        choices=("producer",)),
@@ -134,6 +134,10 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {d.name: d for d in (
        "min.insync.replicas", at_least=1),
     _d("preallocate", BOOLEAN, "false", "Preallocate the file of a new segment.",
        "log.preallocate"),
+    _d("remote.log.copy.disable", BOOLEAN, "false", "Whether tiered data of a topic is read "
+       "only (tiered storage: no effect in shmq)."),
+    _d("remote.log.delete.on.disable", BOOLEAN, "false", "Whether tiered data is deleted when "
+       "tiered storage is disabled for a topic (no effect in shmq)."),
     _d("remote.storage.enable", BOOLEAN, "false", "Tiered storage (not available in shmq).",
        choices=("false",)),
     _d("retention.bytes", LONG, "-1", "The maximum size a partition can grow to before old "
@@ -143,7 +147,11 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {d.name: d for d in (
        "log.retention.hours", at_least=-1, log_field="retention_ms",
        default_synonym=("log.retention.hours", "168")),
     _d("segment.bytes", INT, "1073741824", "The segment file size.", "log.segment.bytes",
-       at_least=75, log_field="segment_bytes"),
+       at_least=1048576, log_field="segment_bytes"),
+    # Kafka's internal override of segment.bytes below its 1 MiB minimum, "for testing only";
+    # listed by DescribeConfigs only where a topic sets it
+    _d("internal.segment.bytes", INT, None, "The maximum size of a single log file. This "
+       "should be used for testing only.", at_least=75, log_field="segment_bytes"),
     _d("segment.index.bytes", INT, "10485760", "The size of the index of a new segment.",
        "log.index.size.max.bytes", at_least=12, log_field="segment_index_bytes"),
     _d("segment.jitter.ms", LONG, "0", "Random jitter subtracted from segment.ms.",
@@ -156,16 +164,14 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {d.name: d for d in (
        "may become leader.", "unclean.leader.election.enable"),
 )}
 
+INTERNAL_SEGMENT_BYTES = "internal.segment.bytes"
+
 # broker-level name -> topic config, for the broker configs that set a topic default
 BROKER_TO_TOPIC = {d.synonyms[0]: d.name for d in TOPIC_CONFIGS.values() if d.synonyms}
 
-# Broker configs that may change at run time (Kafka's ``DynamicLogConfig`` subset shmq acts on).
-DYNAMIC_BROKER_CONFIGS = frozenset(
-    TOPIC_CONFIGS[t].synonyms[0] for t in (
-        "cleanup.policy", "file.delete.delay.ms", "flush.messages", "flush.ms",
-        "index.interval.bytes", "max.message.bytes", "message.timestamp.type",
-        "message.timestamp.before.max.ms", "message.timestamp.after.max.ms", "retention.bytes",
-        "retention.ms", "segment.bytes", "segment.index.bytes", "segment.ms"))
+# Broker configs that may change at run time: Kafka's ``DynamicLogConfig``, the broker name of
+# every topic config (shmq acts on those LogConfig has, stores and validates the others).
+DYNAMIC_BROKER_CONFIGS = frozenset(d.synonyms[0] for d in TOPIC_CONFIGS.values() if d.synonyms)
 
 
 # --- validation ----------------------------------------------------------------------------
@@ -256,6 +262,8 @@ def log_config(base: LogConfig, *layers: dict[str, str]) -> LogConfig:
             d = TOPIC_CONFIGS.get(name)
             if d is not None and d.log_field is not None:
                 values[name] = value
+    if INTERNAL_SEGMENT_BYTES in values:  # wins over segment.bytes, as in Kafka's LogConfig
+        values["segment.bytes"] = values.pop(INTERNAL_SEGMENT_BYTES)
     return LogConfig.from_kafka(values, base) if values else base
 
 
@@ -304,6 +312,8 @@ def describe_topic(meta: Any, base: LogConfig, node_id: int, topic: str,
         overrides = meta.topics[topic].configs
     stored = getattr(meta, "broker_configs", None) or {}
     names = sorted(TOPIC_CONFIGS) if keys is None else [k for k in keys if k in TOPIC_CONFIGS]
+    if INTERNAL_SEGMENT_BYTES not in overrides:
+        names = [n for n in names if n != INTERNAL_SEGMENT_BYTES]
     out = []
     for name in names:
         d = TOPIC_CONFIGS[name]
@@ -320,6 +330,10 @@ def describe_topic(meta: Any, base: LogConfig, node_id: int, topic: str,
 
 def _broker_chain(d: ConfigDef, stored: dict[str, dict[str, str]], base: LogConfig,
                   node_id: int) -> list[tuple[str, str | None, int]]:
+    """The broker-level synonyms of topic config ``d``, highest priority first.  As Kafka's
+    ``ConfigHelper.configSynonyms`` does, the list starts at the first entry that has the main
+    broker name: Kafka's default of ``log.retention.ms`` is null (the default lives in
+    ``log.retention.hours``), so an unset retention lists no synonym at all."""
     chain: list[tuple[str, str | None, int]] = []
     if d.synonyms:
         broker_name = d.synonyms[0]
@@ -331,6 +345,8 @@ def _broker_chain(d: ConfigDef, stored: dict[str, dict[str, str]], base: LogConf
             chain.append((broker_name, static, STATIC_BROKER_CONFIG))
         chain.append(d.default_synonym + (DEFAULT_CONFIG,) if d.default_synonym
                      else (broker_name, d.default, DEFAULT_CONFIG))
+        while chain and chain[0][0] != broker_name:
+            chain.pop(0)
     return chain
 
 
@@ -383,11 +399,17 @@ def describe_broker(meta: Any, config: Any, node_id: int, keys: Iterable[str] | 
         entries.append(Entry(name, value, source, True, type_, doc, [(name, value, source)]))
     for name in sorted(DYNAMIC_BROKER_CONFIGS):
         d = broker_def(name)
-        chain = _broker_chain(TOPIC_CONFIGS[BROKER_TO_TOPIC[name]], stored, config.log, node_id)
-        value, source = chain[0][1], chain[0][2]
-        if chain[0][0] != name:  # e.g. DEFAULT_CONFIG log.retention.hours=168 for log.retention.ms
-            value = d.default
+        topic = TOPIC_CONFIGS[BROKER_TO_TOPIC[name]]
+        chain = _broker_chain(topic, stored, config.log, node_id)
+        if chain:
+            value, source = chain[0][1], chain[0][2]
+        else:  # Kafka's default is null: log.retention.ms (168 is log.retention.hours')
+            value, source = None, DEFAULT_CONFIG
         entries.append(Entry(name, value, source, False, d.type, d.doc, chain))
+        if topic.default_synonym:  # log.retention.hours=168: read-only, Kafka's default
+            other, default = topic.default_synonym
+            entries.append(Entry(other, default, DEFAULT_CONFIG, True, INT if "hours" in other
+                                 else d.type, d.doc, [(other, default, DEFAULT_CONFIG)]))
     entries.sort(key=lambda e: e.name)
     return [e for e in entries if keys is None or e.name in keys]
 
@@ -402,7 +424,7 @@ def apply_ops(current: dict[str, str], ops: list[tuple[str, int, str | None]],
     names = [name for name, _, _ in ops]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
-        raise ConfigChangeError(INVALID_REQUEST, f"Error due to duplicate config keys: {dup}")
+        raise ConfigChangeError(INVALID_REQUEST, "Error due to duplicate config keys")
     new = dict(current) if incremental else {}
     for name, op, value in ops:
         d = lookup(name)
@@ -414,9 +436,9 @@ def apply_ops(current: dict[str, str], ops: list[tuple[str, int, str | None]],
             new.pop(name, None)
         elif op in (APPEND, SUBTRACT):
             if d.type != LIST:
-                verb = "append" if op == APPEND else "subtract"
-                raise ConfigChangeError(INVALID_CONFIG, f"Config value {verb} is not allowed for "
-                                                        f"config key: {name}")
+                verb = "APPEND" if op == APPEND else "SUBTRACT"
+                raise ConfigChangeError(INVALID_CONFIG, f"Can't {verb} to key {name} because "
+                                                        "its type is not LIST.")
             have = [i for i in (new.get(name, d.default) or "").split(",") if i]
             given = [i.strip() for i in (value or "").split(",") if i.strip()]
             if op == APPEND:

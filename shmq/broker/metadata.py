@@ -32,17 +32,19 @@ MAX_TOPIC_NAME = 249
 
 
 def validate_topic_name(name: str) -> str | None:
-    """Kafka's ``Topic.validate``: the reason the name is illegal, or None."""
+    """Kafka's ``Topic.validate``: why the name is invalid (Kafka's message), or None."""
     if not name:
-        return "Topic name is illegal, it can't be empty"
-    if name in (".", ".."):
-        return "Topic name cannot be \".\" or \"..\""
-    if len(name) > MAX_TOPIC_NAME:
-        return f"Topic name is illegal, it can't be longer than {MAX_TOPIC_NAME} characters"
-    if not _LEGAL.match(name):
-        return (f"Topic name \"{name}\" is illegal, it contains a character other than ASCII "
-                "alphanumerics, '.', '_' and '-'")
-    return None
+        reason = "the empty string is not allowed"
+    elif name in (".", ".."):
+        reason = f"'{name}' is not allowed"
+    elif len(name) > MAX_TOPIC_NAME:
+        reason = f"the length of '{name}' is longer than the max allowed length {MAX_TOPIC_NAME}"
+    elif not _LEGAL.match(name):
+        reason = (f"'{name}' contains one or more characters other than ASCII alphanumerics, "
+                  "'.', '_' and '-'")
+    else:
+        return None
+    return f"Topic name is invalid: {reason}"
 
 
 @dataclass

@@ -656,8 +656,8 @@ class Dumper:
             for index_ts, prev_ts in pairs:
                 self._stderr(f"  Index timestamp: {index_ts}, "
                              f"Previously indexed timestamp: {prev_ts}")
-        for pairs in self.time_not_found.values():
-            self._stderr("The following indexed offsets are not found in the log.")
+        for where, pairs in self.time_not_found.items():
+            self._stderr(f"The following indexed offsets are not found in :{where}")
             for index_offset, log_offset in pairs:
                 self._stderr(f"Indexed offset: {index_offset}, found log offset: {log_offset}")
         for where, pairs in self.non_consecutive.items():

@@ -51,8 +51,7 @@ from shmq.storage.recovery_point import RecoveryPointFile
 from shmq.storage.segment import LogSegment
 from shmq.storage.slices import FileSlice
 
-MESSAGE_TOO_LARGE = 10
-INVALID_TIMESTAMP = 32
+MESSAGE_TOO_LARGE, INVALID_TIMESTAMP, INVALID_RECORD = 10, 32, 87
 LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
 MAX_TIMESTAMP = -3
@@ -87,15 +86,30 @@ class RecordTooLargeError(KafkaApiError):
         super().__init__(MESSAGE_TOO_LARGE, f"batch of {size} bytes exceeds max.message.bytes {limit}")
 
 
-class InvalidTimestampError(KafkaApiError):
+class RecordValidationError(KafkaApiError):
+    """Kafka's ``RecordValidationException``: records of a batch that ``LogValidator`` rejects
+    one by one.  The answer carries ``record_errors`` [(index in the batch, reason)], Kafka's
+    summary as its message and the log start; the default is INVALID_RECORD's summary."""
+
+    def __init__(self, record_errors: list[tuple[int, str]], code: int = INVALID_RECORD,
+                 message: str | None = None) -> None:
+        if message is None:
+            shown = ", ".join(f"RecordError(batchIndex={i}, message='{why}')"
+                              for i, why in record_errors[:3])
+            message = (f"One or more records have been rejected due to {len(record_errors)} "
+                       f"record errors in total, and only showing the first three errors at "
+                       f"most: [{shown}]")
+        super().__init__(code, message)
+        self.record_errors = record_errors
+
+
+class InvalidTimestampError(RecordValidationError):
     """Records whose timestamps Kafka's ``LogValidator.validateTimestamp`` refuses
     (INVALID_TIMESTAMP), with one ``(record index, message)`` per record, Kafka's words."""
 
     def __init__(self, errors: list[tuple[int, int, int, int, int, int]], now: int,
                  before_max_ms: int, after_max_ms: int) -> None:
-        super().__init__(INVALID_TIMESTAMP,
-                         "One or more records have been rejected due to invalid timestamp")
-        self.record_errors: list[tuple[int, str]] = []
+        record_errors: list[tuple[int, str]] = []
         for index, kind, ts, offset, key_len, value_len in errors:
             if kind == 0:
                 message = (f"Timestamp {ts} of message with offset {offset} is out of range. The "
@@ -105,7 +119,9 @@ class InvalidTimestampError(KafkaApiError):
                 message = (f"Invalid timestamp type in message DefaultRecord(offset={offset}, "
                            f"timestamp={ts}, key={key_len} bytes, value={value_len} bytes). "
                            f"Producer should not set timestamp type to LogAppendTime.")
-            self.record_errors.append((index, message))
+            record_errors.append((index, message))
+        super().__init__(record_errors, INVALID_TIMESTAMP,
+                         "One or more records have been rejected due to invalid timestamp")
 
 
 class AppendInfo(NamedTuple):
@@ -332,10 +348,13 @@ class PartitionLog:
         producers: list[tuple[int, int, int, int, int, bool]] = []
         pos, end, n_records, incoming_max_ts = 0, len(mv), 0, -1
         validate_batch, unpack_fields = _fast.validate_batch, _FIELDS.unpack_from
+        compacted = validate and "compact" in config.cleanup_policy
         while pos < end:
             size = validate_batch(mv, pos, -1, True, validate)
             if size > limit:
                 raise RecordTooLargeError(size, limit)
+            if compacted:
+                self._check_keys(mv[pos:pos + size])
             delta, base_ts, batch_max, pid = unpack_fields(mv, pos + 23)
             attributes = _I16.unpack_from(mv, pos + 21)[0]
             rewrite = -1  # attributes to rewrite the header with (and maxTimestamp, CRC)
@@ -428,6 +447,17 @@ class PartitionLog:
                 except FileNotFoundError:
                     pass
         self._bytes_since_snapshot = 0
+
+    def _check_keys(self, batch: memoryview) -> None:
+        """Kafka's ``LogValidator.validateKey``: every record of a compacted topic has a key.
+        The only produce check that decodes records (compressed batches are decompressed)."""
+        from shmq.protocol.records import RecordBatchView
+
+        keyless = [i for i, r in enumerate(RecordBatchView(batch).records()) if r.key is None]
+        if keyless:
+            why = f"Compacted topic cannot accept message without key in topic partition " \
+                  f"{self.directory.name}"
+            raise RecordValidationError([(i, why) for i in keyless])
 
     def _check_producers(self, producers: list, validate: bool) -> AppendInfo | None:
         """Idempotence (``ProducerAppendInfo``): a batch the producer already wrote is answered

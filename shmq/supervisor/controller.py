@@ -38,6 +38,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -111,7 +112,11 @@ class Controller:
 
         results, creations = plan_create_topics(self.store.metadata, topics, self.config.log,
                                                 self.config.num_partitions, sorted(self.workers))
-        if validate_only or not creations:
+        if validate_only:  # Kafka draws the id it would have given the topic
+            for c in creations:
+                results[c.index].topic_id = str(uuid.uuid4())
+            return results
+        if not creations:
             return results
         for c in creations:
             info = self.store.create_topic(c.name, c.partitions, sorted(self.workers), c.configs,

@@ -130,7 +130,7 @@ def test_topics_if_exists_and_if_not_exists(cluster: RunningBroker) -> None:
      "Unable to replicate the partition 3 time(s): shmq keeps one replica per partition for "
      "now."),
     (["--create", "--topic", "er/slash"],
-     "Topic name \"er/slash\" is illegal, it contains a character other than ASCII "
+     "Topic name is invalid: 'er/slash' contains one or more characters other than ASCII "
      "alphanumerics, '.', '_' and '-'"),
     (["--create", "--topic", "er-cfg", "--config", "retention.ms"],
      "requirement failed: Invalid topic config: all configs to be added must be in the format "

@@ -494,7 +494,7 @@ def test_time_index_checks_are_reported_on_stderr(tmp_path: Path, capsys: Any) -
         f"{T0 + 5}",
         f"Found out of order timestamp in :{tindex}", f"  Index timestamp: {T0 + 1}, "
         f"Previously indexed timestamp: {T0 + 2}",
-        "The following indexed offsets are not found in the log.",
+        f"The following indexed offsets are not found in :{tindex}",
         "Indexed offset: 3, found log offset: 4", "Indexed offset: 8, found log offset: -1",
     ]
 

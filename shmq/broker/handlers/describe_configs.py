@@ -25,11 +25,11 @@ async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
     results = []
     for res in request.resources:
         keys = list(res.configuration_keys) if res.configuration_keys else None
-        code, message, entries = 0, None, []
+        code, message, entries = 0, "", []  # Kafka: "" unless an exception explains itself
         try:
             entries = _describe(ctx, int(res.resource_type), res.resource_name, keys)
         except dc.ConfigChangeError as exc:
-            code, message = exc.code, str(exc)
+            code, message = exc.code, exc.args[0]
         configs = tuple(
             build(m.DescribeConfigsResourceResult, name=e.name, value=e.value,
                   read_only=e.read_only, config_source=e.source, is_sensitive=e.sensitive,
@@ -50,9 +50,8 @@ def _describe(ctx: BrokerContext, rtype: int, name: str, keys: list[str] | None)
         reason = validate_topic_name(name)
         if reason:
             raise dc.ConfigChangeError(dc.INVALID_TOPIC, reason)
-        if name not in meta.topics:
-            raise dc.ConfigChangeError(dc.UNKNOWN_TOPIC_OR_PARTITION,
-                                       f"The topic '{name}' does not exist.")
+        if name not in meta.topics:  # Kafka sets the code only
+            raise dc.ConfigChangeError(dc.UNKNOWN_TOPIC_OR_PARTITION, "")
         return dc.describe_topic(meta, ctx.config.log, ctx.node_id, name, keys)
     if rtype == dc.BROKER:
         if name == "":

@@ -121,9 +121,12 @@ def _read_all(ctx: BrokerContext, topics: list[FetchTopic], request: FetchReques
                     hw = log.high_watermark  # LSO == HW until transactions exist
                     code, slices, diverging = _read_partition(
                         log, p, epoch, min(p.partition_max_bytes, budget), hw, total == 0)
-            if code != NONE or log is None:  # Kafka: no offsets, no aborted list
+            if code != NONE or log is None:  # Kafka: no offsets, no aborted list (an empty
+                # one for a partition it does not know, answered early)
                 errors.add((t.topic, p.partition))
-                parts.append(FetchPartitionData(p.partition, code, -1, -1, -1, None, -1, []))
+                aborted: list[tuple[int, int]] | None = (
+                    [] if code == UNKNOWN_TOPIC_OR_PARTITION else None)
+                parts.append(FetchPartitionData(p.partition, code, -1, -1, -1, aborted, -1, []))
                 continue
             size = sum(s.length for s in slices)
             total += size

@@ -5,11 +5,15 @@ receive buffer until the one ``pwritev`` that stores them.  Kafka's rules: v3+ c
 batch per partition; versions 0..2 are advertised (librdkafka's compression gate, KAFKA-18659)
 but refused; a bad size or CRC is CORRUPT_MESSAGE, a batch that breaks a produce rule (record
 count, control batch, sequence, magic 0/1, a length past the bytes sent) is INVALID_RECORD, and
-neither appends anything; a batch over max.message.bytes is MESSAGE_TOO_LARGE; records whose
-timestamps ``message.timestamp.before/after.max.ms`` refuse are INVALID_TIMESTAMP, with one
-``record_errors`` entry per record (v8+), as Kafka answers.  acks=0 gets no response at all;
-acks=all on a single replica means appended and, with ``flush.on.ack``, fsynced by a group
-commit shared by every waiting request.
+neither appends anything; a batch over max.message.bytes is MESSAGE_TOO_LARGE; LogValidator's
+per-record errors (a record without a key on a compacted topic: INVALID_RECORD; timestamps that
+``message.timestamp.before/after.max.ms`` refuse: INVALID_TIMESTAMP) carry one ``record_errors``
+entry per record (v8+) and Kafka's summary message; acks other than 0, 1 and -1 are
+INVALID_REQUIRED_ACKS.  Other errors answer base offset -1 and no message, as Kafka's
+PartitionResponse(error) does, and log start -1 except where Kafka's catch-all answers it
+(INVALID_RECORD, sequence and epoch errors).  acks=0 gets no response at all; acks=all on a
+single replica means appended and, with ``flush.on.ack``, fsynced by a group commit shared by
+every waiting request.
 
 ``produce_partition`` is the one path from a batch to the log: validation, idempotence, append,
 high watermark, state table, long-poll wake-ups and the per-partition metrics.  The wire handler
@@ -34,11 +38,13 @@ from shmq.broker.context import BrokerContext
 from shmq.broker.metadata import INTERNAL_TOPICS
 from shmq.errors import CorruptRecordError, InvalidRecordError, KafkaApiError
 from shmq.protocol.produce_request import encode_produce_response, parse_produce_request
+from shmq.storage.log import RecordTooLargeError, RecordValidationError
 
 _BATCH_LENGTH = struct.Struct(">i")
 HEADER_SIZE = 61
 NONE, CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER = 0, 2, 3, 6
 MESSAGE_TOO_LARGE, UNSUPPORTED_VERSION, INVALID_RECORD, INVALID_TOPIC = 10, 35, 87, 17
+INVALID_REQUIRED_ACKS = 21
 
 
 class PartitionResult(NamedTuple):
@@ -50,7 +56,7 @@ class PartitionResult(NamedTuple):
     log_append_time: int
     log_start_offset: int
     error_message: str | None
-    record_errors: tuple[tuple[int, str], ...] = ()  # (record index, message), v8+
+    record_errors: tuple[tuple[int, str], ...] = ()  # (batch index, message), v8+
 
 
 class Durable(NamedTuple):
@@ -64,47 +70,51 @@ def produce_partition(ctx: BrokerContext, topic: str, index: int, records: Any,
                       acks: int) -> tuple[PartitionResult, Durable | None]:
     """Validate and append one partition's batch; the answer and, for acks=all with
     ``flush.on.ack``, the flush the answer must wait for."""
-    code, base, start, message, append_time = NONE, -1, -1, None, -1
+    code, base, start, append_time = NONE, -1, -1, -1
+    message: str | None = None
     record_errors: tuple[tuple[int, str], ...] = ()
     durable = None
     appended = None
     info = ctx.metadata.topics.get(topic)
     log = ctx.log_for(topic, index)
-    if topic in INTERNAL_TOPICS:
-        code, message = INVALID_TOPIC, f"Cannot append to internal topic {topic}"
+    if acks not in (-1, 0, 1):
+        code = INVALID_REQUIRED_ACKS
+    elif topic in INTERNAL_TOPICS:
+        code = INVALID_TOPIC
     elif info is None or not 0 <= index < len(info.partitions):
         code = UNKNOWN_TOPIC_OR_PARTITION
     elif log is None:
         code = NOT_LEADER
     elif records is None or len(records) == 0:
-        code, message = INVALID_RECORD, "no record batch"
+        code = INVALID_RECORD
+    elif HEADER_SIZE <= _declared_size(records) < len(records):
+        # one batch per partition (v3+): its declared size must span the records.  The header
+        # alone decides; append() validates size, magic and CRC once (validating here too
+        # computed every produced byte's CRC twice).
+        code = INVALID_RECORD
     else:
         try:
-            # one batch per partition (v3+): its declared size must span the records.
-            # The header alone decides; append() validates size, magic and CRC once
-            # (validating here too computed every produced byte's CRC twice).
-            declared = _BATCH_LENGTH.unpack_from(records, 8)[0] + 12 if len(records) >= 12 else 0
-            if HEADER_SIZE <= declared < len(records):
-                raise KafkaApiError(INVALID_RECORD,
-                                    "Produce v3+ carries exactly one batch per partition")
             appended = log.append(records, leader_epoch=info.partitions[index].leader_epoch)
-        except InvalidRecordError as exc:  # Kafka's InvalidRecordException
-            code, message = INVALID_RECORD, str(exc)
-        except CorruptRecordError as exc:  # CorruptRecordException: size, CRC
-            code, message = CORRUPT_MESSAGE, str(exc)
-        except KafkaApiError as exc:
-            code, message = exc.code, str(exc)
-            record_errors = tuple(getattr(exc, "record_errors", ()))  # InvalidTimestampError
+        except RecordValidationError as exc:  # LogValidator's per-record errors
+            code, message, start = exc.code, str(exc), log.log_start_offset
+            record_errors = tuple(exc.record_errors)
+        except InvalidRecordError:  # Kafka's InvalidRecordException: its catch-all
+            code, start = INVALID_RECORD, log.log_start_offset
+        except CorruptRecordError:  # CorruptRecordException: size, CRC
+            code = CORRUPT_MESSAGE
+        except RecordTooLargeError:
+            code = MESSAGE_TOO_LARGE
+        except KafkaApiError as exc:  # sequence and epoch errors: Kafka's catch-all
+            code, start = exc.code, log.log_start_offset  # answers the log start
         else:
             base = appended.first_offset
             append_time = appended.log_append_time
+            start = log.log_start_offset
             log.update_high_watermark(log.log_end_offset)
             ctx.publish_state(topic, index, log)
             ctx.notify_data(topic, index)
             if acks == -1 and ctx.config.flush_on_ack:
                 durable = Durable(log, appended.last_offset + 1)
-    if log is not None:
-        start = log.log_start_offset
     metrics = ctx.metrics
     if metrics is not None:  # Kafka's BrokerTopicMetrics, counted per partition
         slot = (info.partitions[index].slot
@@ -115,8 +125,7 @@ def produce_partition(ctx: BrokerContext, topic: str, index: int, records: Any,
         elif appended is not None:
             metrics.produced(slot, appended.last_offset - appended.first_offset + 1
                              if appended.batch_count else 0, appended.size)
-    return PartitionResult(index, code, base, append_time, start, message,
-                           record_errors), durable
+    return PartitionResult(index, code, base, append_time, start, message, record_errors), durable
 
 
 async def flush_for_acks(ctx: BrokerContext, flushes: Iterable[Durable]) -> int:
@@ -152,15 +161,13 @@ async def handle(ctx: BrokerContext, frame: memoryview, header_size: int, api_ve
     for topic, partitions in topics:
         out: list[Any] = []
         for index, records in partitions:
-            if api_version < 3:
-                log = ctx.log_for(topic, index)
-                start = log.log_start_offset if log is not None else -1
+            if api_version < 3 and acks in (-1, 0, 1):
                 if metrics is not None:
                     info = ctx.metadata.topics.get(topic)
                     metrics.produce_failed(info.partitions[index].slot if info is not None
                                            and 0 <= index < len(info.partitions) else -1)
                     metrics.error(0, UNSUPPORTED_VERSION)
-                out.append(PartitionResult(index, UNSUPPORTED_VERSION, -1, -1, start, None))
+                out.append(PartitionResult(index, UNSUPPORTED_VERSION, -1, -1, -1, None))
                 continue
             result, durable = produce_partition(ctx, topic, index, records, acks)
             out.append(result)
@@ -174,3 +181,8 @@ async def handle(ctx: BrokerContext, frame: memoryview, header_size: int, api_ve
     if acks == 0:
         return None
     return encode_produce_response(api_version, correlation_id, 0, results)
+
+
+def _declared_size(records: Any) -> int:
+    """The size the first batch's header declares (batchLength + 12), 0 when truncated."""
+    return _BATCH_LENGTH.unpack_from(records, 8)[0] + 12 if len(records) >= 12 else 0

@@ -409,10 +409,10 @@ def test_offset_for_timestamp_empty_log(tmp_path) -> None:
 
 def make_segments(tmp_path, n_segments: int = 5, per_segment: int = 3, **cfg) -> PartitionLog:
     """``n_segments`` segments of ``per_segment`` equal batches; segment i has timestamps T0+i*1000."""
-    size = len(kbatch([b"z" * 100], [T0]))
+    size = len(kbatch([b"z" * 100], [T0], key=b"k"))
     log = open_log(tmp_path, segment_bytes=per_segment * size, **cfg)
-    for i in range(n_segments * per_segment):
-        log.append(kbatch([b"z" * 100], [T0 + (i // per_segment) * 1000]))
+    for i in range(n_segments * per_segment):  # keyed: compacted topics need keys
+        log.append(kbatch([b"z" * 100], [T0 + (i // per_segment) * 1000], key=b"k"))
     assert [s.base_offset for s in log.segments] == [i * per_segment for i in range(n_segments)]
     return log
 

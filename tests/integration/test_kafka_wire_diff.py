@@ -1,0 +1,683 @@
+"""Differential tests at the wire: the same raw requests to shmq and to Apache Kafka 4.3, the
+same answers.
+
+Each test runs one scenario (a function of a ``Wire``) against both brokers, passes the answers
+through ``kafka_differences.normalise`` (identities and clocks only) and compares them.  Requests
+are built from plain values and encoded with kio; record batches are built by kafka-python, so
+both brokers store the same bytes.  The reference broker is the session's ``kafka`` fixture; shmq
+runs with two workers, as a user would start it.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import crc32c
+import pytest
+from conftest import RunningBroker, start_broker
+from kafka_differences import assert_same, known_defect, normalise
+from kafka_wire import Wire, produce_body, record_batch
+
+import apache_kafka
+
+NO_UUID = "00000000-0000-0000-0000-000000000000"
+T0 = 1_700_000_000_000  # record timestamps: fixed, so both brokers store identical batches
+
+# API keys
+PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
+API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS, DELETE_RECORDS, INIT_PRODUCER_ID = 18, 19, 20, 21, 22
+DESCRIBE_CONFIGS, ALTER_CONFIGS, CREATE_PARTITIONS, INCREMENTAL_ALTER_CONFIGS = 32, 33, 37, 44
+
+
+@pytest.fixture(scope="module")
+def shmq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningBroker]:
+    b = start_broker(tmp_path_factory.mktemp("wire-diff") / "data")
+    try:
+        yield b
+    finally:
+        assert b.stop() == 0, b.log_path.read_text()[-3000:]
+
+
+Scenario = Callable[[Wire, str], Any]
+
+
+def on_both(kafka: apache_kafka.KafkaBroker, shmq: RunningBroker, scenario: Scenario,
+            drop: tuple[str, ...] = ()) -> Any:
+    """Run ``scenario(wire, topic)`` on each broker with the same fresh topic name; the
+    normalised answers must be equal.  Returns Kafka's (normalised) answer."""
+    topic = f"diff-{uuid.uuid4().hex[:10]}"
+    answers = {}
+    for name, bootstrap in (("kafka", kafka.bootstrap), ("shmq", shmq.bootstrap)):
+        with Wire(bootstrap) as wire:
+            answers[name] = normalise(scenario(wire, topic), drop)
+    assert_same(answers["shmq"], answers["kafka"])
+    return answers["kafka"]
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def create_topic(wire: Wire, topic: str, partitions: int = 1, **configs: str) -> dict:
+    """CreateTopics v7, then wait until every partition has a leader that serves it."""
+    r = wire.send(CREATE_TOPICS, 7, {"topics": [
+        {"name": topic, "num_partitions": partitions, "replication_factor": 1,
+         "assignments": [], "configs": [{"name": k, "value": v} for k, v in configs.items()]}],
+        "timeout": 30_000, "validate_only": False})
+    assert r["topics"][0]["error_code"] == 0, r
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            for p in range(partitions):
+                leader = wire.leader(topic, p)
+                got = wire.send(LIST_OFFSETS, 8, list_offsets_body(topic, p, -1), to=leader)
+                assert got["topics"][0]["partitions"][0]["error_code"] == 0
+            return r
+        except (LookupError, AssertionError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def list_offsets_body(topic: str, partition: int, timestamp: int, epoch: int = -1) -> dict:
+    return {"replica_id": -1, "isolation_level": 0, "topics": [{"name": topic, "partitions": [
+        {"partition_index": partition, "current_leader_epoch": epoch, "timestamp": timestamp}]}]}
+
+
+def produce(wire: Wire, topic: str, records: bytes, partition: int = 0, acks: int = -1,
+            version: int = 9) -> dict:
+    """Produce to the partition's leader; the partition's answer."""
+    try:
+        leader = wire.leader(topic, partition)
+    except LookupError:
+        leader = wire.leader(topic, 0)
+    r = wire.send(PRODUCE, version, produce_body(topic, partition, records, acks), to=leader)
+    return r["responses"][0]["partition_responses"][0]
+
+
+def fetch_body(topic: str, partition: int, offset: int, max_bytes: int = 1 << 20,
+               epoch: int = -1) -> dict:
+    return {"cluster_id": None, "replica_id": -1, "replica_state": None, "max_wait": 0,
+            "min_bytes": 0, "max_bytes": max_bytes, "isolation_level": 0, "session_id": 0,
+            "session_epoch": -1, "topics": [{"topic": topic, "partitions": [
+                {"partition": partition, "current_leader_epoch": epoch, "fetch_offset": offset,
+                 "last_fetched_epoch": -1, "log_start_offset": -1,
+                 "partition_max_bytes": max_bytes}]}],
+            "forgotten_topics_data": [], "rack_id": ""}
+
+
+def records(n: int, start: int = 0, value_size: int = 10) -> list[tuple[bytes, bytes, int]]:
+    return [(b"k%d" % i, (b"v%d-" % i).ljust(value_size, b"x"), T0 + i)
+            for i in range(start, start + n)]
+
+
+def corrupt_crc(batch: bytes) -> bytes:
+    b = bytearray(batch)
+    b[-1] ^= 0xFF  # a record byte: covered by the CRC
+    return bytes(b)
+
+
+# -- ApiVersions --------------------------------------------------------------------------------
+
+
+def test_api_versions_are_kafkas(kafka: apache_kafka.KafkaBroker, shmq: RunningBroker) -> None:
+    """Every API shmq advertises, Kafka 4.3 advertises, from the same minimum; shmq's maximum is
+    Kafka 4.0's, never above 4.3's (differences table, row 2)."""
+    tables = {}
+    for name, bootstrap in (("kafka", kafka.bootstrap), ("shmq", shmq.bootstrap)):
+        with Wire(bootstrap) as wire:
+            r = wire.send(API_VERSIONS, 3, {"client_software_name": "shmq-diff",
+                                            "client_software_version": "1"})
+            assert r["error_code"] == 0
+            tables[name] = {a["api_key"]: (a["min_version"], a["max_version"])
+                            for a in r["api_keys"]}
+    assert set(tables["shmq"]) <= set(tables["kafka"])
+    for key, (lo, hi) in tables["shmq"].items():
+        k_lo, k_hi = tables["kafka"][key]
+        assert lo == k_lo and hi <= k_hi, (key, (lo, hi), (k_lo, k_hi))
+
+
+def test_unsupported_api_versions_version(kafka: apache_kafka.KafkaBroker,
+                                          shmq: RunningBroker) -> None:
+    """ApiVersions at a version the broker does not know: UNSUPPORTED_VERSION in a v0 answer
+    that still lists ApiVersions itself (KIP-511), so the client can retry lower."""
+    def scenario(wire: Wire, topic: str) -> Any:
+        payload = wire.frame(API_VERSIONS, 3, {"client_software_name": "x",
+                                               "client_software_version": "1"})
+        payload = payload[:2] + (127).to_bytes(2, "big") + payload[4:]
+        r = wire.send_frame(API_VERSIONS, 0, payload)
+        versions = {a["api_key"]: a for a in r["api_keys"]}
+        return r["error_code"], versions[API_VERSIONS]["min_version"], \
+            versions[API_VERSIONS]["max_version"]
+
+    assert on_both(kafka, shmq, scenario) == [35, 0, 4]
+
+
+def test_request_above_the_advertised_version_closes_the_connection(
+        kafka: apache_kafka.KafkaBroker, shmq: RunningBroker) -> None:
+    """A Metadata request at a version no broker advertises: the connection is closed."""
+    def scenario(wire: Wire, topic: str) -> Any:
+        payload = wire.frame(METADATA, 12, {"topics": None, "allow_auto_topic_creation": False,
+                                            "include_topic_authorized_operations": False})
+        payload = payload[:2] + (99).to_bytes(2, "big") + payload[4:]
+        try:
+            wire.send_frame(METADATA, 12, payload)
+        except (ConnectionError, OSError) as e:
+            return "closed", type(e).__name__
+        return "answered"
+
+    on_both(kafka, shmq, scenario)
+
+
+# -- Metadata -------------------------------------------------------------------------------
+
+
+def metadata(wire: Wire, topics: list[str] | None, auto_create: bool = False,
+             version: int = 12) -> dict:
+    body: dict[str, Any] = {"topics": None if topics is None else
+                            [{"name": t, "topic_id": NO_UUID} for t in topics]}
+    if version >= 4:
+        body["allow_auto_topic_creation"] = auto_create
+    if 8 <= version:
+        body["include_topic_authorized_operations"] = False
+    if 8 <= version <= 10:
+        body["include_cluster_authorized_operations"] = False
+    if version < 10:
+        body["topics"] = None if topics is None else [{"name": t} for t in topics]
+    return wire.send(METADATA, version, body)
+
+
+@pytest.mark.parametrize("version", [1, 4, 9, 12])
+def test_metadata(kafka: apache_kafka.KafkaBroker, shmq: RunningBroker, version: int) -> None:
+    def scenario(wire: Wire, topic: str) -> Any:
+        create_topic(wire, topic, 3)
+        # v1-v3 always ask for auto-creation (differences table, row 6): no missing topic there
+        missing = [topic + "-missing"] if version >= 4 else []
+        named = metadata(wire, [topic, *missing, "bad name!"], version=version)
+        named["topics"].sort(key=lambda t: t["name"])
+        return named
+
+    on_both(kafka, shmq, scenario)
+
+
+@pytest.mark.parametrize("version", [1, 12])
+def test_metadata_auto_creates_topics(kafka: apache_kafka.KafkaBroker, shmq: RunningBroker,
+                                      version: int) -> None:
+    """auto.create.topics.enable (both default true): the topic appears with num.partitions (1)
+    partitions; invalid names are INVALID_TOPIC_EXCEPTION and not created.  The first answer
+    for the new topic is the one intended difference (table row 6)."""
+    def scenario(wire: Wire, topic: str) -> Any:
+        first = metadata(wire, [topic, "bad name!"], auto_create=True, version=version)
+        first["topics"].sort(key=lambda t: t["name"])
+        new = first["topics"][1]
+        if new["error_code"] == 3:  # Kafka: UNKNOWN_TOPIC_OR_PARTITION while it is created
+            assert new["partitions"] == []
+        else:  # shmq: created before the answer
+            assert new["error_code"] == 0 and len(new["partitions"]) == 1, new
+        first["topics"][1] = "<being created, or created>"
+        deadline = time.monotonic() + 30
+        while True:
+            later = metadata(wire, [topic], auto_create=True, version=version)
+            t = later["topics"][0]
+            if t["error_code"] == 0 and all(p["leader_id"] >= 0 for p in t["partitions"]):
+                break
+            assert time.monotonic() < deadline, later
+            time.sleep(0.05)
+        return first, later
+
+    on_both(kafka, shmq, scenario)
+
+
+# -- CreateTopics, CreatePartitions, DeleteTopics ---------------------------------------------
+
+
+def create_topics(wire: Wire, topics: list[dict], validate_only: bool = False,
+                  version: int = 7) -> list[dict]:
+    for t in topics:
+        t.setdefault("replication_factor", 1)
+        t.setdefault("assignments", [])
+        t.setdefault("configs", [])
+    r = wire.send(CREATE_TOPICS, version, {"topics": topics, "timeout": 30_000,
+                                            "validate_only": validate_only})
+    return sorted(r["topics"], key=lambda t: t["name"])
+
+
+BAD_NAMES = ["", ".", "..", "x" * 250, "bad name!", "tøpic", "a/b"]
+
+
+def test_create_topics_errors(kafka: apache_kafka.KafkaBroker, shmq: RunningBroker) -> None:
+    def scenario(wire: Wire, topic: str) -> Any:
+        create_topic(wire, topic, 2)
+        answers = [create_topics(wire, [{"name": n, "num_partitions": 1}]) for n in BAD_NAMES]
+        answers.append(create_topics(wire, [{"name": topic, "num_partitions": 1}]))
+        answers.append(create_topics(wire, [
+            {"name": topic + "-cfg", "num_partitions": 1,
+             "configs": [{"name": "retention.ms", "value": "soon"}]},
+            {"name": topic + "-unknown", "num_partitions": 1,
+             "configs": [{"name": "no.such.config", "value": "1"}]},
+            {"name": topic + "-zero", "num_partitions": 0},
+            {"name": topic + "-negative", "num_partitions": -5},
+            {"name": topic + "-rf0", "num_partitions": 1, "replication_factor": 0},
+            {"name": topic + "-internal", "num_partitions": 1,
+             "configs": [{"name": "cleanup.policy", "value": "deleted"}]},
+        ]))
+        answers.append(create_topics(wire, [{"name": topic + "-dup", "num_partitions": 1},
+                                            {"name": topic + "-dup", "num_partitions": 1}]))
+        return answers
+
+    on_both(kafka, shmq, scenario, drop=("configs",))
+
+
+def test_create_topics_validate_only_and_defaults(kafka: apache_kafka.KafkaBroker,
+                                                  shmq: RunningBroker) -> None:
+    """validate_only creates nothing; -1 partitions / replication factor take the broker's
+    defaults."""
+    def scenario(wire: Wire, topic: str) -> Any:
+        checked = create_topics(wire, [{"name": topic, "num_partitions": 3}], validate_only=True)
+        after = metadata(wire, [topic])["topics"][0]["error_code"]
+        defaults = create_topics(wire, [{"name": topic + "-d", "num_partitions": -1,
+                                         "replication_factor": -1}])
+        return checked, after, defaults
+
+    on_both(kafka, shmq, scenario, drop=("configs",))
+
+
+@known_defect(22, 3)
+def test_create_topics_answers_the_topic_configs(kafka: apache_kafka.KafkaBroker,
+                                                 shmq: RunningBroker) -> None:
+    def scenario(wire: Wire, topic: str) -> Any:
+        return create_topics(wire, [{"name": topic, "num_partitions": 2, "configs": [
+            {"name": "retention.ms", "value": "3600000"}]}])
+
+    on_both(kafka, shmq, scenario, drop=("documentation",))
+
+
+@known_defect(22, 6)
+def test_create_topics_refuses_colliding_names(kafka: apache_kafka.KafkaBroker,
+                                               shmq: RunningBroker) -> None:
+    def scenario(wire: Wire, topic: str) -> Any:
+        create_topic(wire, topic + ".a")
+        return create_topics(wire, [{"name": topic + "_a", "num_partitions": 1}])
+
+    on_both(kafka, shmq, scenario, drop=("configs",))
+
+
+@known_defect(22, 4)
+def test_create_topics_manual_assignments(kafka: apache_kafka.KafkaBroker,
+                                          shmq: RunningBroker) -> None:
+    def scenario(wire: Wire, topic: str) -> Any:
+        node = metadata(wire, None)["brokers"][-1]["node_id"]
+        ok = create_topics(wire, [{"name": topic, "num_partitions": -1, "replication_factor": -1,
+                                   "assignments": [{"partition_index": i, "broker_ids": [node]}
+                                                   for i in range(3)]}])
+        both = create_topics(wire, [{"name": topic + "-b", "num_partitions": 3,
+                                     "assignments": [{"partition_index": 0,
+                                                      "broker_ids": [node]}]}])
+        return ok, both, len(metadata(wire, [topic])["topics"][0]["partitions"])
+
+    on_both(kafka, shmq, scenario, drop=("configs",))
+
+
+def test_create_partitions(kafka: apache_kafka.KafkaBroker, shmq: RunningBroker) -> None:
+    def grow(wire: Wire, topics: list[tuple[str, int]], validate_only: bool = False) -> list:
+        r = wire.send(CREATE_PARTITIONS, 3, {"topics": [
+            {"name": n, "count": c, "assignments": None} for n, c in topics],
+            "timeout": 30_000, "validate_only": validate_only})
+        return sorted(r["results"], key=lambda t: t["name"])
+
+    def scenario(wire: Wire, topic: str) -> Any:
+        create_topic(wire, topic, 2)
+        return [grow(wire, [(topic, 1)]), grow(wire, [(topic, 2)]),
+                grow(wire, [(topic, 4)], validate_only=True),
+                len(metadata(wire, [topic])["topics"][0]["partitions"]),
+                grow(wire, [(topic, 3)]),
+                len(metadata(wire, [topic])["topics"][0]["partitions"]),
+                grow(wire, [(topic + "-missing", 3)]), grow(wire, [("bad name!", 3)]),
+                grow(wire, [(topic, 5), (topic, 6)])]
+
+    on_both(kafka, shmq, scenario)
+
+
+def test_delete_topics(kafka: apache_kafka.KafkaBroker, shmq: RunningBroker) -> None:
+    def delete(wire: Wire, names: list[str]) -> list:
+        r = wire.send(DELETE_TOPICS, 5, {"topic_names": names, "timeout": 30_000})
+        return sorted(r["responses"], key=lambda t: t["name"])
+
+    def scenario(wire: Wire, topic: str) -> Any:
+        create_topic(wire, topic)
+        return [delete(wire, [topic]), delete(wire, [topic + "-missing"]),
+                delete(wire, ["bad name!"])]
+
+    on_both(kafka, shmq, scenario)
+
+
+# -- Produce ----------------------------------------------------------------------------------
+
+
+def test_produce_and_fetch_store_the_same_bytes(kafka: apache_kafka.KafkaBroker,
+                                                shmq: RunningBroker) -> None:
+    """The same batches (plain and gzip) get the same offsets, and Fetch returns the same record
+    bytes: only the base offset and leader epoch are stamped, as Kafka does."""
+    def scenario(wire: Wire, topic: str) -> Any:
+        create_topic(wire, topic)
+        acks = [produce(wire, topic, record_batch(records(5))),
+                produce(wire, topic, record_batch(records(7, 5), codec=1)),
+                produce(wire, topic, record_batch(records(1, 12)), acks=1)]
+        leader = wire.leader(topic)
+        fetched = [wire.send(FETCH, 12, fetch_body(topic, 0, offset), to=leader)
+                   for offset in (0, 3, 5, 12, 13)]
+        return acks, fetched
+
+    on_both(kafka, shmq, scenario)
+
+
+def test_produce_errors(kafka: apache_kafka.KafkaBroker, shmq: RunningBroker) -> None:
+    def scenario(wire: Wire, topic: str) -> Any:
+        create_topic(wire, topic, 1, **{"max.message.bytes": "2000"})
+        good = record_batch(records(2))
+        return {
+            "bad crc": produce(wire, topic, corrupt_crc(good)),
+            "too large": produce(wire, topic, record_batch(records(3, value_size=1500))),
+            "unknown partition": produce(wire, topic, good, partition=7),
+            "unknown topic": produce_to(wire, topic + "-x", good, via=topic),
+            "acks 2": produce(wire, topic, good, acks=2),
+            "stored": produce(wire, topic, good),
+        }
+
+    on_both(kafka, shmq, scenario)
+
+
+def produce_to(wire: Wire, other: str, batch: bytes, via: str) -> dict:
+    """Produce to topic ``other`` on the node that leads partition 0 of topic ``via``."""
+    r = wire.send(PRODUCE, 9, produce_body(other, 0, batch), to=wire.leader(via))
+    return r["responses"][0]["partition_responses"][0]
+
+
+def test_produce_to_a_compacted_topic_needs_keys(kafka: apache_kafka.KafkaBroker,
+                                                 shmq: RunningBroker) -> None:
+    """Kafka's LogValidator: a record without a key on a topic whose cleanup.policy includes
+    compact is INVALID_RECORD, and nothing of the batch is stored."""
+    def scenario(wire: Wire, topic: str) -> Any:
+        create_topic(wire, topic, 1, **{"cleanup.policy": "compact"})
+        keyless = record_batch([(b"a", b"1", T0), (None, b"2", T0)])
+        gz = record_batch([(None, b"1", T0)], codec=1)
+        return [produce(wire, topic, keyless), produce(wire, topic, gz),
+                produce(wire, topic, record_batch([(b"a", b"1", T0)]))]
+
+    on_both(kafka, shmq, scenario)
+
+
+@known_defect(21, 5)
+def test_produce_strict_batch_checks_are_invalid_record(kafka: apache_kafka.KafkaBroker,
+                                                         shmq: RunningBroker) -> None:
+    def scenario(wire: Wire, topic: str) -> Any:
+        create_topic(wire, topic)
+        batch = bytearray(record_batch(records(3)))
+        batch[57:61] = (5).to_bytes(4, "big")  # a record count that does not match (3 records)
+        batch[17:21] = crc32c.crc32c(bytes(batch[21:])).to_bytes(4, "big")
+        return produce(wire, topic, bytes(batch))
+
+    on_both(kafka, shmq, scenario)
+
+
+# -- Idempotence ----------------------------------------------------------------------------
+
+
+def init_producer_id(wire: Wire) -> tuple[int, int]:
+    """A producer id; retried while the broker answers COORDINATOR_LOAD_IN_PROGRESS (Kafka does
+    until its first block of ids arrives from the controller), as clients do."""
+    deadline = time.monotonic() + 30
+    while True:
+        r = wire.send(INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout": -1,
+                                            "producer_id": -1, "producer_epoch": -1})
+        if r["error_code"] != 14 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert r["error_code"] == 0, r
+    return r["producer_id"], r["producer_epoch"]
+
+
+def idempotence_scenario(wire: Wire, topic: str) -> Any:
+    create_topic(wire, topic)
+    pid, epoch = init_producer_id(wire)
+
+    def send(seq: int, n: int = 2, ep: int = epoch, p: int = pid) -> dict:
+        return produce(wire, topic, record_batch(records(n, seq), producer_id=p,
+                                                 producer_epoch=ep, base_sequence=seq))
+
+    answers = {"first": send(0), "second": send(2), "duplicate of first": send(0),
+               "duplicate of second": send(2), "gap": send(7), "next": send(4),
+               "older duplicate": send(0)}
+    answers["higher epoch from 0"] = send(0, ep=epoch + 1)
+    answers["old epoch"] = send(6, ep=epoch)
+    other, other_epoch = init_producer_id(wire)
+    answers["new producer at 3"] = send(3, ep=other_epoch, p=other)
+    answers["unknown producer id"] = send(0, p=other + 1000, ep=0)
+    return answers
+
+
+def test_idempotent_sequences_and_epochs(kafka: apache_kafka.KafkaBroker,
+                                         shmq: RunningBroker) -> None:
+    """Duplicates get the original offsets; gaps are OUT_OF_ORDER_SEQUENCE_NUMBER; an older epoch
+    is INVALID_PRODUCER_EPOCH; a new producer must start at sequence 0.  (A duplicate's
+    log_append_time is the next test's.)"""
+    on_both(kafka, shmq, idempotence_scenario, drop=("log_append_time",))
+
+
+@known_defect(21, 5)
+def test_idempotent_duplicate_answers_the_original_timestamp(kafka: apache_kafka.KafkaBroker,
+                                                             shmq: RunningBroker) -> None:
+    on_both(kafka, shmq, idempotence_scenario)
+
+
+# -- Fetch ------------------------------------------------------------------------------------
+
+
+def fetch_errors_scenario(wire: Wire, topic: str) -> Any:
+    create_topic(wire, topic)
+    produce(wire, topic, record_batch(records(4)))
+    leader = wire.leader(topic)
+    out = {}
+    for name, offset in (("at hw", 4), ("beyond", 100), ("negative", -1)):
+        out[name] = wire.send(FETCH, 12, fetch_body(topic, 0, offset), to=leader)
+    out["unknown partition"] = wire.send(FETCH, 12, fetch_body(topic, 5, 0), to=leader)
+    out["small max bytes"] = wire.send(FETCH, 12, fetch_body(topic, 0, 0, max_bytes=10),
+                                       to=leader)
+    return out
+
+
+def without_error_offsets(answers: dict) -> dict:
+    """The Fetch answers with the offsets of error partitions blanked (issue 22 item 7)."""
+    for r in answers.values():
+        for t in r["responses"]:
+            for p in t["partitions"]:
+                if p["error_code"]:
+                    p.update(high_watermark="<22.7>", last_stable_offset="<22.7>",
+                             log_start_offset="<22.7>")
+    return answers
+
+
+def test_fetch_errors_and_bounds(kafka: apache_kafka.KafkaBroker, shmq: RunningBroker) -> None:
+    on_both(kafka, shmq, lambda w, t: without_error_offsets(fetch_errors_scenario(w, t)))
+
+
+@known_defect(22, 7)
+def test_fetch_error_partitions_carry_no_offsets(kafka: apache_kafka.KafkaBroker,
+                                                 shmq: RunningBroker) -> None:
+    on_both(kafka, shmq, fetch_errors_scenario)
+
+
+# -- ListOffsets --------------------------------------------------------------------------------
+
+
+def list_offsets_scenario(wire: Wire, topic: str) -> Any:
+    create_topic(wire, topic)
+    # timestamps out of order inside and across batches
+    produce(wire, topic, record_batch([(b"a", b"0", T0 + 50), (b"b", b"1", T0 + 10),
+                                       (b"c", b"2", T0 + 70)]))
+    produce(wire, topic, record_batch([(b"d", b"3", T0 + 20), (b"e", b"4", T0 + 90)]))
+    produce(wire, topic, record_batch([(b"f", b"5", T0 + 90), (b"g", b"6", T0 + 30)],
+                                      codec=1))
+    leader = wire.leader(topic)
+    out = {}
+    for ts in (-1, -2, -3, -4, T0, T0 + 10, T0 + 11, T0 + 50, T0 + 70, T0 + 71, T0 + 90,
+               T0 + 91):
+        r = wire.send(LIST_OFFSETS, 8, list_offsets_body(topic, 0, ts), to=leader)
+        out[ts] = r["topics"][0]["partitions"][0]
+    r = wire.send(LIST_OFFSETS, 8, list_offsets_body(topic, 3, -1), to=leader)
+    out["unknown partition"] = r["topics"][0]["partitions"][0]
+    r = wire.send(LIST_OFFSETS, 1, {"replica_id": -1, "topics": [
+        {"name": topic, "partitions": [{"partition_index": 0, "timestamp": T0 + 20}]}]},
+        to=leader)
+    out["v1"] = r["topics"][0]["partitions"][0]
+    return out
+
+
+def test_list_offsets_by_time(kafka: apache_kafka.KafkaBroker, shmq: RunningBroker) -> None:
+    """Offsets and timestamps of every lookup (the leader epoch is the next test's)."""
+    on_both(kafka, shmq, list_offsets_scenario, drop=("leader_epoch",))
+
+
+@known_defect(21, 5)
+def test_list_offsets_leader_epoch(kafka: apache_kafka.KafkaBroker, shmq: RunningBroker) -> None:
+    on_both(kafka, shmq, list_offsets_scenario)
+
+
+# -- DescribeConfigs and (Incremental)AlterConfigs --------------------------------------------
+
+
+def describe_configs(wire: Wire, resources: list[tuple[int, str]], synonyms: bool = True,
+                     keys: list[str] | None = None) -> list[dict]:
+    r = wire.send(DESCRIBE_CONFIGS, 4, {"resources": [
+        {"resource_type": t, "resource_name": n, "configuration_keys": keys}
+        for t, n in resources], "include_synonyms": synonyms, "include_documentation": False})
+    for res in r["results"]:
+        res["configs"].sort(key=lambda c: c["name"])
+    return r["results"]
+
+
+def test_describe_topic_configs(kafka: apache_kafka.KafkaBroker, shmq: RunningBroker) -> None:
+    """Every topic config: value, source, read-only, sensitive, type and synonyms."""
+    def scenario(wire: Wire, topic: str) -> Any:
+        create_topic(wire, topic, 1, **{"retention.ms": "3600000", "cleanup.policy":
+                                        "compact,delete", "segment.bytes": "1048576"})
+        return [describe_configs(wire, [(2, topic)]),
+                describe_configs(wire, [(2, topic)], synonyms=False,
+                                 keys=["retention.ms", "min.insync.replicas", "no.such"]),
+                describe_configs(wire, [(2, topic + "-missing"), (2, "bad name!")])]
+
+    on_both(kafka, shmq, scenario, drop=("documentation",))
+
+
+BROKER_CONFIGS = ["log.retention.ms", "log.retention.hours", "log.segment.bytes",
+                  "message.max.bytes", "num.partitions", "auto.create.topics.enable",
+                  "log.cleanup.policy", "log.roll.ms", "min.insync.replicas"]
+
+
+def test_describe_broker_configs(kafka: apache_kafka.KafkaBroker, shmq: RunningBroker) -> None:
+    """The broker configs a topic default comes from, as DescribeConfigs lists them."""
+    def scenario(wire: Wire, topic: str) -> Any:
+        return [describe_configs(wire, [(4, "1")], keys=BROKER_CONFIGS),
+                describe_configs(wire, [(4, "")], keys=BROKER_CONFIGS)]
+
+    on_both(kafka, shmq, scenario, drop=("documentation",))
+
+
+def alter(wire: Wire, topic: str, ops: list[tuple[str, int, str | None]],
+          validate_only: bool = False) -> list:
+    r = wire.send(INCREMENTAL_ALTER_CONFIGS, 1, {"resources": [
+        {"resource_type": 2, "resource_name": topic, "configs": [
+            {"name": n, "config_operation": op, "value": v} for n, op, v in ops]}],
+        "validate_only": validate_only})
+    return r["responses"]
+
+
+def test_incremental_alter_configs(kafka: apache_kafka.KafkaBroker, shmq: RunningBroker) -> None:
+    SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
+
+    def scenario(wire: Wire, topic: str) -> Any:
+        create_topic(wire, topic)
+        out = [alter(wire, topic, [("retention.ms", SET, "600000")]),
+               alter(wire, topic, [("cleanup.policy", APPEND, "compact")]),
+               alter(wire, topic, [("cleanup.policy", SUBTRACT, "delete")]),
+               alter(wire, topic, [("segment.ms", DELETE, None)]),
+               alter(wire, topic, [("retention.ms", SET, "soon")]),
+               alter(wire, topic, [("no.such.config", SET, "1")]),
+               alter(wire, topic, [("retention.ms", APPEND, "1")]),
+               alter(wire, topic, [("segment.bytes", SET, "10")]),
+               alter(wire, topic, [("cleanup.policy", SET, "deleted")]),
+               alter(wire, topic, [("retention.ms", SET, "1"), ("retention.ms", SET, "2")]),
+               alter(wire, topic, [("retention.ms", SET, "5")], validate_only=True),
+               alter(wire, topic + "-missing", [("retention.ms", SET, "5")])]
+        out.append(describe_configs(wire, [(2, topic)], synonyms=False,
+                                    keys=["retention.ms", "cleanup.policy", "segment.ms"]))
+        return out
+
+    on_both(kafka, shmq, scenario, drop=("documentation",))
+
+
+@known_defect(22, 7)
+def test_incremental_alter_configs_null_set(kafka: apache_kafka.KafkaBroker,
+                                            shmq: RunningBroker) -> None:
+    def scenario(wire: Wire, topic: str) -> Any:
+        create_topic(wire, topic)
+        return alter(wire, topic, [("retention.ms", 0, None)])
+
+    on_both(kafka, shmq, scenario)
+
+
+def test_alter_configs_replaces_overrides(kafka: apache_kafka.KafkaBroker,
+                                          shmq: RunningBroker) -> None:
+    def scenario(wire: Wire, topic: str) -> Any:
+        create_topic(wire, topic, 1, **{"retention.ms": "3600000"})
+
+        def alter_all(configs: dict[str, str], name: str = topic) -> list:
+            return wire.send(ALTER_CONFIGS, 2, {"resources": [
+                {"resource_type": 2, "resource_name": name, "configs": [
+                    {"name": k, "value": v} for k, v in configs.items()]}],
+                "validate_only": False})["responses"]
+
+        out = [alter_all({"segment.ms": "100000"}),
+               describe_configs(wire, [(2, topic)], synonyms=False,
+                                keys=["retention.ms", "segment.ms"]),
+               alter_all({"retention.ms": "x"}), alter_all({"nope": "1"}),
+               alter_all({"retention.ms": "1"}, topic + "-missing")]
+        return out
+
+    on_both(kafka, shmq, scenario, drop=("documentation",))
+
+
+# -- DeleteRecords ------------------------------------------------------------------------------
+
+
+def test_delete_records(kafka: apache_kafka.KafkaBroker, shmq: RunningBroker) -> None:
+    def scenario(wire: Wire, topic: str) -> Any:
+        create_topic(wire, topic, 2)
+        produce(wire, topic, record_batch(records(10)))
+        leader = wire.leader(topic)
+
+        def delete(partition: int, offset: int) -> dict:
+            r = wire.send(DELETE_RECORDS, 2, {"topics": [{"name": topic, "partitions": [
+                {"partition_index": partition, "offset": offset}]}], "timeout": 30_000},
+                to=wire.leader(topic, partition) if partition < 2 else leader)
+            return r["topics"][0]["partitions"][0]
+
+        out = {"to 4": delete(0, 4), "to 2 again": delete(0, 2), "to hw (-1)": delete(0, -1),
+               "beyond hw": delete(0, 11), "empty partition": delete(1, 0),
+               "unknown partition": delete(5, 1)}
+        out["earliest"] = wire.send(LIST_OFFSETS, 8, list_offsets_body(topic, 0, -2),
+                                    to=leader)["topics"][0]["partitions"][0]
+        out["fetch below start"] = without_error_offsets(
+            {"": wire.send(FETCH, 12, fetch_body(topic, 0, 3), to=leader)})
+        return out
+
+    on_both(kafka, shmq, scenario, drop=("leader_epoch",))
+
+
+def test_crc_oracle_is_crc32c() -> None:
+    """corrupt_crc changes a byte the CRC covers (kafka-python's builder writes CRC-32C)."""
+    batch = record_batch(records(2))
+    assert int.from_bytes(batch[17:21], "big") == crc32c.crc32c(batch[21:])
+    assert crc32c.crc32c(corrupt_crc(batch)[21:]) != int.from_bytes(batch[17:21], "big")
