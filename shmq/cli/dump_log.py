@@ -25,8 +25,9 @@ Index files, all big-endian, named after the segment's base offset like the log:
 
 An index is listed until the first entry after the first whose offset is the base offset
 (a preallocated, zero-filled tail).  Each entry is also checked against the segment's ``.log``;
-disagreements are summed up on stderr at the end, as Kafka does.  ``.snapshot`` (producer state)
-and other files are not dumped yet: ``Ignoring unknown file``.
+disagreements are summed up on stderr at the end, as Kafka does.  A ``.snapshot`` (producer
+state, ``ProducerSnapshot`` v1: version int16 | crc32c uint32 | count int32 | 46-byte entries)
+prints one line per producer; other files are ``Ignoring unknown file``.
 """
 
 from __future__ import annotations
@@ -348,6 +349,7 @@ class Dumper:
             ".index": self.dump_offset_index,
             ".timeindex": self.dump_time_index,
             ".txnindex": self.dump_txn_index,
+            ".snapshot": self.dump_producer_snapshot,
         }.get(suffix)
         if handler is None:
             self._stderr(f"Ignoring unknown file {path}")
@@ -606,6 +608,56 @@ class Dumper:
         if batch.timestamp_type == LOG_APPEND_TIME:
             return max(-1, batch.max_timestamp) if records else -1
         return max([-1, *(r.timestamp for r in records)])
+
+    # --- .snapshot (producer state) ----------------------------------------------------------
+
+    def dump_producer_snapshot(self, path: str) -> None:
+        """Kafka's ``dumpProducerIdSnapshot``: each producer's entry and its last batch; a
+        corrupt snapshot is one line on stderr (``CorruptSnapshotException``'s message)."""
+        from shmq._fast import crc32c
+        from shmq.storage.producer_state import (
+            SNAPSHOT_CRC_START,
+            SNAPSHOT_ENTRY,
+            SNAPSHOT_HEADER,
+            decrement_sequence,
+        )
+
+        with open(path, "rb") as f:
+            data = f.read()
+        # Kafka wraps what reading the schema throws; a short buffer's exception has no
+        # message ("null")
+        invalid = "Snapshot failed schema validation: "
+        if len(data) < 2:
+            self._stderr(invalid + "null")
+            return
+        version = struct.unpack_from(">h", data)[0]
+        if version != 1:
+            self._stderr(f"{invalid}Snapshot contained an unknown file version {version}")
+            return
+        if len(data) < SNAPSHOT_HEADER.size:
+            self._stderr(invalid + "null")
+            return
+        _, crc, count = SNAPSHOT_HEADER.unpack_from(data)
+        if count < 0 or len(data) < SNAPSHOT_HEADER.size + count * SNAPSHOT_ENTRY.size:
+            self._stderr(invalid + "null")
+            return
+        computed = crc32c(memoryview(data)[SNAPSHOT_CRC_START:])
+        if crc != computed:
+            self._stderr(f"Snapshot is corrupt (CRC is no longer valid). Stored crc: {crc}. "
+                         f"Computed crc: {computed}")
+            return
+        for i in range(count):
+            pid, epoch, last_seq, last_offset, delta, ts, coordinator, txn = \
+                SNAPSHOT_ENTRY.unpack_from(data, SNAPSHOT_HEADER.size + i * SNAPSHOT_ENTRY.size)
+            line = (f"producerId: {pid} producerEpoch: {epoch} coordinatorEpoch: {coordinator} "
+                    f"currentTxnFirstOffset: "
+                    f"{f'OptionalLong[{txn}]' if txn >= 0 else 'OptionalLong.empty'} "
+                    f"lastTimestamp: {ts}")
+            if last_offset >= 0:
+                first = decrement_sequence(last_seq, delta)
+                line += (f" firstSequence: {first} lastSequence: {last_seq} lastOffset: "
+                         f"{last_offset} offsetDelta: {delta} timestamp: {ts}")
+            self.emit(line)
 
     # --- .txnindex -----------------------------------------------------------------------------
 

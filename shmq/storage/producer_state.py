@@ -123,9 +123,9 @@ INVALID_TXN_STATE = 48
 TRANSACTION_COORDINATOR_FENCED = 52
 
 SNAPSHOT_VERSION = 1
-_HEADER = struct.Struct(">hIi")            # version, crc, count
-_ENTRY = struct.Struct(">qhiqiqiq")        # 46 bytes, field order of ProducerSnapshot.json
-_CRC_START = 6                             # PRODUCER_ENTRIES_OFFSET: the CRC covers [6, end)
+SNAPSHOT_HEADER = struct.Struct(">hIi")            # version, crc, count
+SNAPSHOT_ENTRY = struct.Struct(">qhiqiqiq")        # 46 bytes, field order of ProducerSnapshot.json
+SNAPSHOT_CRC_START = 6                             # PRODUCER_ENTRIES_OFFSET: the CRC covers [6, end)
 _SNAPSHOT_NAME = re.compile(r"^(\d{20})" + re.escape(layout.SNAPSHOT_SUFFIX) + "$")
 
 
@@ -218,36 +218,36 @@ def encode_snapshot(entries: Iterable[ProducerStateEntry]) -> bytes:
 
 def _encode_rows(rows: list[tuple[Any, ...]]) -> bytes:
     """A snapshot of ``ProducerTable`` rows, in the order given (producer id order)."""
-    buf = bytearray(_HEADER.size + _ENTRY.size * len(rows))
-    _HEADER.pack_into(buf, 0, SNAPSHOT_VERSION, 0, len(rows))
-    pos = _HEADER.size
-    pack = _ENTRY.pack_into
+    buf = bytearray(SNAPSHOT_HEADER.size + SNAPSHOT_ENTRY.size * len(rows))
+    SNAPSHOT_HEADER.pack_into(buf, 0, SNAPSHOT_VERSION, 0, len(rows))
+    pos = SNAPSHOT_HEADER.size
+    pack = SNAPSHOT_ENTRY.pack_into
     for pid, epoch, coordinator_epoch, last_ts, txn, batches in rows:
         if batches:
             _, last_seq, last_offset, delta, _ = batches[-1]
         else:
             last_seq, last_offset, delta = NO_SEQUENCE, -1, 0
         pack(buf, pos, pid, epoch, last_seq, last_offset, delta, last_ts, coordinator_epoch, txn)
-        pos += _ENTRY.size
-    struct.pack_into(">I", buf, 2, _fast.crc32c(memoryview(buf)[_CRC_START:]))
+        pos += SNAPSHOT_ENTRY.size
+    struct.pack_into(">I", buf, 2, _fast.crc32c(memoryview(buf)[SNAPSHOT_CRC_START:]))
     return bytes(buf)
 
 
 def decode_snapshot(data: bytes) -> list[ProducerStateEntry]:
     """Entries of a v1 snapshot (``ProducerStateManager.readSnapshot``); raises CorruptSnapshotError."""
-    if len(data) < _HEADER.size:
+    if len(data) < SNAPSHOT_HEADER.size:
         raise CorruptSnapshotError(f"snapshot of {len(data)} bytes is shorter than its header")
-    version, crc, count = _HEADER.unpack_from(data, 0)
+    version, crc, count = SNAPSHOT_HEADER.unpack_from(data, 0)
     if version != SNAPSHOT_VERSION:
         raise CorruptSnapshotError(f"snapshot contained an unknown file version {version}")
-    computed = _fast.crc32c(memoryview(data)[_CRC_START:])
+    computed = _fast.crc32c(memoryview(data)[SNAPSHOT_CRC_START:])
     if crc != computed:
         raise CorruptSnapshotError(f"snapshot is corrupt: stored crc {crc}, computed crc {computed}")
-    if count < 0 or len(data) != _HEADER.size + count * _ENTRY.size:
+    if count < 0 or len(data) != SNAPSHOT_HEADER.size + count * SNAPSHOT_ENTRY.size:
         raise CorruptSnapshotError(f"snapshot of {len(data)} bytes cannot hold {count} entries")
     entries = []
-    for pid, epoch, seq, offset, delta, ts, coord, txn in _ENTRY.iter_unpack(
-            memoryview(data)[_HEADER.size:]):
+    for pid, epoch, seq, offset, delta, ts, coord, txn in SNAPSHOT_ENTRY.iter_unpack(
+            memoryview(data)[SNAPSHOT_HEADER.size:]):
         entry = ProducerStateEntry(pid, epoch, coordinator_epoch=coord, last_timestamp=ts,
                                    current_txn_first_offset=txn if txn >= 0 else None)
         if offset >= 0:

@@ -528,13 +528,51 @@ def test_txn_index(tmp_path: Path, capsys: Any) -> None:
 def test_several_files_in_one_run(tmp_path: Path, capsys: Any) -> None:
     batches, log = indexed_segment(tmp_path)
     index = write(tmp_path, f"{SEG}.index", struct.pack(">ii", 1, 0))
-    other = write(tmp_path, f"{SEG}.snapshot", b"\x00\x01")
+    other = write(tmp_path, f"{SEG}.deleted", b"\x00\x01")
     rc, out, err = dump(capsys, "--files", ",".join([log, index, other]))
     assert rc == 0
     assert [line for line in out if line.startswith("Dumping")] == [
         f"Dumping {log}", f"Dumping {index}", f"Dumping {other}"]
     assert out[-2:] == ["offset: 1 position: 0", f"Dumping {other}"]
     assert err == [f"Ignoring unknown file {other}"]
+
+
+def test_producer_snapshot(tmp_path: Path, capsys: Any) -> None:
+    """Kafka's dumpProducerIdSnapshot lines; the oracle for the layout is Kafka's own tool
+    (tests/integration/test_kafka_dump_log.py), here the lines themselves."""
+    from collections import deque
+
+    from shmq.storage.producer_state import BatchMetadata, ProducerStateEntry, encode_snapshot
+
+    entries = [ProducerStateEntry(7, 2, deque([BatchMetadata(10, 14, 104, 4, T0 + 9)]),
+                                  last_timestamp=T0 + 9),
+               ProducerStateEntry(9, 0, deque([BatchMetadata(2**31 - 2, 1, 50, 3, T0)]),
+                                  coordinator_epoch=3, last_timestamp=T0,
+                                  current_txn_first_offset=48),
+               ProducerStateEntry(11, 1, last_timestamp=T0 + 1)]
+    data = encode_snapshot(entries)
+    path = write(tmp_path, "00000000000000000105.snapshot", data)
+    assert dump(capsys, "--files", path) == (0, [
+        f"Dumping {path}",
+        "producerId: 7 producerEpoch: 2 coordinatorEpoch: -1 currentTxnFirstOffset: "
+        f"OptionalLong.empty lastTimestamp: {T0 + 9} firstSequence: 10 lastSequence: 14 "
+        f"lastOffset: 104 offsetDelta: 4 timestamp: {T0 + 9}",
+        "producerId: 9 producerEpoch: 0 coordinatorEpoch: 3 currentTxnFirstOffset: "
+        f"OptionalLong[48] lastTimestamp: {T0} firstSequence: 2147483646 lastSequence: 1 "
+        f"lastOffset: 50 offsetDelta: 3 timestamp: {T0}",
+        "producerId: 11 producerEpoch: 1 coordinatorEpoch: -1 currentTxnFirstOffset: "
+        f"OptionalLong.empty lastTimestamp: {T0 + 1}"], [])
+    bad = write(tmp_path, "00000000000000000106.snapshot", data[:-1] + bytes([data[-1] ^ 1]))
+    rc, out, err = dump(capsys, "--files", bad)
+    assert (rc, out) == (0, [f"Dumping {bad}"])
+    assert len(err) == 1 and err[0].startswith(
+        "Snapshot is corrupt (CRC is no longer valid). Stored crc: ")
+    invalid = "Snapshot failed schema validation: "
+    for broken, why in ((b"\x00", invalid + "null"), (data[:20], invalid + "null"),
+                        (b"\x00\x02" + data[2:],
+                         invalid + "Snapshot contained an unknown file version 2")):
+        f = write(tmp_path, "00000000000000000107.snapshot", broken)
+        assert dump(capsys, "--files", f) == (0, [f"Dumping {f}"], [why])
 
 
 # --- command-line errors -----------------------------------------------------------------------
