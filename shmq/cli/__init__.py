@@ -109,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args = parser.parse_args(args_list)
         except SystemExit as e:  # --help and --version print, then "exit"
             return e.code if isinstance(e.code, int) else EXIT_OK
+        args._argv = args_list  # for warn_deprecated: argparse forgets which alias was used
         return int(_load(args._module).run(args))
     except UsageError as e:
         _print_error(str(e))
@@ -125,6 +126,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
+
+
+def warn_deprecated(args: argparse.Namespace, lines: Sequence[tuple[str, str]]) -> None:
+    """Kafka 4.3's line for each old spelling the command line used (``(flag, line)`` in the
+    order Kafka checks them), on stdout as Kafka prints them."""
+    used = {word.split("=", 1)[0] for word in getattr(args, "_argv", ()) if word.startswith("--")}
+    for flag, line in lines:
+        if flag in used:
+            print(line, flush=True)
 
 
 def entry() -> int:

@@ -305,6 +305,13 @@ class ConfigService:
         return [str(n) for n in sorted(self.metadata.brokers)] + [""]
 
     def describe(self, etype: str, name: str | None, describe_all: bool) -> None:
+        if name and not describe_all and (
+                (etype == "topics" and name not in self.metadata.topics)
+                or (etype == "brokers" and not (name.isdigit()
+                                                and int(name) in self.metadata.brokers))):
+            # Kafka's describeResourceConfig: a line on stdout and exit code 0, not an error
+            print(f"The {etype[:-1]} '{name}' doesn't exist and doesn't have dynamic config.")
+            return
         names = self._names(etype) if name is None else [name]
         singular = etype[:-1]
         out = []

@@ -230,6 +230,14 @@ def consumer_config(args: argparse.Namespace, bootstrap: str, file_props: dict[s
 
 def run(args: argparse.Namespace) -> int:
     _check_args(args)
+    from shmq.cli import warn_deprecated
+
+    soon = "is deprecated and will be removed in a future version."
+    warn_deprecated(args, [
+        ("--consumer-property", f"Option --consumer-property {soon} Use --command-property "
+                                "instead."),
+        ("--consumer.config", f"Option --consumer.config {soon} Use --command-config instead."),
+        ("--property", f"Option --property {soon} Use --formatter-property instead.")])
     start = _parse_offset(args.offset) if args.partition is not None else None
     if args.max_messages is not None and args.max_messages < 0:
         args.max_messages = None  # Kafka: -1 means no limit

@@ -223,6 +223,17 @@ def producer_config(args: argparse.Namespace, bootstrap: str,
 
 
 def run(args: argparse.Namespace) -> int:
+    from shmq.cli import warn_deprecated
+
+    soon = "is deprecated and will be removed in a future version."
+    warn_deprecated(args, [
+        ("--producer-property", f"Warning: --producer-property {soon} Use --command-property "
+                                "instead."),
+        ("--producer.config", f"Warning: --producer.config {soon} Use --command-config instead."),
+        ("--property", f"Warning: --property {soon} Use --reader-property instead."),
+        ("--max-partition-memory-bytes", "Warning: --max-partition-memory-bytes is deprecated "
+                                         "and will be removed in Apache Kafka 5.0. Use "
+                                         "--batch-size instead.")])
     if args.line_reader and args.line_reader != LINE_READER:
         raise usage_error("console-producer", f"--line-reader {args.line_reader} is not "
                                               f"available; shmq has {LINE_READER} only")

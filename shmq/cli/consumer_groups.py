@@ -23,16 +23,18 @@ each block, ``-`` for a missing value).  ``--describe`` (``--offsets``)::
 GROUP, TOPIC, CONSUMER-ID and HOST are ``max(15, longest)`` wide; rows are the members' partitions
 (members with the most partitions first, each sorted by topic and partition) and then the
 partitions the group has committed offsets for but nobody is assigned.  ``--members`` and
-``--state`` follow ``ConsumerGroupCommand.printMembers`` / ``printStates``; ``--members --verbose``
-adds Kafka 3's ``ASSIGNMENT`` column (``topic(0,1,2), other(0)``), ``--offsets --verbose`` Kafka
-4's ``LEADER-EPOCH``.  ``--reset-offsets`` prints ``GROUP TOPIC PARTITION NEW-OFFSET`` as
-``%-30s %-30s %-10s %-15s`` (reference/ecosystem.md §4; Kafka 3's layout), ``--export`` the CSV
-``--from-file`` reads.
+``--state`` follow ``ConsumerGroupCommand.printMembers`` / ``printStates`` of Kafka 4.3 (the
+members header is printed even when there are none; ``--members --verbose`` adds
+``CURRENT-EPOCH CURRENT-ASSIGNMENT TARGET-EPOCH TARGET-ASSIGNMENT``, ``topic:0,1;other:0``, the
+epochs ``-`` for a classic group), ``--offsets --verbose`` Kafka 4's ``LEADER-EPOCH``.
+``--reset-offsets`` prints ``GROUP TOPIC PARTITION NEW-OFFSET`` with GROUP and TOPIC
+``max(15, longest)`` wide (``OffsetsUtils.printOffsetsToReset``), ``--export`` the CSV
+``--from-file`` reads.  The layouts are checked line by line against Kafka's own tool on the same
+state (tests/integration/test_kafka_tools.py).
 
-Where this differs from Kafka, on purpose: every error and warning goes to stderr as one line
-(Kafka prints ``\\nError: ...`` on stdout, warnings with a blank line before them) and an error
-makes the exit code 1 (Kafka exits 0 after printing ``Consumer group 'g' does not exist.``); a
-wrong command line is a usage error, exit code 2.  ``--bootstrap-server`` may be left out to use
+Where this differs from Kafka, on purpose: an error goes to stderr as one line and makes the
+exit code 1 (Kafka prints ``\\nError: ...`` on stdout, sometimes with a Java stack trace, and
+exits 0); a wrong command line is a usage error, exit code 2.  ``--bootstrap-server`` may be left out to use
 the broker running in ``--data-dir``.
 
 The protocol is librdkafka's (confluent-kafka's ``AdminClient``), so the command works against any
@@ -94,6 +96,13 @@ KAFKA_MESSAGES = {
     69: "The group id does not exist.",
     86: "Deleting offsets of a topic is forbidden while the consumer group is actively "
         "subscribed to it.",
+}
+# Kafka's exception class for a code, as its tools print an error (``Throwable.toString``)
+KAFKA_EXCEPTIONS = {
+    14: "CoordinatorLoadInProgressException", 15: "CoordinatorNotAvailableException",
+    16: "NotCoordinatorException", 24: "InvalidGroupIdException",
+    30: "GroupAuthorizationException", 68: "GroupNotEmptyException",
+    69: "GroupIdNotFoundException",
 }
 GROUP_ID_NOT_FOUND = 69
 NOT_COORDINATOR = 16
@@ -342,11 +351,10 @@ def _check_reset(args: argparse.Namespace, request: Request, scenarios: list[str
         request.timestamp_ms = now - parse_duration_ms(args.by_duration)
     if not args.dry_run and not args.execute:
         request.warnings.append(
-            "WARN: No action will be performed as the --execute option is missing. In a future "
-            "major release, the default behavior of this command will be to prompt the user "
-            "before executing the reset rather than doing a dry run. You should add the "
-            "--dry-run option explicitly if you are scripting this command and want to keep the "
-            "current default behavior without prompting.")
+            "WARN: No action will be performed as the --execute option is missing. In version "
+            "5.0, this command will require either --dry-run or --execute to be specified. You "
+            "should add the --dry-run option explicitly if you are scripting this command and "
+            "want to keep the current default behavior without prompting.")
 
 
 def parse_states(text: str) -> set[str]:
@@ -525,25 +533,28 @@ def format_offsets(rows: Sequence[PartitionRow], verbose: bool = False) -> str:
     return "".join("\n" + line for line in lines) + "\n"
 
 
-def assignment_text(assignment: Iterable[tuple[str, int]]) -> str:
-    """Kafka 3's ``ASSIGNMENT`` column: ``topic(0,1,2), other(0)``, topics sorted."""
+def assignment_text(assignment: Sequence[tuple[str, int]]) -> str:
+    """``getAssignmentString``: ``topic:0,1,2;other:0``, topics sorted, ``-`` when empty."""
     by_topic: dict[str, list[int]] = {}
     for topic, partition in assignment:
         by_topic.setdefault(topic, []).append(partition)
     if not by_topic:
         return MISSING
-    return ", ".join(sorted(f"{t}({','.join(str(p) for p in sorted(ps))})"
-                            for t, ps in by_topic.items()))
+    return ";".join(sorted(f"{t}:{','.join(str(p) for p in sorted(ps))}"
+                           for t, ps in by_topic.items()))
 
 
 def format_members(rows: Sequence[MemberRow], verbose: bool = False) -> str:
-    """``printMembers``: a blank line, the header, one line per member.  Each line ends with
-    the blank after ``#PARTITIONS`` (Kafka's format has it)."""
+    """``printMembers``: a blank line, the header (also when there are no members), one line
+    per member.  Each line ends with the blank after ``#PARTITIONS`` (Kafka's format has it);
+    ``verbose`` adds the KIP-848 epoch and assignment columns (``-`` epochs and no target
+    assignment for a classic group's members)."""
     group_w = max([15, *(len(r.group) for r in rows)])
     consumer_w = max([15, *(len(r.consumer_id) for r in rows)])
     instance_w = max([17, *(len(r.group_instance_id) for r in rows)])
     host_w = max([15, *(len(r.host) for r in rows)])
     client_w = max([15, *(len(r.client_id) for r in rows)])
+    current_w = max([20, *(len(assignment_text(r.assignment)) for r in rows)])
     with_instance = any(r.group_instance_id for r in rows)
     if with_instance:
         widths = [group_w, consumer_w, instance_w, host_w, client_w, 15]
@@ -551,13 +562,21 @@ def format_members(rows: Sequence[MemberRow], verbose: bool = False) -> str:
     else:
         widths = [group_w, consumer_w, host_w, client_w, 15]
         header = ["GROUP", "CONSUMER-ID", "HOST", "CLIENT-ID", "#PARTITIONS"]
-    out = ["\n" + _line(widths, header) + " " + ("ASSIGNMENT" if verbose else "") + "\n"]
+    verbose_widths = [15, current_w, 15, 20]  # %-15s %-Ns %-15s %-Ns
+    head = _line(widths, header) + " "
+    if verbose:
+        head += _line(verbose_widths, ["CURRENT-EPOCH", "CURRENT-ASSIGNMENT", "TARGET-EPOCH",
+                                       "TARGET-ASSIGNMENT"])
+    out = ["\n" + head + "\n"]
     for r in rows:
         values: list[object] = [r.group, r.consumer_id, r.host, r.client_id, len(r.assignment)]
         if with_instance:
             values.insert(2, r.group_instance_id)
-        tail = assignment_text(r.assignment) if verbose else ""
-        out.append(_line(widths, values) + " " + tail + "\n")
+        line = _line(widths, values) + " "
+        if verbose:
+            line += _line(verbose_widths, [MISSING, assignment_text(r.assignment), MISSING,
+                                           MISSING])
+        out.append(line + "\n")
     return "".join(out)
 
 
@@ -585,16 +604,17 @@ def format_group_list(listings: Sequence[tuple[str, str, str]], with_type: bool,
 
 
 def format_reset(plan: dict[str, dict[tuple[str, int], int]]) -> str:
-    """``printOffsetsToReset``: ``%-30s %-30s %-10s %-15s`` under a blank line; nothing when no
-    group was reset."""
-    if not plan:
-        return ""
-    widths = [30, 30, 10, 15]
-    lines = ["\n" + _line(widths, ["GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"])]
+    """``OffsetsUtils.printOffsetsToReset``: each line starts with a newline (``%n...``), GROUP
+    and TOPIC ``max(15, longest)`` wide, the header only when some group was planned, and one
+    newline at the end in any case."""
+    group_w = max([15, *(len(g) for g in plan)])
+    topic_w = max([15, *(len(t) for offsets in plan.values() for t, _ in offsets)])
+    widths = [group_w, topic_w, 10, 0]
+    lines = [_line(widths, ["GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"])] if plan else []
     for group, offsets in plan.items():
         for (topic, partition), offset in sorted(offsets.items()):
             lines.append(_line(widths, [group, topic, partition, offset]))
-    return "".join(line + "\n" for line in lines)
+    return "".join("\n" + line for line in lines) + "\n"
 
 
 def format_export(plan: dict[str, dict[tuple[str, int], int]], single_group: bool) -> str:
@@ -650,6 +670,13 @@ def kafka_message(exc: object) -> str:
     if code in KAFKA_MESSAGES and (text.startswith("Broker: ") or not text):
         return KAFKA_MESSAGES[code]
     return text
+
+
+def kafka_exception_text(exc: object) -> str:
+    """``Throwable.toString`` of the Java exception Kafka's tool would hold for ``exc``."""
+    name = KAFKA_EXCEPTIONS.get(error_code(exc) or 0)
+    message = kafka_message(exc)
+    return f"org.apache.kafka.common.errors.{name}: {message}" if name else message
 
 
 def _kafka_error(exc: object) -> Any:
@@ -847,8 +874,9 @@ class GroupService:
         for group in sorted(descriptions):
             desc = descriptions[group]
             state = "Dead" if isinstance(desc, Exception) else kafka_state(desc.state)
-            if state == "Dead":
-                _error(f"Consumer group '{group}' does not exist.")
+            if state == "Dead":  # Kafka 4.3's tool over DescribeGroups v6 (GROUP_ID_NOT_FOUND)
+                _error("Executing consumer group command failed due to org.apache.kafka.common."
+                       f"errors.GroupIdNotFoundException: Group {group} not found.")
                 failed = True
                 continue
             what = self.request.describe_what
@@ -856,10 +884,10 @@ class GroupService:
                 rows = self.offset_rows(group, desc)
                 if self._announce(group, state, len(rows)):
                     _out(format_offsets(rows, self.request.verbose))
-            elif what == "members":
+            elif what == "members":  # Kafka prints the header in any case
                 members = member_rows(group, desc)
-                if self._announce(group, state, len(members)):
-                    _out(format_members(members, self.request.verbose))
+                shown = members if self._announce(group, state, len(members)) else []
+                _out(format_members(shown, self.request.verbose))
             else:
                 self._announce(group, state, 1)
                 _out(format_state(state_row(group, desc, state)))
@@ -869,9 +897,9 @@ class GroupService:
     def _announce(group: str, state: str, rows: int) -> bool:
         """``shouldPrintMemberState``: the warnings before a group's table; whether to print it."""
         if state == "Empty":
-            _warn(f"Consumer group '{group}' has no active members.")
+            _warn(f"\nConsumer group '{group}' has no active members.")
         elif state in _REBALANCING:
-            _warn(f"Warning: Consumer group '{group}' is rebalancing.")
+            _warn(f"\nWarning: Consumer group '{group}' is rebalancing.")
         return rows > 0
 
     def offset_rows(self, group: str, desc: Any) -> list[PartitionRow]:
@@ -915,15 +943,16 @@ class GroupService:
                 futures[group].result()
                 deleted.append(group)
             except KafkaException as exc:
-                failed[group] = kafka_message(exc)
+                failed[group] = kafka_exception_text(exc)
         quoted = ", ".join(f"'{g}'" for g in deleted)
         if not failed:
             _out(f"Deletion of requested consumer groups ({quoted}) was successful.\n")
             return 0
+        _error("Deletion of some consumer groups failed:")
         for group, why in failed.items():
-            _error(f"Group '{group}' could not be deleted due to: {why}")
+            _warn(f"* Group '{group}' could not be deleted due to: {why}")
         if deleted:
-            _out(f"These consumer groups were deleted successfully: {quoted}\n")
+            _out(f"\nThese consumer groups were deleted successfully: {quoted}\n")
         return 1
 
     # --- --reset-offsets -----------------------------------------------------------------------

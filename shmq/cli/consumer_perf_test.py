@@ -203,6 +203,12 @@ def consumer_config(args: argparse.Namespace, props: dict[str, str]) -> dict[str
 
 def run(args: argparse.Namespace) -> int:
     _check(args)
+    from shmq.cli import warn_deprecated
+
+    warn_deprecated(args, [
+        ("--messages", "Warning: --messages is deprecated. Use --num-records instead."),
+        ("--consumer.config", "Warning: --consumer.config is deprecated. Use --command-config "
+                              "instead.")])
     props = merged_properties([args.command_config], [args.command_property])
     conf = consumer_config(args, props)
     return ConsumerPerfTest(args, conf).run()

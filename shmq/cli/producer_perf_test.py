@@ -304,6 +304,12 @@ def random_payloads(size: int, count: int) -> list[bytes]:
 
 def run(args: argparse.Namespace) -> int:
     _check(args)
+    from shmq.cli import warn_deprecated
+
+    soon = "has been deprecated and will be removed in a future version."
+    warn_deprecated(args, [
+        ("--producer-props", f"Option --producer-props {soon} Use --command-property instead."),
+        ("--producer.config", f"Option --producer.config {soon} Use --command-config instead.")])
     delimiter = "\n" if args.payload_delimiter == "\\n" else args.payload_delimiter
     props = _props(args)
     conf, transaction_ms = producer_config(args, props)

@@ -83,7 +83,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     LEAVE_GROUP: (0, 5),
     OFFSET_COMMIT: (0, 9),  # 10 addresses topics by id; Kafka 4.0: 2-10
     OFFSET_FETCH: (0, 9),  # Kafka 4.0: 1-10
-    DESCRIBE_GROUPS: (0, 5),
+    DESCRIBE_GROUPS: (0, 6),  # 6: an unknown group is GROUP_ID_NOT_FOUND (KIP-1043)
     LIST_GROUPS: (0, 5),
     DELETE_GROUPS: (0, 2),
     OFFSET_DELETE: (0, 0),

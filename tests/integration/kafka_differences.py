@@ -13,6 +13,11 @@ defect of shmq and is fixed there, unless it is in this table:
 | 3 | eligible leader replicas (KIP-966) | no DescribeTopicPartitions: Kafka's admin client falls back to Metadata and `kafka-topics.sh --describe` prints `Elr: N/A LastKnownElr: N/A` | `Elr: ` and `LastKnownElr: ` (empty lists); with ELR on (the 4.3 default) also a cluster default `min.insync.replicas=1`, so the reference is formatted with `eligible.leader.replicas.version=0` | ELR elects among replicas; a shmq partition has one replica, so there is nothing to list |
 | 4 | config documentation | DescribeConfigs documentation says what shmq does with the config (e.g. "no effect in shmq") | Kafka's text | the names, values, sources, types and synonyms are Kafka's; the text is for people |
 | 5 | reference settings | shmq's defaults | run with `group.initial.rebalance.delay.ms=100` and one partition for `__consumer_offsets` and `__transaction_state` (tests/integration/conftest.py) | shmq's defaults for a local broker (README, "Consumer groups"); Kafka's would only make the tests wait |
+| 6 | auto-created topics | created before the Metadata answer, which lists them | the first Metadata answer is UNKNOWN_TOPIC_OR_PARTITION while the controller creates the topic | clients retry that error; on shmq the topic is there one retry earlier |
+| 7 | `__consumer_offsets` | the controller's own log (README, "Consumer groups"): not in Metadata, not creatable, growable or fetchable by clients | an internal topic in Metadata (after the first group), growable with CreatePartitions | its records are Kafka's on disk (`dump-log --offsets-decoder`); growing it in Kafka moves every group to another partition and loses its offsets |
+| 8 | KIP-848 | the classic group protocol only, so shmq's console consumer prints no invitation to try `group.protocol=consumer` | the console consumer prints one | a client that asks for the consumer protocol gets UNSUPPORTED_VERSION and uses the classic one |
+| 9 | CLI errors | one line on stderr, exit code 1 | `Error: ...` on stdout (consumer-groups exits 0) or a Java stack trace on stderr | a script sees the failure in the exit code; the message is Kafka's |
+| 10 | order of hash-kept lists | sorted (topics in a multi-topic `--describe`, groups in ListGroups, partitions of a reset plan) | a Java HashMap's order | Kafka documents no order; it changes with the names |
 
 Open defects of shmq that the differential tests hit are not here: those tests carry
 ``known_defect(issue, item)``, a strict xfail that turns red once the fix lands.
@@ -20,6 +25,7 @@ Open defects of shmq that the differential tests hit are not here: those tests c
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -90,3 +96,92 @@ def known_defect(issue: int, item: int) -> pytest.MarkDecorator:
     """A difference another issue fixes: strict, so the test turns red when the fix lands and
     the mark must go."""
     return pytest.mark.xfail(strict=True, reason=f"issue {issue} item {item}")
+
+
+# -- command-line output ----------------------------------------------------------------------
+
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_CLI_RULES = [
+    # row 1: topic ids and node ids are the broker's own
+    (re.compile(r"TopicId: \S+"), "TopicId: <topic id>"),
+    (re.compile(r"\t(Leader|Replicas|Isr): [0-9,]+"), r"\t\1: <node>"),
+    # row 3: ELR lists (Kafka's admin client asks DescribeTopicPartitions, shmq has none)
+    (re.compile(r"\t(Elr|LastKnownElr): [^\t\n]*"), r"\t\1: <elr>"),
+    # the coordinator's address and node id
+    (re.compile(r"\d+\.\d+\.\d+\.\d+:\d+ +\(\d+\)"), "<coordinator>"),
+    # a warning Kafka's tools log through log4j ("[time] WARN text (logger)"), shmq's print
+    # as "WARN: text"
+    (re.compile(r"^\[[^\]]+\] WARN (.*) \([\w.$]+\)$"), r"WARN: \1"),
+]
+# row 8: Kafka 4.3's console consumer advertises KIP-848, which shmq does not offer
+_KIP848_BANNER = "The consumer rebalance protocol (KIP-848) is production-ready!"
+_ERROR = re.compile(r"^Error\b")
+_EXCEPTION = re.compile(r"^(?:Caused by: )?(?:[a-z_$][\w$]*\.)+[A-Z][\w$]*(?:: (.*))?$")
+# log4j lines of Kafka's tools other than warnings (row 9: stack traces and error logs), and the
+# continuation line with the logger's name
+_LOG = re.compile(r"^\[[^\]]+\] (ERROR|INFO|DEBUG) |^ \([\w.$]+\)$")
+# row 10: outputs whose order is a Java HashMap's in Kafka's tools or broker
+_HASH_ORDERED = {("topics", "--describe"), ("consumer-groups", "--list"),
+                 ("consumer-groups", "--reset-offsets"), ("consumer-groups", "--delete-offsets")}
+_HEADER = re.compile(r"^(GROUP|TOPIC)\s")
+
+
+def _sorted_rows(lines: list[str]) -> list[str]:
+    """Blocks (a line and the tab-indented lines under it) sorted between table headers."""
+    out: list[str] = []
+    blocks: list[list[str]] = []
+    for line in [*lines, None]:
+        if line is None or line == "" or _HEADER.match(line):
+            out += [x for b in sorted(blocks) for x in b]
+            blocks = []
+            if line is not None:
+                out.append(line)
+        elif line.startswith("\t") and blocks:
+            blocks[-1].append(line)
+        else:
+            blocks.append([line])
+    return out
+
+
+def normalise_cli(run: Any, command: list[str]) -> dict:
+    """A tool's run (``code``, ``out``, ``err``) as compared across tools and brokers: what
+    belongs to the broker replaced (topic, node and member ids, the latter with their length
+    kept so column widths still count; the coordinator's address), ELR lists (row 3), Kafka's
+    KIP-848 banner (row 8) and ``__consumer_offsets`` in topic lists (row 7) left out, hash
+    ordered lists sorted (row 10), and errors taken out of the streams (row 9): ``error`` holds
+    the error line(s), completed with the root cause of a Java stack trace, and ``failed``
+    replaces the exit code."""
+    def lines(text: str) -> list[str]:
+        out = []
+        for line in text.splitlines():
+            if line.startswith(_KIP848_BANNER) or line == "__consumer_offsets" or \
+                    line.startswith("Topic: __consumer_offsets\t"):
+                continue
+            line = _UUID.sub("u" * 36, line)
+            for pattern, replacement in _CLI_RULES:
+                line = pattern.sub(replacement, line)
+            out.append(line)
+        return out
+
+    errors: list[str] = []
+    cause = None
+    kept: dict[str, list[str]] = {"out": [], "err": []}
+    for stream, text in (("out", run.out), ("err", run.err)):
+        for line in lines(text):
+            if line.startswith(("\tat ", "\t... ")) or stream == "err" and _LOG.match(line):
+                continue
+            m = _EXCEPTION.match(line)
+            if m and stream == "err":
+                cause = m[1] or cause
+                continue
+            if _ERROR.match(line) or errors and line.startswith("* "):  # and its list
+                if kept[stream] and kept[stream][-1] == "":
+                    kept[stream].pop()  # Kafka's "\nError: ..."
+                errors.append(line)
+                continue
+            kept[stream].append(line)
+    if cause and errors and cause not in errors[0]:
+        errors[0] += f": {cause}"
+    if tuple(command[:2]) in _HASH_ORDERED:
+        kept = {k: _sorted_rows(v) for k, v in kept.items()}
+    return {"failed": bool(errors) or run.code != 0, "error": errors, **kept}

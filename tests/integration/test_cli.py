@@ -172,13 +172,13 @@ def test_produce_keys_and_headers_then_consume_every_field(cluster: RunningBroke
             "h3:\tk2\tworld\n"
             "NULL\tNULL\tno key, no headers\n"
             "hn:NULL\tk4\tNULL\n",
-            "--property", "parse.key=true", "--reader-property", "parse.headers=true",
-            "--property", "null.marker=NULL")
+            "--reader-property", "parse.key=true", "--reader-property", "parse.headers=true",
+            "--reader-property", "null.marker=NULL")
     after = int(time.time() * 1000)
     r = consume(cluster, "pc-one", "--from-beginning", "--max-messages", "4",
-                "--property", "print.key=true", "--property", "print.timestamp=true",
+                "--formatter-property", "print.key=true", "--formatter-property", "print.timestamp=true",
                 "--formatter-property", "print.partition=true",
-                "--property", "print.offset=true", "--property", "print.headers=true")
+                "--formatter-property", "print.offset=true", "--formatter-property", "print.headers=true")
     assert (r.code, r.err) == (0, "Processed a total of 4 messages\n"), r
     stamps = [int(s) for s in re.findall(r"^CreateTime:(\d+)\t", r.out, re.M)]
     assert len(stamps) == 4 and all(before <= s <= after for s in stamps), r.out
@@ -192,11 +192,11 @@ def test_produce_keys_and_headers_then_consume_every_field(cluster: RunningBroke
     r = consume(cluster, "pc-one", "--from-beginning", "--max-messages", "4")
     assert r.out == "hello\nworld\nno key, no headers\nnull\n"
     r = consume(cluster, "pc-one", "--from-beginning", "--max-messages", "4",
-                "--property", "print.key=true", "--property", "key.separator= => ",
-                "--property", "null.literal=<nil>", "--property", "line.separator=|")
+                "--formatter-property", "print.key=true", "--formatter-property", "key.separator= => ",
+                "--formatter-property", "null.literal=<nil>", "--formatter-property", "line.separator=|")
     assert r.out == "k1 => hello|k2 => world|<nil> => no key, no headers|k4 => <nil>|"
     r = consume(cluster, "pc-one", "--from-beginning", "--max-messages", "2",
-                "--property", "print.value=false", "--property", "print.key=true")
+                "--formatter-property", "print.value=false", "--formatter-property", "print.key=true")
     assert r.out == "k1\nk2\n"
 
 
@@ -204,10 +204,10 @@ def test_keys_go_to_partitions_by_murmur2_like_kafka(cluster: RunningBroker) -> 
     assert topics(cluster, "--create", "--topic", "pc-keys", "--partitions", "4").code == 0
     keys = [f"key-{i}" for i in range(12)]
     produce(cluster, "pc-keys", "".join(f"{k}:{k}\n" for k in keys),
-            "--property", "parse.key=true", "--property", "key.separator=:")
+            "--reader-property", "parse.key=true", "--reader-property", "key.separator=:")
     r = consume(cluster, "pc-keys", "--from-beginning", "--max-messages", "12",
-                "--property", "print.partition=true", "--property", "print.value=false",
-                "--property", "print.key=true")
+                "--formatter-property", "print.partition=true", "--formatter-property", "print.value=false",
+                "--formatter-property", "print.key=true")
     assert r.code == 0
     got = dict(reversed(line.split("\t")) for line in r.lines)
     assert got == {k: f"Partition:{_kafka_partition(k.encode(), 4)}" for k in keys}
@@ -241,12 +241,12 @@ def _kafka_partition(key: bytes, partitions: int) -> int:
 
 def test_consume_one_partition_from_an_offset(cluster: RunningBroker) -> None:
     assert topics(cluster, "--create", "--topic", "po", "--partitions", "2").code == 0
-    produce(cluster, "po", "".join(f"v{i}\n" for i in range(5)), "--property", "parse.key=true",
-            "--property", "key.separator=|", "--property", "ignore.error=true")
+    produce(cluster, "po", "".join(f"v{i}\n" for i in range(5)), "--reader-property", "parse.key=true",
+            "--reader-property", "key.separator=|", "--reader-property", "ignore.error=true")
     # no key separator and ignore.error: the whole line is the value, the key is null; null
     # keys are spread at random, so look at what landed where
     r = consume(cluster, "po", "--from-beginning", "--max-messages", "5",
-                "--property", "print.partition=true", "--property", "print.offset=true")
+                "--formatter-property", "print.partition=true", "--formatter-property", "print.offset=true")
     assert r.code == 0 and len(r.lines) == 5
     by_partition: dict[int, list[str]] = {0: [], 1: []}
     for line in r.lines:
@@ -255,7 +255,7 @@ def test_consume_one_partition_from_an_offset(cluster: RunningBroker) -> None:
         by_partition[int(p[10:])].append(value)
     p, values = max(by_partition.items(), key=lambda kv: len(kv[1]))
     r = consume(cluster, "po", "--partition", str(p), "--offset", "1",
-                "--max-messages", str(len(values) - 1), "--property", "print.offset=true")
+                "--max-messages", str(len(values) - 1), "--formatter-property", "print.offset=true")
     assert (r.code, r.lines) == (0, [f"Offset:{i}\t{v}" for i, v in enumerate(values)][1:])
     r = consume(cluster, "po", "--partition", str(p), "--offset", "earliest", "--max-messages",
                 "1")
@@ -324,7 +324,7 @@ def test_ctrl_c_stops_the_consumer_cleanly(cluster: RunningBroker) -> None:
 
 def test_producer_stops_at_a_line_it_cannot_parse(cluster: RunningBroker) -> None:
     r = shmq("console-producer", "--bootstrap-server", cluster.bootstrap, "--topic", "bad-line",
-             "--property", "parse.key=true", stdin="k\tgood\nno separator\nk\tnever\n")
+             "--reader-property", "parse.key=true", stdin="k\tgood\nno separator\nk\tnever\n")
     assert (r.code, r.out) == (1, "")
     assert r.err == "Error: No key separator found on line number 2: 'no separator'\n"
     r = consume(cluster, "bad-line", "--from-beginning", "--timeout-ms", "1500")
@@ -337,18 +337,26 @@ def test_producer_settings_old_and_new_spellings(cluster: RunningBroker, tmp_pat
                       "serialization.ByteArraySerializer\nlinger.ms: 5\nclient.id=cli-test\n")
     reader = tmp_path / "reader.properties"
     reader.write_text("parse.key=true\nkey.separator=\\u003d\n")  # "=" escaped
-    for i, args in enumerate([
-        ["--producer.config", str(config), "--producer-property", "acks=1",
-         "--compression-codec", "lz4", "--sync"],
-        ["--command-config", str(config), "--command-property", "acks=all",
-         "--compression-codec", "--batch-size", "100", "--timeout", "10",
-         "--request-required-acks", "1"],
-    ]):
-        produce(cluster, "spellings", f"k{i}=v{i}\n", "--reader-config", str(reader), *args)
+    soon = "is deprecated and will be removed in a future version."
+    r = shmq("console-producer", "--bootstrap-server", cluster.bootstrap, "--topic", "spellings",
+             "--reader-config", str(reader), "--producer.config", str(config),
+             "--producer-property", "acks=1", "--compression-codec", "lz4", "--sync",
+             stdin="k0=v0\n")
+    # Kafka 4.3 names each old spelling on stdout, in this order
+    assert (r.code, r.err, r.lines) == (0, "", [
+        f"Warning: --producer-property {soon} Use --command-property instead.",
+        f"Warning: --producer.config {soon} Use --command-config instead."])
+    produce(cluster, "spellings", "k1=v1\n", "--reader-config", str(reader),
+            "--command-config", str(config), "--command-property", "acks=all",
+            "--compression-codec", "--batch-size", "100", "--timeout", "10",
+            "--request-required-acks", "1")
     r = consume(cluster, "spellings", "--from-beginning", "--max-messages", "2",
                 "--consumer-property", "client.id=cli-consumer", "--property", "print.key=true",
                 "--isolation-level", "read_committed")
-    assert sorted(r.lines) == ["k0\tv0", "k1\tv1"]
+    assert r.lines[:2] == [
+        f"Option --consumer-property {soon} Use --command-property instead.",
+        f"Option --property {soon} Use --formatter-property instead."]
+    assert sorted(r.lines[2:]) == ["k0\tv0", "k1\tv1"]
     r = shmq("console-producer", "--bootstrap-server", cluster.bootstrap, "--topic", "x",
              "--command-property", "no.such.setting=1", stdin="")
     assert (r.code, r.err) == (1, 'Error: No such configuration property: "no.such.setting"\n')

@@ -195,7 +195,7 @@ def test_describe_shows_offsets_end_and_lag_of_a_known_state(cluster: RunningBro
     # the consumer left: the group is Empty, its offsets stay, nobody owns the partition
     r = groups(cluster, "--describe", "--group", "cgd-group")
     assert r.code == 0, r
-    assert r.err == "Consumer group 'cgd-group' has no active members.\n"
+    assert r.err == "\nConsumer group 'cgd-group' has no active members.\n"
     assert r.lines[2] == offsets_line("cgd-group", "cgd-events", 0, 6, 10, 4, "-", "-", "-",
                                       (15, 15, 15, 15))
 
@@ -230,8 +230,12 @@ def test_describe_state_and_members(cluster: RunningBroker) -> None:
         assert (r.code, r.err) == (0, ""), r
         assert r.lines[0] == "" and len(r.lines) == 4
         width = max(15, *(len(mid) for mid in members))
+        current_w = max(20, *(len("cgm-events:" + ",".join(str(tp.partition) for tp in a))
+                              for _, a in members.values()))
         assert r.lines[1] == (f"{'GROUP':<15} {'CONSUMER-ID':<{width}} {'HOST':<15} "
-                              f"{'CLIENT-ID':<15} {'#PARTITIONS':<15} ASSIGNMENT")
+                              f"{'CLIENT-ID':<15} {'#PARTITIONS':<15} {'CURRENT-EPOCH':<15} "
+                              f"{'CURRENT-ASSIGNMENT':<{current_w}} {'TARGET-EPOCH':<15} "
+                              f"{'TARGET-ASSIGNMENT':<20}")
         seen = set()
         for line in r.lines[2:]:
             mid = line.split()[1]
@@ -241,7 +245,8 @@ def test_describe_state_and_members(cluster: RunningBroker) -> None:
             host = line.split()[2]
             assert re.fullmatch(HOST, host)
             assert line == (f"{'cgm-group':<15} {mid:<{width}} {host:<15} {client:<15} "
-                            f"{len(assignment)!s:<15} cgm-events({parts})")
+                            f"{len(assignment)!s:<15} {'-':<15} "
+                            f"{'cgm-events:' + parts:<{current_w}} {'-':<15} {'-':<20}")
             seen.add(mid)
         assert seen == set(members)
 
@@ -269,8 +274,10 @@ def test_describe_state_and_members(cluster: RunningBroker) -> None:
 def test_unknown_group_is_one_line_and_exit_1(cluster: RunningBroker) -> None:
     for extra in ((), ("--members",), ("--state",), ("--offsets",)):
         r = groups(cluster, "--describe", "--group", "cg-nobody", *extra)
-        assert (r.code, r.out, r.err) == (
-            1, "", "Error: Consumer group 'cg-nobody' does not exist.\n"), (extra, r)
+        assert (r.code, r.out, r.err) == (  # Kafka 4.3's words (DescribeGroups v6)
+            1, "", "Error: Executing consumer group command failed due to org.apache.kafka."
+                   "common.errors.GroupIdNotFoundException: Group cg-nobody not found.\n"), \
+            (extra, r)
 
 
 # --- --delete ----------------------------------------------------------------------------------
@@ -284,8 +291,9 @@ def test_delete_refuses_an_active_group_then_deletes_it(cluster: RunningBroker) 
         wait_assigned(c, 1)
         r = groups(cluster, "--delete", "--group", "cgx-group")
         assert (r.code, r.out) == (1, ""), r
-        assert r.err == ("Error: Group 'cgx-group' could not be deleted due to: The group is not "
-                         "empty.\n")
+        assert r.err == ("Error: Deletion of some consumer groups failed:\n* Group 'cgx-group' "
+                         "could not be deleted due to: org.apache.kafka.common.errors."
+                         "GroupNotEmptyException: The group is not empty.\n")
     finally:
         c.close()
     commit(cluster, "cgx-group", {("cgx-events", 0): 0})
@@ -295,8 +303,9 @@ def test_delete_refuses_an_active_group_then_deletes_it(cluster: RunningBroker) 
     assert "cgx-group" not in groups(cluster, "--list").lines
     r = groups(cluster, "--delete", "--group", "cgx-group")
     assert (r.code, r.out) == (1, "")
-    assert r.err == ("Error: Group 'cgx-group' could not be deleted due to: The group id does "
-                     "not exist.\n")
+    assert r.err == ("Error: Deletion of some consumer groups failed:\n* Group 'cgx-group' "
+                     "could not be deleted due to: org.apache.kafka.common.errors."
+                     "GroupIdNotFoundException: The group id does not exist.\n")
 
 
 # --- --reset-offsets ---------------------------------------------------------------------------
@@ -321,9 +330,10 @@ def test_reset_offsets_dry_run_then_execute(cluster: RunningBroker, mode: str, a
     create_topic(cluster, topic)
     produce(cluster, topic, 10, timestamps=TIMESTAMPS)
     commit(cluster, group, {(topic, 0): 6})
+    gw, tw = max(15, len(group)), max(15, len(topic))
     table = ("\n"
-             f"{'GROUP':<30} {'TOPIC':<30} {'PARTITION':<10} {'NEW-OFFSET':<15}\n"
-             f"{group:<30} {topic:<30} {'0':<10} {expected!s:<15}\n")
+             f"{'GROUP':<{gw}} {'TOPIC':<{tw}} {'PARTITION':<10} NEW-OFFSET\n"
+             f"{group:<{gw}} {topic:<{tw}} {'0':<10} {expected}\n")
 
     for dry in (["--dry-run"], []):
         r = groups(cluster, "--reset-offsets", "--group", group, "--topic", topic, *args, *dry)
@@ -378,8 +388,8 @@ def test_reset_offsets_clamps_exports_and_needs_an_inactive_group(cluster: Runni
         wait_assigned(c, 2)
         r = groups(cluster, "--reset-offsets", "--group", group, "--all-topics", "--to-earliest",
                    "--execute")
-        assert (r.code, r.out) == (1, "\n" + f"{'GROUP':<30} {'TOPIC':<30} {'PARTITION':<10} "
-                                   f"{'NEW-OFFSET':<15}\n"), r
+        header = f"{'GROUP':<{max(15, len(group))}} {'TOPIC':<15} {'PARTITION':<10} NEW-OFFSET"
+        assert (r.code, r.out) == (1, f"\n{header}\n"), r
         assert r.err == (f"Error: Assignments can only be reset if the group '{group}' is "
                          "inactive, but the current state is Stable.\n")
     finally:
@@ -449,10 +459,10 @@ def test_console_consumer_group_resumes_where_it_stopped(cluster: RunningBroker)
     assert r.lines[2].split() == ["cgc-group", topic, "0", "8", "10", "2", "-", "-", "-"], r
 
     # the group named as a consumer property instead
-    r = shmq(*base, "--max-messages", "2", "--consumer-property", "group.id=cgc-group")
+    r = shmq(*base, "--max-messages", "2", "--command-property", "group.id=cgc-group")
     assert (r.code, r.out, r.err) == (0, "m8\nm9\n", "Processed a total of 2 messages\n")
     assert committed(cluster, "cgc-group") == {(topic, 0): 10}
-    r = shmq(*base, "--group", "cgc-group", "--consumer-property", "group.id=other")
+    r = shmq(*base, "--group", "cgc-group", "--command-property", "group.id=other")
     assert r.code == 2 and "do not match" in r.err, r
 
 

@@ -134,7 +134,7 @@ def test_consumer_reports_what_a_separate_consumer_reads(cluster: RunningBroker)
     assert r.code == 0, r
     values = read_back(cluster, "pt-consume")
     assert len(values) == 2500
-    r = consumer_perf(cluster, "pt-consume", "--messages", "2500")
+    r = consumer_perf(cluster, "pt-consume", "--num-records", "2500")
     assert r.code == 0, r
     assert r.lines[0] == HEADER
     assert len(r.lines) == 2, r
@@ -155,7 +155,7 @@ def test_consumer_timeout_warning_and_detailed_stats(cluster: RunningBroker) -> 
     assert producer_perf(cluster, "pt-detail", "--num-records", "500", "--record-size", "10",
                          "--throughput", "-1").code == 0
     r = shmq("consumer-perf-test", "--bootstrap-server", cluster.bootstrap, "--topic",
-             "pt-detail", "--messages", "501", "--timeout", "1500", "--show-detailed-stats",
+             "pt-detail", "--num-records", "501", "--timeout", "1500", "--show-detailed-stats",
              "--reporting-interval", "1")
     assert r.code == 0, r
     assert r.lines[0] == DETAILED_HEADER
@@ -167,7 +167,7 @@ def test_consumer_timeout_warning_and_detailed_stats(cluster: RunningBroker) -> 
     counts = [int(DETAILED_ROW.match(line).group(4)) for line in detail]  # type: ignore[union-attr]
     assert counts == sorted(counts) and counts[-1] <= 500
     # --from-latest: nothing new arrives, so nothing is consumed
-    r = consumer_perf(cluster, "pt-detail", "--messages", "1", "--from-latest", "--timeout",
+    r = consumer_perf(cluster, "pt-detail", "--num-records", "1", "--from-latest", "--timeout",
                       "1000")
     assert r.code == 0, r
     assert "WARNING: Exiting before consuming" in r.out
@@ -226,6 +226,11 @@ def test_flag_spellings_and_config_file(cluster: RunningBroker, tmp_path: Path) 
                "--command-property", "linger.ms=0")
     assert old.code == new.code == 0, (old, new)
     assert TOTAL.match(old.lines[-1]) and TOTAL.match(new.lines[-1])
+    assert old.lines[:2] == [  # Kafka 4.3 names the old spellings, on stdout
+        "Option --producer-props has been deprecated and will be removed in a future version. "
+        "Use --command-property instead.",
+        "Option --producer.config has been deprecated and will be removed in a future version. "
+        "Use --command-config instead."]
     values = read_back(cluster, "pt-flags", 1)
     assert sorted(values) == sorted([str(i).encode() for i in range(20)] * 2)
     consumer_config = tmp_path / "consumer.properties"
@@ -233,6 +238,9 @@ def test_flag_spellings_and_config_file(cluster: RunningBroker, tmp_path: Path) 
     r = shmq("consumer-perf-test", "--topic", "pt-flags", "--messages", "40",
              "--consumer.config", str(consumer_config), "--timeout", "5000")
     assert r.code == 0, r
+    assert r.lines[:2] == ["Warning: --messages is deprecated. Use --num-records instead.",
+                           "Warning: --consumer.config is deprecated. Use --command-config "
+                           "instead."]
     assert int(ROW.match(r.lines[-1]).group(5)) == 40  # type: ignore[union-attr]
 
 
@@ -258,13 +266,13 @@ def test_warmup_records_print_a_steady_state_line(cluster: RunningBroker) -> Non
     (["producer-perf-test", "--topic", "t", "--num-records", "5", "--record-size", "1",
       "--payload-monotonic", "--throughput", "-1"], "not allowed with argument"),
     (["producer-perf-test", "--topic", "t", "--num-records", "5", "--record-size", "1",
-      "--throughput", "-1", "--producer-props", "acks"], "Invalid property: acks"),
+      "--throughput", "-1", "--command-property", "acks"], "Invalid property: acks"),
     (["producer-perf-test", "--topic", "t", "--num-records", "5", "--record-size", "x",
       "--throughput", "-1"], "invalid int value"),
     (["consumer-perf-test", "--topic", "t"], "Missing required argument"),
-    (["consumer-perf-test", "--topic", "t", "--include", "x", "--messages", "1"],
+    (["consumer-perf-test", "--topic", "t", "--include", "x", "--num-records", "1"],
      "Exactly one of the following arguments is required: --topic, --include"),
-    (["consumer-perf-test", "--topic", "t", "--messages", "1", "--reporting-interval", "0"],
+    (["consumer-perf-test", "--topic", "t", "--num-records", "1", "--reporting-interval", "0"],
      "Reporting interval must be greater than 0."),
 ])
 def test_bad_flags_are_one_line(cluster: RunningBroker, args: list[str], message: str) -> None:
@@ -282,7 +290,7 @@ def test_bad_input_and_unknown_config_are_one_line(cluster: RunningBroker,
     assert r.code == 1, r
     assert r.err == "Error: File does not exist or empty file provided.\n"
     r = producer_perf(cluster, "t", "--num-records", "5", "--record-size", "1", "--throughput",
-                      "-1", "--producer-props", "no.such.property=1")
+                      "-1", "--command-property", "no.such.property=1")
     assert r.code == 1, r
     assert r.err.splitlines() == ['Error: No such configuration property: "no.such.property"']
 
@@ -294,14 +302,14 @@ def test_group_subscribes_and_commits(cluster: RunningBroker) -> None:
     create(cluster, "pt-group")
     assert producer_perf(cluster, "pt-group", "--num-records", "900", "--record-size", "20",
                          "--throughput", "-1").code == 0
-    r = consumer_perf(cluster, "pt-group", "--messages", "900", "--group", "perf-g",
+    r = consumer_perf(cluster, "pt-group", "--num-records", "900", "--group", "perf-g",
                       "--timeout", "20000")
     assert (r.code, r.err) == (0, ""), r  # no "no group coordinator" fallback
     row = ROW.match(r.lines[-1])
     assert row, r
     assert int(row.group(5)) == len(read_back(cluster, "pt-group")) == 900
     assert int(row.group(7)) > 0  # rebalance.time.ms
-    again = consumer_perf(cluster, "pt-group", "--messages", "1", "--group", "perf-g",
+    again = consumer_perf(cluster, "pt-group", "--num-records", "1", "--group", "perf-g",
                           "--timeout", "1500")
     assert again.code == 0, again
     assert "WARNING: Exiting before consuming" in again.out

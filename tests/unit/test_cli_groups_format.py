@@ -86,14 +86,17 @@ def test_members_table_ends_each_line_with_the_blank_after_partitions() -> None:
 def test_members_verbose_and_static_members() -> None:
     rows = [MemberRow("g", "c-1", "/127.0.0.1", "c", "inst-1", (("b", 1), ("a", 0), ("b", 0))),
             MemberRow("g", "c-2", "/127.0.0.1", "c", "", ())]
+    # Kafka 4.3: the KIP-848 columns, "-" for a classic member's epochs and target
     assert format_members(rows, verbose=True) == (
         "\n"
         "GROUP           CONSUMER-ID     GROUP-INSTANCE-ID HOST            CLIENT-ID       "
-        "#PARTITIONS     ASSIGNMENT\n"
+        "#PARTITIONS     CURRENT-EPOCH   CURRENT-ASSIGNMENT   TARGET-EPOCH    TARGET-ASSIGNMENT   \n"
         "g               c-1             inst-1            /127.0.0.1      c               "
-        "3               a(0), b(0,1)\n"
+        "3               -               a:0;b:0,1            -               -                   \n"
         "g               c-2                               /127.0.0.1      c               "
-        "0               -\n")
+        "0               -               -                    -               -                   \n")
+    assert format_members([]) == (  # printed even for a group without members
+        "\nGROUP           CONSUMER-ID     HOST            CLIENT-ID       #PARTITIONS     \n")
     assert assignment_text([]) == "-"
 
 
@@ -126,12 +129,13 @@ def test_group_list_with_state_and_type() -> None:
 
 def test_reset_table_and_export() -> None:
     plan = {"g": {("t", 1): 5, ("t", 0): 3}}
-    assert format_reset(plan) == (
+    assert format_reset(plan) == (  # Kafka 4.3's OffsetsUtils.printOffsetsToReset
         "\n"
-        "GROUP                          TOPIC                          PARTITION  NEW-OFFSET     \n"
-        "g                              t                              0          3              \n"
-        "g                              t                              1          5              \n")
-    assert format_reset({}) == ""
+        "GROUP           TOPIC           PARTITION  NEW-OFFSET\n"
+        "g               t               0          3\n"
+        "g               t               1          5\n")
+    assert format_reset({}) == "\n"
+    assert format_reset({"g": {}}) == "\nGROUP           TOPIC           PARTITION  NEW-OFFSET\n"
     assert format_export(plan, single_group=True) == "t,0,3\nt,1,5\n\n"
     assert format_export(plan, single_group=False) == "g,t,0,3\ng,t,1,5\n\n"
 

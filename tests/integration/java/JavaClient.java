@@ -1,0 +1,385 @@
+// Apache Kafka's Java client (kafka-clients, the version tools/apache-kafka/pom.xml pins), driven
+// by the compatibility tests against shmq and against Apache Kafka.  The tests compile this file
+// with javac (tools/apache_kafka.py compile_java) and compare what it prints on both brokers.
+//
+//   produce   BOOTSTRAP TOPIC [k=v...]            stdin: records, stdout: "partition offset" each
+//   consume   BOOTSTRAP TOPIC COUNT [k=v...]      assign every partition from the beginning
+//   group     BOOTSTRAP TOPIC GROUP COUNT [k=v...] subscribe, read COUNT records, commit, leave
+//   producers BOOTSTRAP TOPIC PARTITION           DescribeProducers of a partition
+//   admin     BOOTSTRAP TOPIC GROUP               one line per admin call (see admin())
+//
+// A record line is tab-separated: partition, offset (or -1 on input), timestamp type, timestamp,
+// key, value, headers.  Keys and values are hex ("-" for null); headers are "hexkey:hexvalue"
+// joined with "," ("-" for a null value, "" for none).  Settings k=v go to the client's config.
+
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Collection;
+import java.util.HashMap;
+import java.util.HexFormat;
+import java.util.List;
+import java.util.Map;
+import java.util.Properties;
+import java.util.Set;
+import java.util.TreeMap;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.Future;
+import java.util.function.Supplier;
+import java.io.BufferedReader;
+import java.io.InputStreamReader;
+import java.nio.charset.StandardCharsets;
+
+import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.AlterConfigOp;
+import org.apache.kafka.clients.admin.Config;
+import org.apache.kafka.clients.admin.ConfigEntry;
+import org.apache.kafka.clients.admin.ConsumerGroupDescription;
+import org.apache.kafka.clients.admin.ConsumerGroupListing;
+import org.apache.kafka.clients.admin.DescribeClusterResult;
+import org.apache.kafka.clients.admin.ListOffsetsResult;
+import org.apache.kafka.clients.admin.NewPartitions;
+import org.apache.kafka.clients.admin.NewTopic;
+import org.apache.kafka.clients.admin.OffsetSpec;
+import org.apache.kafka.clients.admin.ProducerState;
+import org.apache.kafka.clients.admin.RecordsToDelete;
+import org.apache.kafka.clients.admin.TopicDescription;
+import org.apache.kafka.clients.consumer.ConsumerConfig;
+import org.apache.kafka.clients.consumer.ConsumerRebalanceListener;
+import org.apache.kafka.clients.consumer.ConsumerRecord;
+import org.apache.kafka.clients.consumer.KafkaConsumer;
+import org.apache.kafka.clients.consumer.OffsetAndMetadata;
+import org.apache.kafka.clients.producer.KafkaProducer;
+import org.apache.kafka.clients.producer.ProducerConfig;
+import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.clients.producer.RecordMetadata;
+import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.TopicPartitionInfo;
+import org.apache.kafka.common.config.ConfigResource;
+import org.apache.kafka.common.header.Header;
+import org.apache.kafka.common.header.internals.RecordHeaders;
+import org.apache.kafka.common.serialization.ByteArrayDeserializer;
+import org.apache.kafka.common.serialization.ByteArraySerializer;
+
+public class JavaClient {
+    static final HexFormat HEX = HexFormat.of();
+
+    public static void main(String[] args) throws Exception {
+        String cmd = args[0];
+        switch (cmd) {
+            case "produce" -> produce(args[1], args[2], settings(args, 3));
+            case "consume" -> consume(args[1], args[2], Integer.parseInt(args[3]), settings(args, 4));
+            case "group" -> group(args[1], args[2], args[3], Integer.parseInt(args[4]), settings(args, 5));
+            case "producers" -> producers(args[1], args[2], Integer.parseInt(args[3]));
+            case "admin" -> admin(args[1], args[2], args[3]);
+            default -> throw new IllegalArgumentException("unknown command " + cmd);
+        }
+    }
+
+    static Properties settings(String[] args, int from) {
+        Properties p = new Properties();
+        for (int i = from; i < args.length; i++) {
+            String[] kv = args[i].split("=", 2);
+            p.put(kv[0], kv[1]);
+        }
+        return p;
+    }
+
+    static String hex(byte[] b) {
+        return b == null ? "-" : HEX.formatHex(b);
+    }
+
+    static byte[] unhex(String s) {
+        return s.equals("-") ? null : HEX.parseHex(s);
+    }
+
+    static String line(ConsumerRecord<byte[], byte[]> r) {
+        List<String> hs = new ArrayList<>();
+        for (Header h : r.headers()) {
+            hs.add(hex(h.key().getBytes(StandardCharsets.UTF_8)) + ":" + hex(h.value()));
+        }
+        return r.partition() + "\t" + r.offset() + "\t" + r.timestampType().id + "\t" + r.timestamp()
+            + "\t" + hex(r.key()) + "\t" + hex(r.value()) + "\t" + String.join(",", hs);
+    }
+
+    // -- produce ----------------------------------------------------------------------------------
+
+    static void produce(String bootstrap, String topic, Properties extra) throws Exception {
+        Properties p = new Properties();
+        p.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        p.put(ProducerConfig.KEY_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
+        p.put(ProducerConfig.VALUE_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
+        p.put(ProducerConfig.LINGER_MS_CONFIG, "5");
+        p.putAll(extra);
+        List<Future<RecordMetadata>> sent = new ArrayList<>();
+        BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+        try (KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(p)) {
+            String l;
+            while ((l = in.readLine()) != null) {
+                if (l.isEmpty()) continue;
+                String[] f = l.split("\t", -1);
+                RecordHeaders headers = new RecordHeaders();
+                if (!f[6].isEmpty()) {
+                    for (String h : f[6].split(",")) {
+                        String[] kv = h.split(":", 2);
+                        headers.add(new String(unhex(kv[0]), StandardCharsets.UTF_8), unhex(kv[1]));
+                    }
+                }
+                int partition = Integer.parseInt(f[0]);
+                long ts = Long.parseLong(f[3]);
+                sent.add(producer.send(new ProducerRecord<>(topic, partition < 0 ? null : partition,
+                    ts < 0 ? null : ts, unhex(f[4]), unhex(f[5]), headers)));
+            }
+            producer.flush();
+            for (Future<RecordMetadata> f : sent) {
+                try {
+                    RecordMetadata md = f.get();
+                    System.out.println(md.partition() + "\t" + md.offset());
+                } catch (ExecutionException e) {
+                    System.out.println("error\t" + e.getCause().getClass().getSimpleName());
+                }
+            }
+        }
+    }
+
+    // -- consume ----------------------------------------------------------------------------------
+
+    static KafkaConsumer<byte[], byte[]> consumer(String bootstrap, Properties extra) {
+        Properties p = new Properties();
+        p.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        p.put(ConsumerConfig.KEY_DESERIALIZER_CLASS_CONFIG, ByteArrayDeserializer.class.getName());
+        p.put(ConsumerConfig.VALUE_DESERIALIZER_CLASS_CONFIG, ByteArrayDeserializer.class.getName());
+        p.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false");
+        p.put(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG, "earliest");
+        p.putAll(extra);
+        return new KafkaConsumer<>(p);
+    }
+
+    static void consume(String bootstrap, String topic, int count, Properties extra) {
+        try (KafkaConsumer<byte[], byte[]> c = consumer(bootstrap, extra)) {
+            List<TopicPartition> tps = new ArrayList<>();
+            c.partitionsFor(topic, Duration.ofSeconds(30)).forEach(i -> tps.add(new TopicPartition(topic, i.partition())));
+            c.assign(tps);
+            c.seekToBeginning(tps);
+            int n = 0;
+            long deadline = System.currentTimeMillis() + 60_000;
+            while (n < count && System.currentTimeMillis() < deadline) {
+                for (ConsumerRecord<byte[], byte[]> r : c.poll(Duration.ofMillis(200))) {
+                    System.out.println(line(r));
+                    n++;
+                }
+            }
+            // a last poll notices records beyond the expected count
+            for (ConsumerRecord<byte[], byte[]> r : c.poll(Duration.ofMillis(300))) {
+                System.out.println(line(r));
+            }
+        }
+    }
+
+    static void group(String bootstrap, String topic, String group, int count, Properties extra) {
+        extra.putIfAbsent(ConsumerConfig.GROUP_ID_CONFIG, group);
+        try (KafkaConsumer<byte[], byte[]> c = consumer(bootstrap, extra)) {
+            c.subscribe(List.of(topic), new ConsumerRebalanceListener() {
+                public void onPartitionsRevoked(Collection<TopicPartition> ps) {
+                    if (!ps.isEmpty()) System.out.println("revoked\t" + ps.size());
+                }
+                public void onPartitionsAssigned(Collection<TopicPartition> ps) {
+                    System.out.println("assigned\t" + ps.size());
+                }
+            });
+            int n = 0;
+            long deadline = System.currentTimeMillis() + 60_000;
+            while (n < count && System.currentTimeMillis() < deadline) {
+                for (ConsumerRecord<byte[], byte[]> r : c.poll(Duration.ofMillis(200))) {
+                    System.out.println(line(r));
+                    n++;
+                }
+            }
+            c.commitSync();
+            Map<TopicPartition, OffsetAndMetadata> committed = c.committed(c.assignment());
+            new TreeMap<>(toNames(committed)).forEach((tp, om) ->
+                System.out.println("committed\t" + tp + "\t" + (om == null ? -1 : om.offset())));
+        }
+    }
+
+    static Map<String, OffsetAndMetadata> toNames(Map<TopicPartition, OffsetAndMetadata> m) {
+        Map<String, OffsetAndMetadata> out = new HashMap<>();
+        m.forEach((tp, om) -> out.put(tp.toString(), om));
+        return out;
+    }
+
+    // -- producers --------------------------------------------------------------------------------
+
+    static void producers(String bootstrap, String topic, int partition) throws Exception {
+        try (Admin admin = Admin.create(Map.of("bootstrap.servers", bootstrap))) {
+            TopicPartition tp = new TopicPartition(topic, partition);
+            for (ProducerState s : admin.describeProducers(List.of(tp)).partitionResult(tp).get().activeProducers()) {
+                System.out.println("producer epoch=" + s.producerEpoch() + " lastSequence=" + s.lastSequence()
+                    + " coordinatorEpoch=" + s.coordinatorEpoch() + " txnStart=" + s.currentTransactionStartOffset());
+            }
+        }
+    }
+
+    // -- admin ------------------------------------------------------------------------------------
+
+    interface Call {
+        String run() throws Exception;
+    }
+
+    /** One admin call per line: "name: result" or "name: error ExceptionClass: message". */
+    static void step(String name, Call call) {
+        String out;
+        try {
+            out = call.run();
+        } catch (ExecutionException e) {
+            out = "error " + e.getCause().getClass().getSimpleName() + ": " + e.getCause().getMessage();
+        } catch (Exception e) {
+            out = "error " + e.getClass().getSimpleName() + ": " + e.getMessage();
+        }
+        System.out.println(name + ": " + out);
+        System.out.flush();
+    }
+
+    static void admin(String bootstrap, String topic, String group) throws Exception {
+        try (Admin admin = Admin.create(Map.of("bootstrap.servers", bootstrap))) {
+            ConfigResource res = new ConfigResource(ConfigResource.Type.TOPIC, topic);
+            step("createTopics", () -> {
+                admin.createTopics(List.of(new NewTopic(topic, 2, (short) 1)
+                    .configs(Map.of("retention.ms", "3600000")))).all().get();
+                return "ok";
+            });
+            step("createTopics again", () -> {
+                admin.createTopics(List.of(new NewTopic(topic, 2, (short) 1))).all().get();
+                return "ok";
+            });
+            step("createTopics bad name", () -> {
+                admin.createTopics(List.of(new NewTopic("bad name!", 1, (short) 1))).all().get();
+                return "ok";
+            });
+            step("createTopics bad config", () -> {
+                admin.createTopics(List.of(new NewTopic(topic + "-x", 1, (short) 1)
+                    .configs(Map.of("retention.ms", "soon")))).all().get();
+                return "ok";
+            });
+            Supplier<String> describe = () -> {
+                try {
+                    TopicDescription d = admin.describeTopics(List.of(topic)).allTopicNames().get().get(topic);
+                    StringBuilder sb = new StringBuilder("internal=" + d.isInternal());
+                    for (TopicPartitionInfo p : d.partitions()) {
+                        sb.append(" p").append(p.partition()).append(":leader=").append(p.leader() != null)
+                          .append(",replicas=").append(p.replicas().size()).append(",isr=").append(p.isr().size());
+                    }
+                    return sb.toString();
+                } catch (Exception e) {
+                    throw new RuntimeException(e);
+                }
+            };
+            step("describeTopics", describe::get);
+            step("listTopics", () -> String.valueOf(admin.listTopics().names().get().contains(topic)));
+            step("describeConfigs", () -> {
+                Config c = admin.describeConfigs(List.of(res)).all().get().get(res);
+                ConfigEntry e = c.get("retention.ms");
+                ConfigEntry s = c.get("segment.bytes");
+                return "entries=" + c.entries().size() + " retention.ms=" + e.value() + "/" + e.source()
+                    + " segment.bytes=" + s.value() + "/" + s.source() + "/" + s.isReadOnly() + "/" + s.type();
+            });
+            step("incrementalAlterConfigs", () -> {
+                admin.incrementalAlterConfigs(Map.of(res, List.of(
+                    new AlterConfigOp(new ConfigEntry("retention.ms", "7200000"), AlterConfigOp.OpType.SET),
+                    new AlterConfigOp(new ConfigEntry("cleanup.policy", "compact"), AlterConfigOp.OpType.APPEND))))
+                    .all().get();
+                Config c = admin.describeConfigs(List.of(res)).all().get().get(res);
+                return "retention.ms=" + c.get("retention.ms").value() + " cleanup.policy=" + c.get("cleanup.policy").value();
+            });
+            step("incrementalAlterConfigs bad value", () -> {
+                admin.incrementalAlterConfigs(Map.of(res, List.of(
+                    new AlterConfigOp(new ConfigEntry("retention.ms", "soon"), AlterConfigOp.OpType.SET)))).all().get();
+                return "ok";
+            });
+            step("incrementalAlterConfigs unknown", () -> {
+                admin.incrementalAlterConfigs(Map.of(res, List.of(
+                    new AlterConfigOp(new ConfigEntry("no.such.config", "1"), AlterConfigOp.OpType.SET)))).all().get();
+                return "ok";
+            });
+            step("createPartitions 3", () -> {
+                admin.createPartitions(Map.of(topic, NewPartitions.increaseTo(3))).all().get();
+                return describe.get();
+            });
+            step("createPartitions 2", () -> {
+                admin.createPartitions(Map.of(topic, NewPartitions.increaseTo(2))).all().get();
+                return "ok";
+            });
+            // ten records on partition 0, timestamps 1000..1009 ms
+            Properties pp = new Properties();
+            pp.put("bootstrap.servers", bootstrap);
+            pp.put("key.serializer", ByteArraySerializer.class.getName());
+            pp.put("value.serializer", ByteArraySerializer.class.getName());
+            try (KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(pp)) {
+                for (int i = 0; i < 10; i++) {
+                    producer.send(new ProducerRecord<>(topic, 0, 1000L + i, null, ("v" + i).getBytes()));
+                }
+                producer.flush();
+            }
+            TopicPartition p0 = new TopicPartition(topic, 0);
+            for (Map.Entry<String, OffsetSpec> spec : List.of(
+                    Map.entry("earliest", OffsetSpec.earliest()), Map.entry("latest", OffsetSpec.latest()),
+                    Map.entry("maxTimestamp", OffsetSpec.maxTimestamp()),
+                    Map.entry("forTimestamp 1004", OffsetSpec.forTimestamp(1004)),
+                    Map.entry("forTimestamp 5000", OffsetSpec.forTimestamp(5000)))) {
+                step("listOffsets " + spec.getKey(), () -> {
+                    ListOffsetsResult.ListOffsetsResultInfo i = admin.listOffsets(Map.of(p0, spec.getValue())).all().get().get(p0);
+                    return "offset=" + i.offset() + " timestamp=" + i.timestamp();
+                });
+            }
+            step("deleteRecords 4", () -> "lowWatermark=" + admin.deleteRecords(Map.of(p0, RecordsToDelete.beforeOffset(4)))
+                .lowWatermarks().get(p0).get().lowWatermark());
+            step("deleteRecords 99", () -> "lowWatermark=" + admin.deleteRecords(Map.of(p0, RecordsToDelete.beforeOffset(99)))
+                .lowWatermarks().get(p0).get().lowWatermark());
+            step("listOffsets earliest after delete", () -> "offset=" + admin.listOffsets(Map.of(p0, OffsetSpec.earliest()))
+                .all().get().get(p0).offset());
+            step("describeCluster", () -> {
+                DescribeClusterResult r = admin.describeCluster();
+                return "nodes>0=" + !r.nodes().get().isEmpty() + " controller=" + (r.controller().get() != null)
+                    + " clusterId=" + (r.clusterId().get() != null);
+            });
+            step("alterConsumerGroupOffsets", () -> {
+                admin.alterConsumerGroupOffsets(group, Map.of(p0, new OffsetAndMetadata(7, "meta"))).all().get();
+                return "ok";
+            });
+            step("listConsumerGroupOffsets", () -> {
+                Map<TopicPartition, OffsetAndMetadata> m = admin.listConsumerGroupOffsets(group).partitionsToOffsetAndMetadata().get();
+                return m.toString().replaceAll("leaderEpoch=Optional\\[\\d+\\]", "leaderEpoch=E");
+            });
+            step("listGroups", () -> {
+                for (ConsumerGroupListing l : admin.listConsumerGroups().all().get()) {
+                    if (l.groupId().equals(group)) return "state=" + l.groupState().orElse(null) + " type=" + l.type().orElse(null);
+                }
+                return "missing";
+            });
+            step("describeConsumerGroups", () -> {
+                ConsumerGroupDescription d = admin.describeConsumerGroups(List.of(group)).all().get().get(group);
+                return "state=" + d.groupState() + " members=" + d.members().size() + " simple=" + d.isSimpleConsumerGroup()
+                    + " type=" + d.type() + " assignor=" + d.partitionAssignor();
+            });
+            step("deleteConsumerGroupOffsets", () -> {
+                admin.deleteConsumerGroupOffsets(group, Set.of(p0)).all().get();
+                return String.valueOf(admin.listConsumerGroupOffsets(group).partitionsToOffsetAndMetadata().get());
+            });
+            step("deleteConsumerGroups", () -> {
+                admin.deleteConsumerGroups(List.of(group)).all().get();
+                return "ok";
+            });
+            step("deleteConsumerGroups unknown", () -> {
+                admin.deleteConsumerGroups(List.of(group + "-none")).all().get();
+                return "ok";
+            });
+            step("deleteTopics", () -> {
+                admin.deleteTopics(List.of(topic)).all().get();
+                return "ok";
+            });
+            step("deleteTopics unknown", () -> {
+                admin.deleteTopics(List.of(topic + "-none")).all().get();
+                return "ok";
+            });
+        }
+    }
+}
