@@ -10,6 +10,7 @@ runs with two workers, as a user would start it.
 
 from __future__ import annotations
 
+import struct
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -681,3 +682,136 @@ def test_crc_oracle_is_crc32c() -> None:
     batch = record_batch(records(2))
     assert int.from_bytes(batch[17:21], "big") == crc32c.crc32c(batch[21:])
     assert crc32c.crc32c(corrupt_crc(batch)[21:]) != int.from_bytes(batch[17:21], "big")
+
+
+# -- Groups -----------------------------------------------------------------------------------
+
+FIND_COORDINATOR, OFFSET_COMMIT, OFFSET_FETCH, JOIN_GROUP, HEARTBEAT = 10, 8, 9, 11, 12
+LEAVE_GROUP, SYNC_GROUP, DESCRIBE_GROUPS, LIST_GROUPS, DELETE_GROUPS = 13, 14, 15, 16, 42
+OFFSET_DELETE = 47
+
+
+def subscription(*topics: str) -> bytes:
+    """ConsumerProtocolSubscription v0: the topics a member subscribes to (what OffsetDelete's
+    GROUP_SUBSCRIBED_TO_TOPIC check reads)."""
+    out = struct.pack(">hi", 0, len(topics))
+    for t in topics:
+        out += struct.pack(">h", len(t)) + t.encode()
+    return out + struct.pack(">i", -1)
+
+
+def group_scenario(wire: Wire, topic: str) -> Any:
+    """One member's life in a classic group, every answer kept: join (MEMBER_ID_REQUIRED, then
+    generation 1 as leader), sync, heartbeats and commits with good and bad generations and
+    members, fetch, describe, list, delete while not empty, offset delete while subscribed,
+    leave, then the empty group's offsets deleted and the group deleted (twice)."""
+    create_topic(wire, topic, 2)
+    group = topic + "-g"
+    out: dict[str, Any] = {}
+    deadline = time.monotonic() + 60
+    while True:  # as clients do: Kafka creates __consumer_offsets at the first FindCoordinator
+        found = wire.send(FIND_COORDINATOR, 4, {"key_type": 0, "coordinator_keys": [group]})
+        if found["coordinators"][0]["error_code"] != 15 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    out["find coordinator"] = found
+
+    def join(member: str) -> dict:
+        while True:  # COORDINATOR_LOAD_IN_PROGRESS: Kafka is loading its offsets partition
+            r = wire.send(JOIN_GROUP, 9, {
+                "group_id": group, "session_timeout": 10_000, "rebalance_timeout": 30_000,
+                "member_id": member, "group_instance_id": None, "protocol_type": "consumer",
+                "protocols": [{"name": "range", "metadata": subscription(topic)}],
+                "reason": None})
+            if r["error_code"] != 14 or time.monotonic() > deadline:
+                return r
+            time.sleep(0.1)
+
+    first = join("")
+    out["join without member id"] = first
+    member = first["member_id"]
+    joined = join(member)
+    out["join"] = joined
+    generation = joined["generation_id"]
+    assignment = b"\x00\x00\x00\x00\x00\x01" + struct.pack(">h", len(topic)) + topic.encode() \
+        + struct.pack(">iii", 2, 0, 1) + struct.pack(">i", -1)
+
+    def sync(gen: int, who: str) -> dict:
+        return wire.send(SYNC_GROUP, 5, {
+            "group_id": group, "generation_id": gen, "member_id": who, "group_instance_id": None,
+            "protocol_type": "consumer", "protocol_name": "range",
+            "assignments": [{"member_id": member, "assignment": assignment}]})
+
+    out["sync"] = sync(generation, member)
+    out["sync, wrong generation"] = sync(generation + 5, member)
+
+    def heartbeat(gen: int, who: str) -> dict:
+        return wire.send(HEARTBEAT, 4, {"group_id": group, "generation_id": gen,
+                                        "member_id": who, "group_instance_id": None})
+
+    out["heartbeat"] = heartbeat(generation, member)
+    out["heartbeat, wrong generation"] = heartbeat(generation + 1, member)
+    out["heartbeat, unknown member"] = heartbeat(generation, "nobody")
+
+    def commit(gen: int, who: str, name: str = topic, offset: int = 5) -> dict:
+        return wire.send(OFFSET_COMMIT, 9, {
+            "group_id": group, "generation_id_or_member_epoch": gen, "member_id": who,
+            "group_instance_id": None, "topics": [{"name": name, "partitions": [
+                {"partition_index": 0, "committed_offset": offset, "committed_leader_epoch": -1,
+                 "committed_metadata": "meta"},
+                {"partition_index": 1, "committed_offset": offset + 1,
+                 "committed_leader_epoch": -1, "committed_metadata": None}]}]})
+
+    out["commit"] = commit(generation, member)
+    out["commit, old generation"] = commit(generation - 1, member)
+    out["commit, unknown member"] = commit(generation, "nobody")
+    out["commit, unknown topic"] = commit(generation, member, name=topic + "-none")
+    out["commit, too much metadata"] = wire.send(OFFSET_COMMIT, 9, {
+        "group_id": group, "generation_id_or_member_epoch": generation, "member_id": member,
+        "group_instance_id": None, "topics": [{"name": topic, "partitions": [
+            {"partition_index": 0, "committed_offset": 1, "committed_leader_epoch": -1,
+             "committed_metadata": "m" * 5000}]}]})
+
+    def fetch(g: str = group) -> dict:
+        return wire.send(OFFSET_FETCH, 8, {"groups": [
+            {"group_id": g, "topics": [{"name": topic, "partition_indexes": [0, 1, 7]}]}],
+            "require_stable": False})
+
+    out["fetch"] = fetch()
+    out["fetch, unknown group"] = fetch(group + "-none")
+
+    def describe() -> dict:
+        return wire.send(DESCRIBE_GROUPS, 5, {"groups": [group],
+                                              "include_authorized_operations": False})
+
+    out["describe"] = describe()
+    listed = wire.send(LIST_GROUPS, 5, {"states_filter": [], "types_filter": []})
+    out["list"] = [g for g in listed["groups"] if g["group_id"] == group]
+    listed = wire.send(LIST_GROUPS, 5, {"states_filter": ["Empty"], "types_filter": []})
+    out["list Empty"] = [g for g in listed["groups"] if g["group_id"] == group]
+
+    def delete(g: str = group) -> dict:
+        return wire.send(DELETE_GROUPS, 2, {"groups_names": [g]})
+
+    def offset_delete(g: str = group) -> dict:
+        return wire.send(OFFSET_DELETE, 0, {"group_id": g, "topics": [
+            {"name": topic, "partitions": [{"partition_index": 0}]}]})
+
+    out["delete while stable"] = delete()
+    out["offset delete while subscribed"] = offset_delete()
+    out["leave"] = wire.send(LEAVE_GROUP, 5, {"group_id": group, "members": [
+        {"member_id": member, "group_instance_id": None, "reason": "done"}]})
+    out["leave again"] = wire.send(LEAVE_GROUP, 5, {"group_id": group, "members": [
+        {"member_id": member, "group_instance_id": None, "reason": None}]})
+    out["describe after leave"] = describe()
+    out["commit as a simple group"] = commit(-1, "", offset=3)
+    out["offset delete"] = offset_delete()
+    out["fetch after offset delete"] = fetch()
+    out["delete"] = delete()
+    out["delete again"] = delete()
+    out["offset delete, unknown group"] = offset_delete(group + "-none")
+    return out
+
+
+def test_group_lifecycle(kafka: apache_kafka.KafkaBroker, shmq: RunningBroker) -> None:
+    on_both(kafka, shmq, group_scenario)

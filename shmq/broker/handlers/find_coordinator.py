@@ -29,7 +29,7 @@ def _find(ctx: BrokerContext, key_type: int) -> tuple[int, str | None, int, str,
     address = ctx.metadata.brokers.get(COORDINATOR_NODE)
     if key_type == TRANSACTION or address is None:
         return COORDINATOR_NOT_AVAILABLE, "The coordinator is not available.", -1, "", -1
-    return NONE, None, COORDINATOR_NODE, address[0], address[1]
+    return NONE, "", COORDINATOR_NODE, address[0], address[1]  # Kafka: Errors.NONE.message()
 
 
 async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:

@@ -308,14 +308,14 @@ public class JavaClient {
                 admin.createPartitions(Map.of(topic, NewPartitions.increaseTo(2))).all().get();
                 return "ok";
             });
-            // ten records on partition 0, timestamps 1000..1009 ms
+            // ten keyed records (the topic is compacted now) on partition 0, timestamps 1000..1009 ms
             Properties pp = new Properties();
             pp.put("bootstrap.servers", bootstrap);
             pp.put("key.serializer", ByteArraySerializer.class.getName());
             pp.put("value.serializer", ByteArraySerializer.class.getName());
             try (KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(pp)) {
                 for (int i = 0; i < 10; i++) {
-                    producer.send(new ProducerRecord<>(topic, 0, 1000L + i, null, ("v" + i).getBytes()));
+                    producer.send(new ProducerRecord<>(topic, 0, 1000L + i, ("k" + i).getBytes(), ("v" + i).getBytes()));
                 }
                 producer.flush();
             }

@@ -1,0 +1,211 @@
+"""Differential tests with real clients: confluent-kafka, kafka-python, aiokafka, kcat and Kafka's
+Java client do the same things against shmq and against Apache Kafka 4.3, and see the same.
+
+* every client writes (each with another codec, idempotently) and another client reads back:
+  the same offsets, keys, values, headers and timestamps on both brokers, and what was sent;
+* consumer groups with the range, roundrobin and cooperative-sticky assignors grow and shrink:
+  the same assignments (by size: members are random ids), every record read once, the same
+  committed offsets and group description;
+* Kafka's Java client (tests/integration/java/JavaClient.java): admin calls, an idempotent
+  producer (DescribeProducers), a group consumer that commits.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from conftest import RunningBroker, start_broker
+from kafka_clients import CODECS, KCAT, READERS, WRITERS, Got, Rec, java, sample
+from kafka_differences import assert_same, known_defect
+from test_groups import CkGroup, covers, produce, wait_until
+
+import apache_kafka
+
+BASE_TS = (int(time.time()) - 600) * 1000
+# both brokers' default group.min.session.timeout.ms is 6000 (test_groups' FAST asks for 3000)
+SESSION = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
+N = 120
+
+
+@pytest.fixture(scope="module")
+def shmq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningBroker]:
+    b = start_broker(tmp_path_factory.mktemp("clients-diff") / "data")
+    try:
+        yield b
+    finally:
+        assert b.stop() == 0, b.log_path.read_text()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def both(kafka: apache_kafka.KafkaBroker, shmq: RunningBroker) -> dict[str, str]:
+    return {"kafka": kafka.bootstrap, "shmq": shmq.bootstrap}
+
+
+def create(bootstrap: str, topic: str, partitions: int = 1) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+    time.sleep(0.3)  # Kafka's broker learns the new leader from its controller
+
+
+# -- produce and consume with every client ----------------------------------------------------
+
+CLIENTS = ["confluent-kafka", "kafka-python", "aiokafka", "kcat", "java"]
+
+
+def normalised(got: list[Got], sent: list[Rec]) -> list[tuple]:
+    """Records sent without a timestamp (what kcat can send) carry the producer's clock: the
+    same on both brokers only in kind."""
+    clock = all(r.timestamp < 0 for r in sent)
+    return [(g.partition, g.offset, g.rec.key, g.rec.value, g.rec.headers,
+             "<clock>" if clock else g.rec.timestamp, g.timestamp_type) for g in got]
+
+
+@pytest.mark.parametrize("writer", CLIENTS)
+def test_every_client_writes_and_another_reads_alike(both: dict[str, str], writer: str) -> None:
+    if "kcat" in (writer, CLIENTS[(CLIENTS.index(writer) + 1) % len(CLIENTS)]) and KCAT is None:
+        pytest.skip("kcat is not installed")
+    reader = CLIENTS[(CLIENTS.index(writer) + 1) % len(CLIENTS)]
+    codec = CODECS[CLIENTS.index(writer) % len(CODECS)]
+    recs = sample(N, BASE_TS, text_only="kcat" in (writer, reader))
+    topic = f"cd-{writer}-{uuid.uuid4().hex[:6]}"
+    results = {}
+    for name, bootstrap in both.items():
+        create(bootstrap, topic)
+        offsets = WRITERS[writer](bootstrap, topic, recs, codec=codec, idempotent=True)
+        got = READERS[reader](bootstrap, topic, N)
+        results[name] = {"offsets": offsets, "read": normalised(got, recs)}
+    assert_same(results["shmq"], results["kafka"])
+    read = results["kafka"]["read"]
+    assert [r[1] for r in read] == list(range(N))
+    for r, sent in zip(read, recs, strict=True):
+        assert (r[2], r[3]) == (sent.key, sent.value)
+        if sent.timestamp >= 0:
+            assert r[4] == sent.headers and r[5] == sent.timestamp
+
+
+# -- consumer groups --------------------------------------------------------------------------
+
+
+def group_run(bootstrap: str, topic: str, group: str, strategy: str) -> dict[str, Any]:
+    """Three members, a fourth, one leaves; what each phase looked like."""
+    phases: dict[str, Any] = {}
+    produced = produce(bootstrap, topic, 0, 300)
+    g = CkGroup(bootstrap, topic, group, strategy)
+    seen_total = 0
+    try:
+        for _ in range(3):
+            g.add(**SESSION)
+        wait_until(lambda: covers(g.assignments()), 30, g.poll, "3 members covering 6")
+        phases["three members"] = sorted(len(a) for a in g.assignments())
+        g.add(**SESSION)
+        wait_until(lambda: covers(g.assignments()), 30, g.poll, "4 members covering 6")
+        phases["four members"] = sorted(len(a) for a in g.assignments())
+        leaving = g.consumers.pop(0)
+        leaving.close()
+        wait_until(lambda: covers(g.assignments()), 30, g.poll, "3 members after one left")
+        phases["one left"] = sorted(len(a) for a in g.assignments())
+        wait_until(lambda: produced <= g.seen, 30, g.poll, "every message consumed")
+        seen_total = len(g.seen)
+        for c in g.consumers:
+            try:
+                c.commit(asynchronous=False)
+            except KafkaException as e:  # a member that read nothing since its last commit
+                if e.args[0].code() != KafkaError._NO_OFFSET:
+                    raise
+    finally:
+        g.close()
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    desc = admin.describe_consumer_groups([group])[group].result(30)
+    phases["after close"] = {"state": str(desc.state), "members": len(desc.members),
+                             "simple": desc.is_simple_consumer_group}
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "log_level": 0})
+    committed = c.committed([TopicPartition(topic, p) for p in range(6)], timeout=30)
+    c.close()
+    phases["committed"] = sum(tp.offset for tp in committed)
+    phases["read"] = seen_total
+    return phases
+
+
+@pytest.mark.parametrize("strategy", ["range", "roundrobin", "cooperative-sticky"])
+def test_group_rebalances_alike(both: dict[str, str], strategy: str) -> None:
+    topic = f"cg-{strategy}-{uuid.uuid4().hex[:6]}"
+    runs = {}
+    for name, bootstrap in both.items():
+        create(bootstrap, topic, 6)
+        runs[name] = group_run(bootstrap, topic, f"{topic}-g", strategy)
+    assert_same(runs["shmq"], runs["kafka"])
+    assert runs["kafka"]["three members"] == [2, 2, 2] and runs["kafka"]["read"] == 300
+
+
+# -- Kafka's Java client -----------------------------------------------------------------------
+
+
+def java_admin(bootstrap: str) -> dict[str, str]:
+    topic = f"ja-{uuid.uuid4().hex[:6]}"
+    out = java("admin", bootstrap, topic, topic + "-g")
+    lines = dict(line.split(": ", 1) for line in out.splitlines())
+    return {k: v.replace(topic, "<topic>") for k, v in lines.items()}
+
+
+@pytest.fixture(scope="module")
+def admin_runs(both: dict[str, str]) -> dict[str, dict[str, str]]:
+    return {name: java_admin(bs) for name, bs in both.items()}
+
+
+def test_java_admin_client(admin_runs: dict[str, dict[str, str]]) -> None:
+    """Topics, configs, partitions, offsets by spec, records deletion, cluster, group offsets,
+    groups: every call answers as on Kafka (createTopics is the next test's)."""
+    runs = {name: {k: v for k, v in r.items() if k != "createTopics"}
+            for name, r in admin_runs.items()}
+    assert_same(runs["shmq"], runs["kafka"])
+    assert runs["kafka"]["listOffsets forTimestamp 1004"] == "offset=4 timestamp=1004"
+
+
+@known_defect(22, 3)
+def test_java_admin_create_topics(admin_runs: dict[str, dict[str, str]]) -> None:
+    assert_same(admin_runs["shmq"]["createTopics"], admin_runs["kafka"]["createTopics"])
+
+
+def test_java_idempotent_producer(both: dict[str, str]) -> None:
+    """Kafka's Java producer with idempotence (its default) and lz4: the offsets it reports,
+    what a Java consumer reads, and the producer state DescribeProducers shows."""
+    recs = sample(N, BASE_TS)
+    runs = {}
+    for name, bs in both.items():
+        topic = f"jp-{uuid.uuid4().hex[:6]}"
+        create(bs, topic)
+        offsets = WRITERS["java"](bs, topic, recs, codec="lz4", idempotent=True)
+        read = READERS["java"](bs, topic, N)
+        producers = java("producers", bs, topic, "0").splitlines()
+        runs[name] = {"offsets": offsets, "read": normalised(read, recs),
+                      "producers": producers}
+    assert_same(runs["shmq"], runs["kafka"])
+    assert runs["kafka"]["producers"] == [
+        f"producer epoch=0 lastSequence={N - 1} coordinatorEpoch=OptionalInt.empty "
+        "txnStart=OptionalLong.empty"]
+
+
+def test_java_group_consumer(both: dict[str, str]) -> None:
+    """A Java consumer subscribes, reads everything, commits and leaves; a second one in the
+    same group finds nothing left and the committed offsets where the first stopped."""
+    runs = {}
+    for name, bs in both.items():
+        topic = f"jg-{uuid.uuid4().hex[:6]}"
+        create(bs, topic, 3)
+        produce(bs, topic, 0, 90, partitions=3)
+        first = java("group", bs, topic, topic + "-g", "90")
+        second = java("group", bs, topic, topic + "-g", "0")
+        runs[name] = {
+            "first": sorted(line.replace(topic, "<t>") for line in first.splitlines()
+                            if not line.startswith(("0\t", "1\t", "2\t"))),
+            "records": sum(1 for line in first.splitlines() if re.match(r"^\d\t", line)),
+            "second": second.replace(topic, "<t>").splitlines()}
+    assert_same(runs["shmq"], runs["kafka"])
+    assert runs["kafka"]["records"] == 90
