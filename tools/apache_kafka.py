@@ -373,7 +373,7 @@ def start_broker(workdir: Path, *, port: int = 0, heap: str = TEST_BROKER_HEAP,
     ``overrides`` go to server.properties, ``features`` to the storage format (``--feature``)."""
     overrides = dict(overrides or {})
     workdir.mkdir(parents=True, exist_ok=True)
-    cp = fetch()
+    fetch()  # the classpath, fetched once before the attempts
     for attempt in range(3):  # a free port can be taken by someone else before the JVM binds it
         broker_port = port or free_port()
         controller_port = free_port()

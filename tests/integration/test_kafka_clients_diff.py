@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import apache_kafka
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -25,8 +26,6 @@ from conftest import RunningBroker, start_broker
 from kafka_clients import CODECS, KCAT, READERS, WRITERS, Got, Rec, java, sample
 from kafka_differences import assert_same, known_defect
 from test_groups import CkGroup, covers, produce, wait_until
-
-import apache_kafka
 
 BASE_TS = (int(time.time()) - 600) * 1000
 # both brokers' default group.min.session.timeout.ms is 6000 (test_groups' FAST asks for 3000)

@@ -28,12 +28,11 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import apache_kafka
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from conftest import RunningBroker, start_broker
-
-import apache_kafka
 
 PARTITIONS = 6
 

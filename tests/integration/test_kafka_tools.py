@@ -23,13 +23,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import apache_kafka
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from conftest import RunningBroker, start_broker
 from kafka_differences import assert_same, normalise_cli
-
-import apache_kafka
 
 NOW_MS = (int(time.time()) - 600) * 1000  # ten minutes ago: inside every retention
 BROKERS = ("kafka", "shmq")

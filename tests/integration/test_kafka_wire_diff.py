@@ -16,13 +16,12 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import apache_kafka
 import crc32c
 import pytest
 from conftest import RunningBroker, start_broker
 from kafka_differences import assert_same, known_defect, normalise
 from kafka_wire import Wire, produce_body, record_batch
-
-import apache_kafka
 
 NO_UUID = "00000000-0000-0000-0000-000000000000"
 T0 = 1_700_000_000_000  # record timestamps: fixed, so both brokers store identical batches
