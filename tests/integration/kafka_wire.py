@@ -15,6 +15,7 @@ import enum
 import io
 import socket
 import struct
+import types
 import typing
 import uuid
 from typing import Any
@@ -44,18 +45,15 @@ def _coerce(hint: Any, v: Any) -> Any:
         return None
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        inner = [a for a in args if a is not type(None)]
-        return _coerce(inner[0], v)
+    if origin in (typing.Union, types.UnionType):  # X | None
+        return _coerce(next(a for a in args if a is not type(None)), v)
     if origin is tuple:
         return tuple(_coerce(args[0], x) for x in v)
     if dataclasses.is_dataclass(hint):
         return build(hint, v)  # type: ignore[arg-type]
-    if isinstance(hint, type) and issubclass(hint, datetime.timedelta):
-        return datetime.timedelta(milliseconds=v)
     if hint is datetime.timedelta or "Timedelta" in getattr(hint, "__name__", ""):
-        return datetime.timedelta(milliseconds=v)
-    if hint is uuid.UUID or getattr(hint, "__name__", "") == "UUID":
+        return datetime.timedelta(milliseconds=v)  # kio's i32Timedelta / i64Timedelta
+    if hint is uuid.UUID:
         return v if isinstance(v, uuid.UUID) else uuid.UUID(v)
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return hint(v)

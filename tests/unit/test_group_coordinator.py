@@ -569,7 +569,7 @@ def test_group_apis_are_advertised() -> None:
 
     assert {k: SUPPORTED[k] for k in (10, 11, 14, 12, 13, 8, 9, 15, 16, 42, 47)} == {
         10: (0, 6), 11: (0, 9), 14: (0, 5), 12: (0, 4), 13: (0, 5), 8: (0, 9), 9: (0, 9),
-        15: (0, 5), 16: (0, 5), 42: (0, 2), 47: (0, 0)}
+        15: (0, 6), 16: (0, 5), 42: (0, 2), 47: (0, 0)}
 
 
 def test_concurrent_commits_share_flushes_and_all_return(tmp_path: Path) -> None:
