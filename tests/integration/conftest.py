@@ -109,13 +109,10 @@ def broker(tmp_path: Path) -> Iterator[RunningBroker]:
 
 
 # The reference Kafka broker is configured like shmq's defaults where a default only sets a pace
-# or a size that tests would otherwise wait for or fill: the first rebalance of an empty group
-# (Kafka: 3000 ms) and the partitions of __consumer_offsets (Kafka: 50, created at the first
-# FindCoordinator).  Every other setting is Kafka's default.
+# the tests would otherwise wait for: the first rebalance of an empty group (Kafka: 3000 ms,
+# shmq: 100 ms).  Every other setting is Kafka's default.
 KAFKA_TEST_OVERRIDES = {
     "group.initial.rebalance.delay.ms": "100",
-    "offsets.topic.num.partitions": "1",
-    "transaction.state.log.num.partitions": "1",
 }
 
 

@@ -9,12 +9,12 @@ defect of shmq and is fixed there, unless it is in this table:
 | # | what | shmq | Apache Kafka 4.3 | why a Kafka user accepts it |
 |---|------|------|------------------|-----------------------------|
 | 1 | nodes | node 0 is the controller (bootstrap, groups, admin), nodes 1..N are the partition workers; Metadata lists them all | one node (id 1) does everything | a worker is a process with its own listener; clients follow Metadata as with any cluster, so only the ids and the broker count differ |
-| 2 | ApiVersions | the APIs shmq implements, at the versions Kafka 4.0 advertises (protocol.md §6.1), no feature levels | every Kafka 4.3 API (transactions, ACLs, quotas, share groups, KIP-848, ...) and newer versions, with `finalized_features` | clients negotiate the highest common version and use only what is advertised; shmq never advertises what it does not implement |
+| 2 | ApiVersions | the APIs shmq implements, at the versions Kafka 4.0 advertises (protocol.md §6.1), no feature levels; also the versions Kafka 4.0 removed that carry no records (ListOffsets v0, OffsetCommit v0-1, OffsetFetch v0, ...), as Kafka 3.9 served them | every Kafka 4.3 API (transactions, ACLs, quotas, share groups, KIP-848, ...) and newer versions, with `finalized_features`; not the removed versions | clients negotiate the highest common version and use only what is advertised; shmq never advertises what it does not implement, and old clients (Burrow, sarama) keep working |
 | 3 | eligible leader replicas (KIP-966) | no DescribeTopicPartitions: Kafka's admin client falls back to Metadata and `kafka-topics.sh --describe` prints `Elr: N/A LastKnownElr: N/A` | `Elr: ` and `LastKnownElr: ` (empty lists); with ELR on (the 4.3 default) also a cluster default `min.insync.replicas=1`, so the reference is formatted with `eligible.leader.replicas.version=0` | ELR elects among replicas; a shmq partition has one replica, so there is nothing to list |
 | 4 | config documentation | DescribeConfigs documentation says what shmq does with the config (e.g. "no effect in shmq") | Kafka's text | the names, values, sources, types and synonyms are Kafka's; the text is for people |
-| 5 | reference settings | shmq's defaults | run with `group.initial.rebalance.delay.ms=100` and one partition for `__consumer_offsets` and `__transaction_state` (tests/integration/conftest.py) | shmq's defaults for a local broker (README, "Consumer groups"); Kafka's would only make the tests wait |
+| 5 | reference settings | shmq's defaults | run with `group.initial.rebalance.delay.ms=100` (tests/integration/conftest.py) | shmq's default for a local broker (README, "Consumer groups"); Kafka's 3000 ms would only make the tests wait |
 | 6 | auto-created topics | created before the Metadata answer, which lists them | the first Metadata answer is UNKNOWN_TOPIC_OR_PARTITION while the controller creates the topic | clients retry that error; on shmq the topic is there one retry earlier |
-| 7 | `__consumer_offsets` | the controller's own log (README, "Consumer groups"): not in Metadata, not creatable, growable or fetchable by clients | an internal topic in Metadata (after the first group), growable with CreatePartitions | its records are Kafka's on disk (`dump-log --offsets-decoder`); growing it in Kafka moves every group to another partition and loses its offsets |
+| 7 | `__consumer_offsets` | the controller's own log (README, "Consumer groups"), listed and readable as Kafka's; DeleteTopics refuses it (INVALID_REQUEST); `offsets.topic.segment.bytes` 16 MiB | deletable; 100 MiB segments | deleting it drops every group's committed offsets at once; small segments keep the controller's replay at start short |
 | 8 | KIP-848 | the classic group protocol only, so shmq's console consumer prints no invitation to try `group.protocol=consumer` | the console consumer prints one | a client that asks for the consumer protocol gets UNSUPPORTED_VERSION and uses the classic one |
 | 9 | CLI errors | one line on stderr, exit code 1 | `Error: ...` on stdout (consumer-groups exits 0) or a Java stack trace on stderr | a script sees the failure in the exit code; the message is Kafka's |
 | 10 | order of hash-kept lists | sorted (topics in a multi-topic `--describe`, groups in ListGroups, partitions of a reset plan) | a Java HashMap's order | Kafka documents no order; it changes with the names |
@@ -147,15 +147,13 @@ def normalise_cli(run: Any, command: list[str]) -> dict:
     """A tool's run (``code``, ``out``, ``err``) as compared across tools and brokers: what
     belongs to the broker replaced (topic, node and member ids, the latter with their length
     kept so column widths still count; the coordinator's address), ELR lists (row 3), Kafka's
-    KIP-848 banner (row 8) and ``__consumer_offsets`` in topic lists (row 7) left out, hash
-    ordered lists sorted (row 10), and errors taken out of the streams (row 9): ``error`` holds
+    KIP-848 banner (row 8) left out, hash ordered lists sorted (row 10), and errors taken out of the streams (row 9): ``error`` holds
     the error line(s), completed with the root cause of a Java stack trace, and ``failed``
     replaces the exit code."""
     def lines(text: str) -> list[str]:
         out = []
         for line in text.splitlines():
-            if line.startswith(_KIP848_BANNER) or line == "__consumer_offsets" or \
-                    line.startswith("Topic: __consumer_offsets\t"):
+            if line.startswith(_KIP848_BANNER):
                 continue
             line = _UUID.sub("u" * 36, line)
             for pattern, replacement in _CLI_RULES:
