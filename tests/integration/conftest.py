@@ -134,9 +134,36 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[apache_kafka.Kaf
             pytest.fail(str(e), pytrace=False)
         pytest.skip(str(e))
     try:
+        _wait_for_group_coordinator(k.bootstrap)
         yield k
     finally:
         k.stop()
+
+
+def _wait_for_group_coordinator(bootstrap: str, timeout: float = 60) -> None:
+    """Kafka creates ``__consumer_offsets`` at the first FindCoordinator and answers
+    NOT_COORDINATOR until its partitions have leaders; a client's synchronous commit does not
+    retry that.  One commit that succeeds means every test finds the coordinator ready."""
+    import time
+
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "reference-warm-up",
+                  "log_level": 0, "enable.auto.commit": False})
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                c.commit(offsets=[TopicPartition("__consumer_offsets", 0, 0)], asynchronous=False)
+                return
+            except KafkaException as e:
+                if time.monotonic() > deadline:
+                    raise apache_kafka.KafkaUnavailable(
+                        f"Apache Kafka's group coordinator not ready in {timeout:.0f} s: {e}"
+                    ) from None
+                time.sleep(0.2)
+    finally:
+        c.close()
 
 
 def pytest_collection_modifyitems(items: list) -> None:

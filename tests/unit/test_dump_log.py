@@ -540,13 +540,11 @@ def test_several_files_in_one_run(tmp_path: Path, capsys: Any) -> None:
 def test_producer_snapshot(tmp_path: Path, capsys: Any) -> None:
     """Kafka's dumpProducerIdSnapshot lines; the oracle for the layout is Kafka's own tool
     (tests/integration/test_kafka_dump_log.py), here the lines themselves."""
-    from collections import deque
-
     from shmq.storage.producer_state import BatchMetadata, ProducerStateEntry, encode_snapshot
 
-    entries = [ProducerStateEntry(7, 2, deque([BatchMetadata(10, 14, 104, 4, T0 + 9)]),
+    entries = [ProducerStateEntry(7, 2, [BatchMetadata(10, 14, 104, 4, T0 + 9)],
                                   last_timestamp=T0 + 9),
-               ProducerStateEntry(9, 0, deque([BatchMetadata(2**31 - 2, 1, 50, 3, T0)]),
+               ProducerStateEntry(9, 0, [BatchMetadata(2**31 - 2, 1, 50, 3, T0)],
                                   coordinator_epoch=3, last_timestamp=T0,
                                   current_txn_first_offset=48),
                ProducerStateEntry(11, 1, last_timestamp=T0 + 1)]

@@ -85,13 +85,8 @@ def produce_partition(ctx: BrokerContext, topic: str, index: int, records: Any,
         code = UNKNOWN_TOPIC_OR_PARTITION
     elif log is None:
         code = NOT_LEADER
-    elif records is None or len(records) == 0:
-        code = INVALID_RECORD
-    elif HEADER_SIZE <= _declared_size(records) < len(records):
-        # one batch per partition (v3+): its declared size must span the records.  The header
-        # alone decides; append() validates size, magic and CRC once (validating here too
-        # computed every produced byte's CRC twice).
-        code = INVALID_RECORD
+    elif (code := _request_rule(records)) != NONE:
+        pass
     else:
         try:
             appended = log.append(records, leader_epoch=info.partitions[index].leader_epoch)
@@ -183,6 +178,24 @@ async def handle(ctx: BrokerContext, frame: memoryview, header_size: int, api_ve
     return encode_produce_response(api_version, correlation_id, 0, results)
 
 
-def _declared_size(records: Any) -> int:
-    """The size the first batch's header declares (batchLength + 12), 0 when truncated."""
-    return _BATCH_LENGTH.unpack_from(records, 8)[0] + 12 if len(records) >= 12 else 0
+def _request_rule(records: Any) -> int:
+    """Kafka's ``ProduceRequest.validateRecords`` (v3+), checked before the log is asked and
+    answered without a log start: exactly one whole batch of magic 2 per partition.  No batch
+    (none sent, or fewer bytes than its header declares) and magic 0/1 are INVALID_RECORD, and so
+    is a second batch; a size or magic no batch can have is CORRUPT_MESSAGE (the batch
+    iterator's).  The header alone decides; append() validates size and CRC once (validating
+    here too computed every produced byte's CRC twice)."""
+    n = 0 if records is None else len(records)
+    if n < 12:
+        return INVALID_RECORD
+    size = _BATCH_LENGTH.unpack_from(records, 8)[0] + 12
+    if size < 14:  # LegacyRecord.RECORD_OVERHEAD_V0
+        return CORRUPT_MESSAGE
+    if n < 17 or size > n:
+        return INVALID_RECORD
+    magic = records[16]
+    if magic > 2:  # a negative or unknown magic byte
+        return CORRUPT_MESSAGE
+    if magic != 2 or HEADER_SIZE <= size < n:
+        return INVALID_RECORD
+    return NONE
