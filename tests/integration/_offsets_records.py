@@ -8,7 +8,15 @@ from __future__ import annotations
 import io
 from typing import Any
 
-from kafka.protocol.old.types import Int16, Int32, Int64, Schema, String
+from kafka.protocol.old.types import (
+    CompactString,
+    Int16,
+    Int32,
+    Int64,
+    Schema,
+    String,
+    TaggedFields,
+)
 
 KEY_VERSION = Schema(("version", Int16))
 OFFSET_COMMIT_KEY = Schema(("group", String("utf-8")), ("topic", String("utf-8")),
@@ -20,6 +28,8 @@ OFFSET_COMMIT_VALUE = {                                                # by valu
               ("expire_timestamp", Int64)),
     3: Schema(("offset", Int64), ("leader_epoch", Int32), ("metadata", String("utf-8")),
               ("commit_timestamp", Int64)),
+    4: Schema(("offset", Int64), ("leader_epoch", Int32), ("metadata", CompactString("utf-8")),
+              ("commit_timestamp", Int64), ("tags", TaggedFields)),     # tag 0: the topic id
 }
 
 

@@ -337,3 +337,51 @@ def test_perf_tools(brokers: dict[str, str]) -> None:
             m = CONSUMER_LINE.match(lines[1])
             # both runs read the topic: 2 x 20000 records were sent to it
             assert m and int(m[1]) == int(n), (name, lines)
+
+
+OFFSETS_FORMATTER = "org.apache.kafka.tools.consumer.OffsetsMessageFormatter"  # kafka-tools 4.3
+
+
+def offset_commit_lines(stdout: str, groups: set[str]) -> list[dict]:
+    """The formatter's JSON objects for ``groups`` (it prints them one after another, with no
+    separator), commit times and topic ids replaced (the broker's own), sorted (the console
+    consumer interleaves __consumer_offsets partitions as they arrive)."""
+    import json
+
+    decoder = json.JSONDecoder()
+    out, pos, text = [], 0, stdout.strip()
+    while pos < len(text):
+        record, pos = decoder.raw_decode(text, pos)
+        if record["key"]["data"]["group"] not in groups:
+            continue  # other modules' groups: the reference broker serves the whole session
+        value = record["value"]
+        if value is not None and value["data"].get("commitTimestamp", -1) > 0:
+            value["data"]["commitTimestamp"] = "<now>"
+        if value is not None and "topicId" in value["data"]:
+            value["data"]["topicId"] = "<topic id>"
+        out.append(record)
+    return sorted(out, key=json.dumps)
+
+
+def test_kafka_offsets_formatter_reads_consumer_offsets(brokers: dict[str, str]) -> None:
+    """Issue 20: Kafka's console consumer reads ``__consumer_offsets`` from shmq and Kafka's own
+    OffsetsMessageFormatter decodes every commit record as it decodes Kafka's: the same JSON
+    lines (key type, group, topic, partition; value version, offset, leader epoch, metadata)
+    for the groups this module committed, and the offsets are the ones committed."""
+    read = ["--topic", "__consumer_offsets", "--from-beginning", "--timeout-ms", "8000",
+            "--formatter", OFFSETS_FORMATTER,
+            "--command-property", "exclude.internal.topics=false"]
+    runs = apache_kafka.run_tools([("console-consumer", [*read, "--bootstrap-server", bs])
+                                   for bs in brokers.values()])
+    groups = {"tl-g", *(f"tl-r-{who}" for who in TAGS)}
+    lines = {}
+    for name, r in zip(brokers, runs, strict=True):
+        assert "Processed a total of" in r.stderr, (name, r.stderr[-2000:])
+        lines[name] = offset_commit_lines(r.stdout, groups)
+    assert_same(lines["shmq"], lines["kafka"])
+    committed = {(rec["key"]["data"]["group"], rec["key"]["data"]["topic"],
+                  rec["key"]["data"]["partition"]): rec["value"]["data"]["offset"]
+                 for rec in lines["shmq"]}
+    assert committed == {("tl-g", "tl-a", 0): 4, ("tl-g", "tl-a", 1): 10,
+                         **{(f"tl-r-{w}", f"tl-m-{w}", p): o for w in TAGS
+                            for p, o in ((0, 5), (1, 7))}}, committed
