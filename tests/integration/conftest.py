@@ -129,12 +129,20 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[apache_kafka.Kaf
     try:
         k = apache_kafka.start_broker(tmp_path_factory.mktemp("apache-kafka"),
                                       overrides=KAFKA_TEST_OVERRIDES, features=KAFKA_FEATURES)
+        try:
+            _wait_for_group_coordinator(k.bootstrap)
+        except BaseException:
+            k.stop()
+            raise
     except apache_kafka.KafkaUnavailable as e:
+        why = str(e)  # failed or skipped outside the except: one line, no chained traceback
+    else:
+        why = ""
+    if why:
         if apache_kafka.required():
-            pytest.fail(str(e), pytrace=False)
-        pytest.skip(str(e))
+            pytest.fail(why, pytrace=False)
+        pytest.skip(why)
     try:
-        _wait_for_group_coordinator(k.bootstrap)
         yield k
     finally:
         k.stop()

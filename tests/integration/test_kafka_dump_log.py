@@ -6,8 +6,10 @@ type, idempotently, to its own topic on a shmq broker and on the reference Kafka
 then stopped cleanly (indexes trimmed, producer snapshots written).  Kafka's tool must read every
 segment, index, time index and snapshot with no error, find the records that were sent (codec,
 producer id, count, payloads), pass its index checks, and print exactly the lines that
-``shmq dump-log`` prints for the same files.  Transactional batches and markers are not written:
-shmq has no transactions yet.
+``shmq dump-log`` prints for the same files.  shmq has no transactions yet, so transactional
+batches and markers are not in its data dir; ``shmq dump-log`` is compared with Kafka's tool on
+Kafka's own transactional segments (a committed and an aborted transaction: control batches,
+end-transaction markers, the aborted-transaction index).
 """
 
 from __future__ import annotations
@@ -207,3 +209,41 @@ def test_kafka_index_checks_pass_on_shmq_indexes(written: Written) -> None:
     for args, k in ((["--verify-index-only"], verify), (["--index-sanity-check"], sanity)):
         s = shmq_dump(*args, "--files", ",".join(indexes))
         assert (s.returncode, s.stdout, s.stderr) == (0, k.stdout, k.stderr)
+
+
+def test_shmq_dump_log_on_kafkas_transactions(kafka: apache_kafka.KafkaBroker) -> None:
+    """A transactional producer (confluent-kafka) commits one transaction and aborts another on
+    the reference broker; on its segment, indexes, snapshots and ``.txnindex`` both tools print
+    the same lines, the markers (``endTxnMarker: COMMIT``/``ABORT``) and the aborted range
+    included."""
+    from confluent_kafka import Producer
+
+    topic = "dl-transactions"
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap, "log_level": 0})
+    admin.create_topics([NewTopic(topic, 1, 1)], operation_timeout=30)[topic].result(60)
+    time.sleep(0.5)
+    p = Producer({"bootstrap.servers": kafka.bootstrap, "log_level": 0,
+                  "transactional.id": "dl-txn", "linger.ms": 5})
+    p.init_transactions(60)
+    for i, commit in enumerate((True, False, True)):
+        p.begin_transaction()
+        for j in range(5):
+            p.produce(topic, key=b"k%d" % j, value=b"txn%d-%d" % (i, j), timestamp=BASE_TS + j)
+        p.flush(30)
+        if commit:
+            p.commit_transaction(60)
+        else:
+            p.abort_transaction(60)
+    # the files as they are, live: Kafka's tool reads an open log and its preallocated indexes
+    d = partition_dir(kafka.log_dir, topic)
+    every = sorted(str(f) for f in d.iterdir()
+                   if f.suffix in (".log", ".index", ".timeindex", ".snapshot", ".txnindex"))
+    assert any(f.endswith(".txnindex") for f in every), every  # the aborted transaction
+    for args in (["--print-data-log"], ["--deep-iteration"], []):
+        k = kafka_dump(*args, "--files", ",".join(every))
+        s = shmq_dump(*args, "--files", ",".join(every))
+        assert k.returncode == 0 and s.returncode == 0, (k.stderr[-2000:], s.stderr[-2000:])
+        if args:  # records (and so markers) are printed
+            assert "endTxnMarker: ABORT" in k.stdout and "endTxnMarker: COMMIT" in k.stdout
+        assert s.stdout.splitlines() == k.stdout.splitlines()
+        assert report_blocks(s.stderr) == report_blocks(k.stderr)

