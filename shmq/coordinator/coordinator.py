@@ -146,15 +146,13 @@ def _now_ms() -> int:
 
 class GroupCoordinator:
     """Classic groups of one broker.  ``topic_partitions(topic)`` says how many partitions a
-    topic has (None if it does not exist), for the commit checks and offset cleanup;
-    ``topic_id(topic)`` its id (16 bytes), which commit records carry as Kafka 4.3's do."""
+    topic has (None if it does not exist), for the commit checks and offset cleanup."""
 
     def __init__(self, directory: Path, config: CoordinatorConfig,
                  topic_partitions: Callable[[str], int | None],
                  snapshot_bytes: int | None = None, *,
                  registered_partitions: int | None = None,
-                 on_append: Callable[[int], None] | None = None,
-                 topic_id: Callable[[str], bytes | None] | None = None) -> None:
+                 on_append: Callable[[int], None] | None = None) -> None:
         """``registered_partitions``: the partition count ``__consumer_offsets`` has in the cluster
         metadata, which fixes it; None while the topic is not registered (a new broker, or one
         upgraded from the single-partition layout): then records already on disk are placed into
@@ -162,7 +160,6 @@ class GroupCoordinator:
         runs after every append (the controller registers the topic and wakes fetchers)."""
         self.config = config
         self.topic_partitions = topic_partitions
-        self.topic_id = topic_id or (lambda topic: None)
         self.groups: dict[str, Group] = {}
         self.log = OffsetsLog(directory, registered_partitions or config.offsets_partitions,
                               config.offsets_segment_bytes,
@@ -213,7 +210,7 @@ class GroupCoordinator:
                 v = rec.decode_offset_value(value)
                 group = group or self.groups.setdefault(k.group, Group(k.group))
                 group.offsets[(k.topic, k.partition)] = OffsetAndMetadata(
-                    v.offset, v.leader_epoch, v.metadata, v.commit_timestamp, v.topic_id)
+                    v.offset, v.leader_epoch, v.metadata, v.commit_timestamp)
             elif isinstance(k, rec.GroupMetadataKey):
                 group = self.groups.get(k.group)
                 if value is None:
@@ -305,8 +302,7 @@ class GroupCoordinator:
                        o: OffsetAndMetadata) -> tuple[bytes, bytes]:
         return (rec.offset_commit_key(group_id, topic, partition),
                 rec.offset_commit_value(rec.OffsetCommitValue(
-                    o.offset, o.leader_epoch, o.metadata, o.commit_timestamp,
-                    topic_id=o.topic_id)))
+                    o.offset, o.leader_epoch, o.metadata, o.commit_timestamp)))
 
     def _snapshot(self, partition: int) -> None:
         self._snapshot_scheduled.discard(partition)
@@ -806,8 +802,7 @@ class GroupCoordinator:
                     errors.append(OFFSET_METADATA_TOO_LARGE)
                 else:
                     committed_at = timestamp[0] if timestamp and timestamp[0] != -1 else now
-                    o = OffsetAndMetadata(offset, epoch, metadata or "", committed_at,
-                                          self.topic_id(topic))
+                    o = OffsetAndMetadata(offset, epoch, metadata or "", committed_at)
                     committed.append((topic, partition, o))
                     records.append(self._offset_record(group_id, topic, partition, o))
                     errors.append(NONE)

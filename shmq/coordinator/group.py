@@ -46,7 +46,6 @@ class OffsetAndMetadata:
     leader_epoch: int
     metadata: str
     commit_timestamp: int
-    topic_id: bytes | None = None  # the topic's id when committed (OffsetCommitValue v4)
 
 
 @dataclass(eq=False)

@@ -19,9 +19,11 @@ Every record's key and value start with an int16 version that says which schema 
        v2 adds currentStateTimestamp; v3 adds groupInstanceId; v4 = v3 flexible)
 
 A null value is a tombstone: the offset, or the whole group, is gone.  shmq writes the versions
-Kafka 4.3 writes (OffsetCommitValue v4 with the topic id as tag 0, GroupMetadataValue v3) and
-reads every version above, so a log copied from Kafka loads, and Kafka's ``kafka-dump-log
---offsets-decoder`` and its console consumer's OffsetsMessageFormatter read ours as Kafka's.
+Kafka 4.0 writes (OffsetCommitValue v3, GroupMetadataValue v3) and reads every version above, so a
+log copied from Kafka loads and Kafka's ``kafka-dump-log --offsets-decoder`` reads ours.  Kafka
+4.3 writes OffsetCommitValue v4 (flexible, the topic id as a tagged field); shmq keeps v3 because
+the lag monitors that read this topic (Burrow: sarama's decoder knows versions 0, 1 and 3) fail on
+v4, while every Kafka tool and client reads v3 (tests/integration/kafka_differences.py, row 11).
 Strings are ``int16 length + UTF-8`` (-1 = null), bytes ``int32 length``, arrays ``int32 count``.
 """
 
@@ -34,7 +36,7 @@ from shmq.errors import CorruptRecordError
 
 OFFSET_COMMIT_KEY_VERSION = 1       # Kafka 4.0 (apiKey 1); 0 is the legacy layout, same fields
 GROUP_METADATA_KEY_VERSION = 2
-OFFSET_COMMIT_VALUE_VERSION = 4    # Kafka 4.3 (GroupCoordinatorRecordHelpers): flexible
+OFFSET_COMMIT_VALUE_VERSION = 3
 GROUP_METADATA_VALUE_VERSION = 3
 
 _H = struct.Struct(">h")
@@ -61,7 +63,6 @@ class OffsetCommitValue:
     metadata: str = ""
     commit_timestamp: int = -1
     expire_timestamp: int = -1
-    topic_id: bytes | None = None      # 16 bytes (v4 tag 0); None when not known
 
 
 @dataclass(frozen=True)
@@ -107,22 +108,9 @@ def group_metadata_key(group: str) -> bytes:
     return _H.pack(GROUP_METADATA_KEY_VERSION) + _str(group)
 
 
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def offset_commit_value(v: OffsetCommitValue) -> bytes:
-    """OffsetCommitValue v4: compact metadata string, the topic id as tagged field 0 (written
-    when known and not the zero uuid, as Kafka's generated code does)."""
-    metadata = v.metadata.encode()
-    tags = (b"\x01\x00\x10" + v.topic_id if v.topic_id and any(v.topic_id) else b"\x00")
     return (_H.pack(OFFSET_COMMIT_VALUE_VERSION) + _Q.pack(v.offset) + _I.pack(v.leader_epoch)
-            + _uvarint(len(metadata) + 1) + metadata + _Q.pack(v.commit_timestamp) + tags)
+            + _str(v.metadata) + _Q.pack(v.commit_timestamp))
 
 
 def group_metadata_value(v: GroupMetadataValue) -> bytes:
@@ -190,14 +178,11 @@ class _Reader:
             raise CorruptRecordError("array count beyond the record")
         return max(n, 0)
 
-    def tags(self) -> dict[int, bytes]:
-        """The tagged fields (tag -> bytes) of a flexible version; {} otherwise."""
-        out = {}
+    def tags(self) -> None:
         if self.flexible:
             for _ in range(self.uvarint()):
-                tag = self.uvarint()
-                out[tag] = self._take(self.uvarint())
-        return out
+                self.uvarint()
+                self._take(self.uvarint())
 
 
 def decode_key(key: bytes) -> OffsetCommitKey | GroupMetadataKey | None:
@@ -233,10 +218,8 @@ def decode_offset_value(value: bytes) -> OffsetCommitValue:
     metadata = r.string() or ""
     ts = r.int64()
     expire = r.int64() if version == 1 else -1
-    topic_id = r.tags().get(0)
-    if topic_id is not None and len(topic_id) != 16:
-        raise CorruptRecordError(f"OffsetCommitValue topic id of {len(topic_id)} bytes")
-    return OffsetCommitValue(offset, epoch, metadata, ts, expire, topic_id)
+    r.tags()
+    return OffsetCommitValue(offset, epoch, metadata, ts, expire)
 
 
 def decode_group_value(value: bytes) -> GroupMetadataValue:

@@ -598,10 +598,6 @@ class Controller:
             info = self.ctx.metadata.topics.get(topic)
             return None if info is None else len(info.partitions)
 
-        def topic_id(topic: str) -> bytes | None:
-            info = self.ctx.metadata.topics.get(topic)
-            return None if info is None else info.uuid.bytes
-
         coordinator = GroupCoordinator(self.data_dir / "controller", CoordinatorConfig(
             initial_rebalance_delay_ms=c.group_initial_rebalance_delay_ms,
             min_session_timeout_ms=c.group_min_session_timeout_ms,
@@ -612,7 +608,7 @@ class Controller:
             offsets_partitions=c.offsets_topic_num_partitions,
             offsets_segment_bytes=c.offsets_topic_segment_bytes), topic_partitions,
             registered_partitions=None if registered is None else len(registered.partitions),
-            on_append=self._offsets_appended, topic_id=topic_id)
+            on_append=self._offsets_appended)
         self.ctx.coordinator = coordinator
         self.ctx.logs.add(OFFSETS_TOPIC, coordinator.log.log)
         if registered is None and coordinator.log.has_records():

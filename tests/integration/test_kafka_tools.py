@@ -344,8 +344,9 @@ OFFSETS_FORMATTER = "org.apache.kafka.tools.consumer.OffsetsMessageFormatter"  #
 
 def offset_commit_lines(stdout: str, groups: set[str]) -> list[dict]:
     """The formatter's JSON objects for ``groups`` (it prints them one after another, with no
-    separator), commit times and topic ids replaced (the broker's own), sorted (the console
-    consumer interleaves __consumer_offsets partitions as they arrive)."""
+    separator), commit times replaced (the broker's clock), Kafka 4.3's v4 values as the v3
+    values shmq writes (the topic id left out: table row 11), sorted (the console consumer
+    interleaves __consumer_offsets partitions as they arrive)."""
     import json
 
     decoder = json.JSONDecoder()
@@ -357,8 +358,9 @@ def offset_commit_lines(stdout: str, groups: set[str]) -> list[dict]:
         value = record["value"]
         if value is not None and value["data"].get("commitTimestamp", -1) > 0:
             value["data"]["commitTimestamp"] = "<now>"
-        if value is not None and "topicId" in value["data"]:
-            value["data"]["topicId"] = "<topic id>"
+        if value is not None and value["version"] == 4:  # kafka_differences.py, row 11
+            value["version"] = 3
+            del value["data"]["topicId"]
         out.append(record)
     return sorted(out, key=json.dumps)
 
