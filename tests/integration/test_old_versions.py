@@ -158,7 +158,7 @@ def test_api_versions_advertises_the_old_versions(obroker: RunningBroker) -> Non
 
 
 def test_list_offsets_v0_lists_segment_offsets(obroker: RunningBroker) -> None:
-    topic = create_topic(obroker, 2, **{"segment.bytes": "1024"})
+    topic = create_topic(obroker, 2, **{"internal.segment.bytes": "1024"})
     produce(obroker, topic, 0, 40)  # ~160-byte batches: several segments
     port = leader_port(obroker, topic, 0)
     worker = next(w["node_id"] for w in obroker.run_info["workers"] if w["port"] == port)

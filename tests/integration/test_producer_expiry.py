@@ -225,7 +225,7 @@ def test_short_lived_idempotent_producers_expire(tmp_path: Path) -> None:
     expiration_ms = 12_000  # room to start them all before the first expires
     with running(tmp_path, expiration_ms) as broker:
         topic = f"expiry-{uuid.uuid4().hex[:8]}"
-        create(broker, topic, **{"segment.bytes": str(256 * 1024)})
+        create(broker, topic, **{"internal.segment.bytes": str(256 * 1024)})
         _short_lived_clients(broker.bootstrap, topic, 4)
         real = {p.producer_id for p in describe_producers(broker, topic)}
         assert len(real) == 8  # each client process its own producer id

@@ -245,7 +245,7 @@ def test_a_non_default_index_interval_is_not_rebuilt_at_a_clean_start(tmp_path: 
     try:
         admin = AdminClient({"bootstrap.servers": b.bootstrap})
         admin.create_topics([NewTopic(topic, 2, 1, config={
-            "index.interval.bytes": "100", "segment.bytes": "16384"})])[topic].result(15)
+            "index.interval.bytes": "100", "internal.segment.bytes": "16384"})])[topic].result(15)
         # one record per batch: many batches, several segments, many index entries
         _produce(b.bootstrap, topic, [b"v%05d" % i + b"." * 150 for i in range(1200)], 2,
                  **{"batch.num.messages": 1, "linger.ms": 0})
