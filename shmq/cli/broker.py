@@ -56,10 +56,12 @@ def run(args: argparse.Namespace) -> int:
     from shmq._startup import configure_logging
     from shmq.broker.config import BrokerConfig
     from shmq.errors import ConfigError
+    from shmq.limits import raise_nofile
     from shmq.supervisor.controller import BootError, Controller
     from shmq.supervisor.forkserver import ForkServer
 
     configure_logging("controller")
+    raise_nofile()  # before the fork server: every worker inherits the raised limit
     host, _, port = args.listeners.rpartition(":")
     if not host or not port.isdigit():
         raise CommandError(f"--listeners must be host:port, got {args.listeners!r}")

@@ -48,6 +48,7 @@ from shmq.broker.context import BrokerContext, TopicRequest, TopicResult
 from shmq.broker.internal_topics import InternalLogs, offsets_topic_configs
 from shmq.broker.metadata import INTERNAL_TOPICS, OFFSETS_TOPIC, MetadataStore
 from shmq.broker.router import Router
+from shmq.limits import install_loop_handler, nofile
 from shmq.net.connection import serve
 from shmq.storage import checkpoint
 from shmq.storage.relocate import relocate_orphan_logs
@@ -490,6 +491,7 @@ class Controller:
                      topic, partition, old, new)
         self._open_state_table(run)
         loop = asyncio.get_running_loop()
+        install_loop_handler(loop, log)
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.stop_event.set)
         self.ctx = BrokerContext(node_id=0, config=self.config, metadata=self.store.metadata,
@@ -528,7 +530,8 @@ class Controller:
             if ready_line:
                 web = f", dashboard http://{self.http.address}/" if self.http else ""
                 print(f"shmq broker ready: bootstrap {self.config.host}:{self.port} "
-                      f"({len(self.workers)} workers, data dir {self.data_dir}{web})", flush=True)
+                      f"({len(self.workers)} workers, data dir {self.data_dir}{web}, "
+                      f"{nofile()} file descriptors per process)", flush=True)
             await self.stop_event.wait()
         finally:
             await self.shutdown(server)
@@ -613,7 +616,7 @@ class Controller:
         coordinator.load()
         return coordinator
 
-    async def shutdown(self, server: asyncio.base_events.Server) -> None:
+    async def shutdown(self, server: Any) -> None:
         self.stop_event.set()
         server.close()
         if self.http is not None:

@@ -250,10 +250,13 @@ async def run(args: argparse.Namespace) -> int:
     from shmq.broker.context import BrokerContext
     from shmq.broker.metadata import ClusterMetadata
     from shmq.broker.router import Router
+    from shmq.limits import install_loop_handler, raise_nofile
     from shmq.net.connection import serve
     from shmq.storage import LogConfig, LogManager, checkpoint
     from shmq.supervisor.control import ControlChannel
 
+    raise_nofile()  # a worker started by hand, or by exec, raises its own
+    install_loop_handler(asyncio.get_running_loop(), log)
     settings = json.loads(args.config)
     config = BrokerConfig(data_dir=Path(settings["data_dir"]), host=settings["host"], port=0,
                           workers=settings["workers"],
