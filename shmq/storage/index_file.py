@@ -10,6 +10,13 @@ Kafka derives the entry count of an existing index from the file length, so an i
 read the zero tail as entries.  After a crash the active segment's index is untrimmed: the loader
 rebuilds it from the log (``LogSegment.recover``).
 
+A full disk.  The preallocated tail is a hole, and a store through a mapping into a hole
+allocates a block at the page fault: with the disk full that is SIGBUS, which kills the process
+(Kafka's JVM turns it into an InternalError).  So the room for the next entries is allocated
+first (``reserve``, ``posix_fallocate`` of ``_RESERVE_CHUNK`` at a time, before the segment writes
+the batches the entries will point at): running out of disk is then ``ENOSPC`` from the append,
+which answers KAFKA_STORAGE_ERROR and writes nothing.
+
 An index with no entries keeps no mapping (mmap cannot map 0 bytes).  Lookups run in Cython
 (``shmq._fast.largest_lower_bound``) with Kafka's warm-section binary search.
 """
@@ -22,6 +29,8 @@ from pathlib import Path
 
 from shmq import _fast
 from shmq.errors import CorruptIndexError
+
+_RESERVE_CHUNK = 64 * 1024  # bytes of index allocated ahead (8,192 offset index entries)
 
 
 class IndexFile:
@@ -36,6 +45,7 @@ class IndexFile:
         self._mmap: _fast.MappedFile | None = None
         self._fd = -1
         self._length = 0
+        self._reserved = 0  # bytes from the start known to be allocated (writable: see reserve)
         self.rebuilding = False
         # the last entry, decoded; None after anything but an append changed the entries.  Every
         # append compares with it: reading it back from the mapping cost ~1.5 us an append
@@ -65,6 +75,19 @@ class IndexFile:
         if length > 0:
             self._mmap = _fast.MappedFile(self._fd, length, self.writable)
         self._length = length
+        self._reserved = min(self.entries * self.ENTRY_SIZE, length)  # the entries' blocks
+
+    def reserve(self, count: int) -> None:
+        """Allocate the blocks for ``count`` more entries (see "A full disk"); raises OSError
+        (ENOSPC, EDQUOT, EIO) when the disk cannot hold them.  Only writable, mapped indexes
+        store through a mapping; a rebuild writes with ``pwrite`` (errors come back there)."""
+        need = (self.entries + count) * self.ENTRY_SIZE
+        if need <= self._reserved or not self.writable or self.rebuilding or self._fd < 0:
+            return
+        end = min(max(need, self._reserved + _RESERVE_CHUNK), self._length)
+        if end > self._reserved:
+            os.posix_fallocate(self._fd, self._reserved, end - self._reserved)
+            self._reserved = end
 
     def _unmap(self) -> None:
         # no msync here: durability is flush()'s job (it runs before the recovery point moves);
@@ -102,7 +125,7 @@ class IndexFile:
         start = self.entries * self.ENTRY_SIZE
         mm = self._mmap
         if (mm is not None and self.writable and not self.rebuilding
-                and start + self.ENTRY_SIZE <= self._length):
+                and start + self.ENTRY_SIZE <= self._reserved):
             packer.pack_into(mm, start, a, b)
             self.entries += 1
             self._last = None
@@ -126,6 +149,7 @@ class IndexFile:
             if not grow:
                 raise CorruptIndexError(f"index {self.path} is full ({self.entries} entries)")
             self._resize(start + len(block))
+        self.reserve(count)
         assert self._mmap is not None
         with memoryview(self._mmap) as view:
             view[start : start + len(block)] = block

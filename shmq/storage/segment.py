@@ -300,6 +300,10 @@ class LogSegment:
         total = 0
         for b in batches:
             total += b[3]
+        # room for the index entries first: a full disk is ENOSPC here, before any byte is
+        # written, never SIGBUS from a store into the mapped index (index_file.py)
+        self.offset_index.reserve(len(batches))
+        self.time_index.reserve(len(batches) + 1)
         try:
             if len(iov) <= _IOV_MAX:
                 n = os.pwritev(fd, iov, start)

@@ -7,12 +7,19 @@ the broker log says one clear line about the condition, not a flood.
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
+import subprocess
 import time
+import sys
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.integration.conftest import RunningBroker, start_broker
@@ -156,3 +163,158 @@ def test_soft_limit_raised_to_hard_and_said_in_the_ready_line(tmp_path: Path) ->
         assert "4096 file descriptors per process" in b.ready_line, b.ready_line
     finally:
         assert b.stop() == 0
+
+
+# -- a full disk ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 40 MiB tmpfs mounted for the test (root only: mount(2) is the real mechanism; without
+    it the test is skipped rather than faked)."""
+    mnt = tmp_path / "small-fs"
+    mnt.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m,mode=0700", "tmpfs",
+                           str(mnt)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _segments_decoded(data_dir: Path, topic: str, partition: int) -> list[tuple[int, bytes]]:
+    """Every record of a partition's segment files, decoded by kafka-python (an independent
+    decoder, CRC checked): (offset, value)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from kafka.record.default_records import DefaultRecordBatch
+    out: list[tuple[int, bytes]] = []
+    for seg in sorted(data_dir.glob(f"worker-*/{topic}-{partition}/*.log")):
+        raw = seg.read_bytes()
+        pos = 0
+        while pos < len(raw):
+            size = struct.unpack_from(">i", raw, pos + 8)[0] + 12
+            batch = DefaultRecordBatch(raw[pos : pos + size])
+            assert batch.validate_crc(), f"{seg} byte {pos}"
+            out.extend((r.offset, r.value) for r in batch)
+            pos += size
+    return out
+
+
+def test_full_disk_answers_storage_error_keeps_reading_and_recovers(
+        tmp_path: Path, small_fs: Path) -> None:
+    """A producer fills the filesystem: it gets KAFKA_STORAGE_ERROR (no reset), one log line
+    says why, consumers read everything acknowledged; once a file is removed produce works again
+    without a restart; the segments hold exactly what was acknowledged, as kafka-python decodes
+    them and as the broker's recovery reads them after a restart."""
+    data = small_fs / "data"
+    ballast = small_fs / "ballast"
+    ballast.write_bytes(os.urandom(4 << 20))
+    b = start_broker(data, workers=1)
+    topic, parts = "full", 2
+    acked: dict[int, list[tuple[int, bytes]]] = {0: [], 1: []}
+    try:
+        _create(b, topic, parts)
+        errors: list[int] = []
+
+        def done(err: Any, msg: Any) -> None:
+            if err is not None:
+                errors.append(err.code())
+            else:
+                acked[msg.partition()].append((msg.offset(), msg.value()))
+
+        # retries=0 (default: retry until message.timeout.ms): each refusal is seen as it comes
+        p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all", "retries": 0,
+                      "linger.ms": 1})
+        for i in range(6000):
+            p.produce(topic, b"%06d" % i + os.urandom(16 << 10), partition=i % parts,
+                      on_delivery=done)
+            p.poll(0)
+            if i % 50 == 0:
+                p.flush(30)
+                if len(errors) >= 20:
+                    break
+        assert p.flush(30) == 0
+        assert len(errors) >= 20, "the disk never filled"
+        assert set(errors) == {KafkaError.KAFKA_STORAGE_ERROR}, set(errors)
+        # reads go on while the disk is full
+        ends = {q: len(acked[q]) for q in range(parts)}
+        got = _read_all(b.bootstrap, topic, parts, ends)
+        assert {q: got.get(q, []) for q in range(parts)} == acked
+        # space comes back: appends work again, no restart
+        ballast.unlink()
+        more = _produce(b.bootstrap, topic, [b"after-%d" % i for i in range(100)], parts)
+        for q in range(parts):
+            acked[q].extend(more[q])
+        got = _read_all(b.bootstrap, topic, parts, {q: len(acked[q]) for q in range(parts)})
+        assert {q: got.get(q, []) for q in range(parts)} == acked
+        lines = _lines(b, "KAFKA_STORAGE_ERROR")
+        assert 1 <= len(lines) <= 3, lines
+        assert _lines(b, "appends succeed again")
+    finally:
+        assert b.stop() == 0, b.log_path.read_text()[-3000:]
+    log_text = b.log_path.read_text()
+    print(log_text)
+    assert "Traceback" not in log_text, log_text[-3000:]
+    assert len(log_text.splitlines()) < 100
+    for q in range(parts):  # exactly what was acknowledged, offsets from 0 without a gap
+        assert _segments_decoded(data, topic, q) == acked[q]
+        assert [o for o, _ in acked[q]] == list(range(len(acked[q])))
+    # the broker's own recovery agrees after a restart
+    b = start_broker(data, workers=1)
+    try:
+        got = _read_all(b.bootstrap, topic, parts, {q: len(acked[q]) for q in range(parts)})
+        assert {q: got.get(q, []) for q in range(parts)} == acked
+    finally:
+        assert b.stop() == 0
+
+
+_FILL_CHILD = r"""
+import errno, os, sys
+from pathlib import Path
+from shmq.protocol.records import encode_batch
+from shmq.storage import LogConfig
+from shmq.storage.log import PartitionLog
+
+mnt = Path(sys.argv[1])
+config = LogConfig(index_interval_bytes=1)   # an index entry for every batch
+log = PartitionLog.open(mnt / "t-0", config)
+batch = encode_batch([(None, b"x" * 40)])
+for _ in range(500):                         # 500 entries: the next ones start a new index page
+    log.append(batch)
+fd = os.open(mnt / "ballast", os.O_WRONLY | os.O_CREAT, 0o600)  # the disk full, to the end
+for chunk in (1 << 16, 4096, 1):
+    try:
+        while True:
+            os.write(fd, b"\0" * chunk)
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC, exc
+os.close(fd)
+appended, refused = 500, 0
+for _ in range(200):                         # the log's last page has room; the index's not
+    try:
+        log.append(batch)
+        appended += 1
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC, exc
+        refused += 1
+(mnt / "ballast").unlink()
+log.append(batch)                            # space is back
+appended += 1
+log.close()
+log = PartitionLog.open(mnt / "t-0", config, clean_shutdown=True)
+assert log.log_end_offset == appended, (log.log_end_offset, appended)
+assert refused, "the disk never filled"
+print(appended, refused)
+"""
+
+
+def test_full_disk_is_enospc_not_sigbus_for_the_mapped_index(small_fs: Path) -> None:
+    """The index tail is a hole in a mapped file: a store into it on a full disk was SIGBUS
+    (the worker died).  Its blocks are now allocated ahead, so the append is ENOSPC and leaves
+    nothing behind; a child process runs it so that a SIGBUS fails the test, not pytest."""
+    done = subprocess.run([sys.executable, "-c", _FILL_CHILD, str(small_fs)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
