@@ -11,8 +11,8 @@ import os
 import socket
 import struct
 import subprocess
-import time
 import sys
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
