@@ -62,6 +62,10 @@ def run(args: argparse.Namespace) -> int:
 
     configure_logging("controller")
     raise_nofile()  # before the fork server: every worker inherits the raised limit
+    from shmq.limits import segment_budget
+    from shmq.storage.descriptors import CACHE
+
+    CACHE.configure(segment_budget())
     host, _, port = args.listeners.rpartition(":")
     if not host or not port.isdigit():
         raise CommandError(f"--listeners must be host:port, got {args.listeners!r}")

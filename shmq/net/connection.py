@@ -344,6 +344,7 @@ class Listener:
         self._factory = factory
         self.max_connections = connection_budget() if max_connections is None else max_connections
         self.live = 0
+        self._pending: set[asyncio.Task] = set()  # accepted, transport not made yet
         self._reserve = self._open_reserve()
         self._refused = 0           # connections refused since the last accept that worked
         self._throttled = Throttled(log)
@@ -386,7 +387,9 @@ class Listener:
                 self._throttled.reset(_REFUSED)
             conn.setblocking(False)
             self.live += 1
-            self.loop.create_task(self._connect(conn))
+            task = self.loop.create_task(self._connect(conn))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
 
     def _make(self) -> Any:
         protocol = self._factory()
@@ -397,6 +400,9 @@ class Listener:
         self.live -= 1
 
     async def _connect(self, conn: socket.socket) -> None:
+        if not self._serving:  # closed meanwhile: the process is stopping
+            conn.close()
+            return
         try:
             await self.loop.connect_accepted_socket(self._make, conn)
         except OSError as exc:
@@ -441,6 +447,8 @@ class Listener:
         if not self._serving:
             return
         self._serving = False
+        for task in self._pending:
+            task.cancel()
         self.loop.remove_reader(self._sock.fileno())
         self._sock.close()
         if self._reserve >= 0:

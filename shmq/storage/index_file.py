@@ -17,6 +17,12 @@ first (``reserve``, ``posix_fallocate`` of ``_RESERVE_CHUNK`` at a time, before 
 the batches the entries will point at): running out of disk is then ``ENOSPC`` from the append,
 which answers KAFKA_STORAGE_ERROR and writes nothing.
 
+Descriptors.  A mapping needs no descriptor once made, so an index holds none, writable or not
+(a rebuild excepted, which writes with ``pwrite``): the few calls that need one (a resize, a
+``reserve``, a trim) open the file for that call.  A worker's descriptors then go to the
+segments' ``.log`` files only, which ``shmq.storage.descriptors`` bounds: with 2,000 partitions
+the active indexes used to hold 4,000.
+
 An index with no entries keeps no mapping (mmap cannot map 0 bytes).  Lookups run in Cython
 (``shmq._fast.largest_lower_bound``) with Kafka's warm-section binary search.
 """
@@ -59,12 +65,24 @@ class IndexFile:
         self.entries = length // self.ENTRY_SIZE if existed else 0
         self.misaligned = length % self.ENTRY_SIZE != 0
         self.writable = writable
-        if writable:
-            self._resize(max(self.max_entries, self.entries) * self.ENTRY_SIZE)
-        else:
-            # a sealed index needs no descriptor once mapped: a 10,000-segment log then costs
-            # one descriptor per segment (its .log), not three
-            self._map(self.entries * self.ENTRY_SIZE)
+        self.closed = False
+        try:
+            if writable:
+                self._resize(max(self.max_entries, self.entries) * self.ENTRY_SIZE)
+            else:
+                self._map(self.entries * self.ENTRY_SIZE)
+        finally:
+            self._release_fd()
+
+    # -- descriptor (see "Descriptors" above) -------------------------------------------------
+
+    def _open_fd(self) -> int:
+        if self._fd < 0:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        return self._fd
+
+    def _release_fd(self) -> None:
+        if self._fd >= 0 and not self.rebuilding:
             os.close(self._fd)
             self._fd = -1
 
@@ -73,7 +91,7 @@ class IndexFile:
     def _map(self, length: int) -> None:
         self._unmap()
         if length > 0:
-            self._mmap = _fast.MappedFile(self._fd, length, self.writable)
+            self._mmap = _fast.MappedFile(self._open_fd(), length, self.writable)
         self._length = length
         self._reserved = min(self.entries * self.ENTRY_SIZE, length)  # the entries' blocks
 
@@ -82,11 +100,14 @@ class IndexFile:
         (ENOSPC, EDQUOT, EIO) when the disk cannot hold them.  Only writable, mapped indexes
         store through a mapping; a rebuild writes with ``pwrite`` (errors come back there)."""
         need = (self.entries + count) * self.ENTRY_SIZE
-        if need <= self._reserved or not self.writable or self.rebuilding or self._fd < 0:
+        if need <= self._reserved or not self.writable or self.rebuilding or self.closed:
             return
         end = min(max(need, self._reserved + _RESERVE_CHUNK), self._length)
         if end > self._reserved:
-            os.posix_fallocate(self._fd, self._reserved, end - self._reserved)
+            try:
+                os.posix_fallocate(self._open_fd(), self._reserved, end - self._reserved)
+            finally:
+                self._release_fd()
             self._reserved = end
 
     def _unmap(self) -> None:
@@ -98,8 +119,11 @@ class IndexFile:
 
     def _resize(self, length: int) -> None:
         self._unmap()
-        os.ftruncate(self._fd, length)
-        self._map(length)
+        try:
+            os.ftruncate(self._open_fd(), length)
+            self._map(length)
+        finally:
+            self._release_fd()
 
     @property
     def buffer(self) -> memoryview | bytes:
@@ -161,9 +185,7 @@ class IndexFile:
         exactly them.  Writing through a fresh sparse mapping instead page-faults into the
         filesystem for every page (measured: a quarter of recovery time on ext4)."""
         self._unmap()
-        if self._fd < 0:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        os.ftruncate(self._fd, keep * self.ENTRY_SIZE)
+        os.ftruncate(self._open_fd(), keep * self.ENTRY_SIZE)
         self.entries = keep
         self.misaligned = False
         self._last = None
@@ -203,13 +225,16 @@ class IndexFile:
     def reset(self) -> None:
         """Forget every entry.  A writable index is cut to 0 bytes and regrown (sparse zeros)
         instead of zero-filled: recovery resets 10 MiB preallocated files."""
-        if self.writable and self._fd >= 0:
+        if self.writable and not self.closed:
             length = self._length
             self._unmap()
-            os.ftruncate(self._fd, 0)
-            os.ftruncate(self._fd, length)
-            self._map(length)
-            self.entries = 0
+            try:
+                os.ftruncate(self._open_fd(), 0)
+                os.ftruncate(self._fd, length)
+                self.entries = 0
+                self._map(length)
+            finally:
+                self._release_fd()
             self._last = None
         else:
             self.truncate_entries(0)
@@ -239,16 +264,17 @@ class IndexFile:
         """Reopen read-write and regrow to the preallocated size (the active segment after load)."""
         self.max_entries = max_index_size // self.ENTRY_SIZE
         self.rebuilding = False
-        if self._fd < 0:
-            self._unmap()
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._unmap()
         self.writable = True
         self._resize(max(self.max_entries, self.entries) * self.ENTRY_SIZE)
 
     def close(self) -> None:
         """Trim (if writable) and release the mapping and the descriptor."""
-        if self.writable and self._fd >= 0:
+        if self.closed:
+            return
+        if self.writable:
             self.trim_to_valid_size()
+        self.closed = True
         self._unmap()
         if self._fd >= 0:
             os.close(self._fd)
@@ -256,6 +282,7 @@ class IndexFile:
 
     def close_untrimmed(self) -> None:
         """Release without trimming: what a crash leaves behind (tests and fault injection)."""
+        self.closed = True
         if self._mmap is not None:
             self._mmap.close()
             self._mmap = None

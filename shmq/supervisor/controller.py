@@ -48,7 +48,7 @@ from shmq.broker.context import BrokerContext, TopicRequest, TopicResult
 from shmq.broker.internal_topics import InternalLogs, offsets_topic_configs
 from shmq.broker.metadata import INTERNAL_TOPICS, OFFSETS_TOPIC, MetadataStore
 from shmq.broker.router import Router
-from shmq.limits import install_loop_handler, nofile
+from shmq.limits import Throttled, install_loop_handler, nofile
 from shmq.net.connection import serve
 from shmq.storage import checkpoint
 from shmq.storage.relocate import relocate_orphan_logs
@@ -57,6 +57,7 @@ from shmq.supervisor.forkserver import ForkedProcess, ForkServer
 from shmq.worker.main import BOOT_ERROR
 
 log = logging.getLogger("shmq.controller")
+_throttled = Throttled(log)
 
 UNKNOWN_TOPIC_OR_PARTITION, INVALID_REQUEST, UNKNOWN_TOPIC_ID = 3, 42, 100
 STABLE_AFTER_S = 10.0  # a worker that ran this long before dying restarts at once
@@ -275,7 +276,18 @@ class Controller:
                 await w.acked.wait_for(lambda: w.acked_generation >= meta.generation)
 
         if live:
-            await asyncio.wait_for(asyncio.gather(*(acked(w) for w in live)), 10)
+            try:
+                await asyncio.wait_for(asyncio.gather(*(acked(w) for w in live)), 10)
+            except asyncio.TimeoutError:
+                # slow workers (a slow disk creating thousands of logs, a loaded box): the change
+                # is committed and they apply it when they get to it; the request is answered
+                # (it was: the connection aborted, TimeoutError being an OSError), and clients
+                # retry NOT_LEADER / UNKNOWN_TOPIC until the worker has it, as with Kafka's
+                # asynchronous metadata propagation
+                _throttled(logging.WARNING, "metadata-ack",
+                           "workers have not applied metadata generation %d within 10 s; "
+                           "answering anyway, they apply it when they get to it",
+                           meta.generation)
         if self.port:
             self.write_run_file()  # the slot directory changed
 

@@ -256,6 +256,10 @@ async def run(args: argparse.Namespace) -> int:
     from shmq.supervisor.control import ControlChannel
 
     raise_nofile()  # a worker started by hand, or by exec, raises its own
+    from shmq.limits import segment_budget
+    from shmq.storage.descriptors import CACHE
+
+    CACHE.configure(segment_budget())
     install_loop_handler(asyncio.get_running_loop(), log)
     settings = json.loads(args.config)
     config = BrokerConfig(data_dir=Path(settings["data_dir"]), host=settings["host"], port=0,

@@ -318,3 +318,54 @@ def test_full_disk_is_enospc_not_sigbus_for_the_mapped_index(small_fs: Path) -> 
     done = subprocess.run([sys.executable, "-c", _FILL_CHILD, str(small_fs)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+
+
+# -- many partitions and segments under a low descriptor limit --------------------------------
+
+
+def _fd_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _many_partitions(tmp_path: Path, partitions: int, rounds: int) -> dict[str, int]:
+    """``partitions`` partitions, each rolled ``rounds`` times (one ~1 KB batch a segment),
+    on a broker whose hard descriptor limit is 1024: every batch acknowledged is read back."""
+    b = start_broker(tmp_path / "data", workers=2, prefix=_prlimit(1024, 1024), timeout=120)
+    topic = "wide"
+    try:
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        admin.create_topics([NewTopic(topic, partitions, 1, config={
+            "segment.bytes": "1024", "segment.index.bytes": "4096"})])[topic].result(120)
+        acked: dict[int, list[tuple[int, bytes]]] = {}
+        for r in range(rounds):
+            got = _produce(b.bootstrap, topic,
+                           [b"%d-%05d-" % (r, q) + b"z" * 900 for q in range(partitions)],
+                           partitions, **{"batch.num.messages": 1, "linger.ms": 20})
+            for q, items in got.items():
+                acked.setdefault(q, []).extend(items)
+        assert sum(len(v) for v in acked.values()) == partitions * rounds
+        read = _read_all(b.bootstrap, topic, partitions, {q: rounds for q in range(partitions)})
+        for q in range(partitions):
+            assert read[q] == acked[q]
+        figures = {f"worker {n} fds": _fd_count(pid) for n, pid in b.worker_pids().items()}
+        figures["segments"] = sum(1 for _ in (tmp_path / "data").glob("worker-*/wide-*/*.log"))
+    finally:
+        assert b.stop() == 0, b.log_path.read_text()[-3000:]
+    text = b.log_path.read_text()
+    assert "Too many open files" not in text, text[-3000:]
+    assert len(text.splitlines()) < 100, text[-3000:]
+    return figures
+
+
+def test_1500_partitions_under_a_hard_limit_of_1024(tmp_path: Path) -> None:
+    """Each worker leads 750 partitions of 3+ segments: more files than descriptors."""
+    figures = _many_partitions(tmp_path, 1500, 3)
+    assert figures["segments"] >= 4500, figures
+    print(figures)
+
+
+@pytest.mark.slow
+def test_2000_partitions_20000_segments_under_a_hard_limit_of_1024(tmp_path: Path) -> None:
+    figures = _many_partitions(tmp_path, 2000, 10)
+    assert figures["segments"] >= 20000, figures
+    print(figures)
