@@ -18,6 +18,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from shmq.storage import disk
+
 VERSION = 0
 
 
@@ -30,7 +32,7 @@ def write_atomically(path: Path, text: str, *, sync: bool = True) -> None:
         while view:
             view = view[os.write(fd, view):]
         if sync:
-            os.fsync(fd)
+            disk.fsync(fd)
     except OSError:
         # a full disk (ENOSPC, EDQUOT) or EIO: the old file stays, the partial one goes
         os.close(fd)
@@ -53,7 +55,7 @@ def fsync_directory(directory: Path) -> None:
     """Make the names in ``directory`` (new, renamed, removed files) durable."""
     dir_fd = os.open(directory, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)
+        disk.fsync(dir_fd)
     finally:
         os.close(dir_fd)
 

@@ -46,7 +46,7 @@ from shmq import _fast
 from shmq.errors import CorruptRecordError, KafkaApiError, OffsetOutOfRangeError
 from shmq.limits import Throttled
 from shmq.protocol.compression import decompress_scratch
-from shmq.storage import checkpoint, layout, partition_metadata
+from shmq.storage import checkpoint, disk, layout, partition_metadata
 from shmq.storage.log_config import LogConfig
 from shmq.storage.producer_state import ProducerStateManager, snapshot_path
 from shmq.storage.recovery_point import RecoveryPointFile
@@ -184,6 +184,9 @@ class PartitionLog:
         # why the last write failed (a full disk...), until a write succeeds again: shown by
         # ``shmq topics --describe`` through the state table's flags, and in the produce answers
         self.storage_error: str | None = None
+        # flush.messages / flush.ms came due in an append: with ``defer_flushes`` (a worker: a
+        # slow disk must not stall its event loop) the caller runs the flush in a thread
+        self.flush_requested = False
         self.load_summary = summary or LoadSummary(0, 0, 0, None)
         self.topic_id: uuid.UUID | None = partition_metadata.read(directory)
         self._topic_id_durable = True
@@ -425,7 +428,10 @@ class PartitionLog:
                           len(spans), end)
         if (self.unflushed_messages >= config.flush_messages
                 or now - self.last_flush_ms >= config.flush_ms):
-            self.flush()
+            if self.defer_flushes:
+                self.flush_requested = True  # the caller flushes off its event loop
+            else:
+                self.flush()
         return info
 
     def _take_periodic_snapshot(self) -> None:
@@ -753,6 +759,9 @@ class PartitionLog:
 
     # -- durability ---------------------------------------------------------------------------
 
+    # set by a worker: appends never fsync inline (see ``flush_requested``)
+    defer_flushes = False
+
     def flush(self, up_to: int | None = None) -> bool:
         """Make every offset below ``up_to`` (default: the LEO) durable; a group commit.
 
@@ -761,6 +770,7 @@ class PartitionLog:
         """
         with self._flush_lock:
             with self._lock:
+                self.flush_requested = False
                 leo = self.log_end_offset
                 needed = leo if up_to is None else min(up_to, leo)
                 if needed <= self.recovery_point:
@@ -782,7 +792,7 @@ class PartitionLog:
             if sync_topic_id:
                 fd = os.open(self.directory / layout.PARTITION_METADATA, os.O_RDONLY)
                 try:
-                    os.fsync(fd)
+                    disk.fsync(fd)
                 finally:
                     os.close(fd)
             if sync_dir:

@@ -44,7 +44,7 @@ import numpy as np
 from shmq import _fast
 from shmq.errors import CorruptIndexError, CorruptRecordError
 from shmq.protocol.records import RecordBatchView, scan_headers
-from shmq.storage import layout
+from shmq.storage import disk, layout
 from shmq.storage.descriptors import CACHE, open_with_retry
 from shmq.storage.log_config import LogConfig
 from shmq.storage.offset_index import OffsetIndex
@@ -878,7 +878,7 @@ class LogSegment:
 
     def flush(self) -> None:
         handle = self.handle
-        os.fdatasync(handle.fd)
+        disk.fsync(handle.fd, data_only=True, slowed=True)
         for index in self._opened_indexes():  # a lazy segment's were not touched
             index.flush()
 

@@ -130,7 +130,10 @@ def produce_partition(ctx: BrokerContext, topic: str, index: int, records: Any,
             log.update_high_watermark(log.log_end_offset)
             ctx.publish_state(topic, index, log)
             ctx.notify_data(topic, index)
-            if acks == -1 and ctx.config.flush_on_ack:
+            if (acks == -1 and ctx.config.flush_on_ack) or log.flush_requested:
+                # flush.messages / flush.ms due: flushed in a thread before the answer, as
+                # Kafka's append does it before answering (its handler thread blocks; our
+                # event loop must not)
                 durable = Durable(log, appended.last_offset + 1)
     if log is not None:
         start = log.log_start_offset
