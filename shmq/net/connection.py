@@ -86,10 +86,42 @@ class _FdFile:
         return offset
 
 
+class RequestBudget:
+    """``queued.max.request.bytes`` for one process: bytes of requests read and not yet handled
+    (queued, or in their handler: a produce waiting for its fsync holds its batch), across every
+    connection.  Past the limit the connection that read the frame stops reading (TCP pushes
+    back on its client) until the total falls to half; then every connection paused for it
+    reads again.  Memory for requests is then bounded by the limit plus, per connection, the
+    one frame it is receiving (at most ``socket.request.max.bytes``, mapped as it arrives)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.queued = 0
+        self.peak = 0
+        self.paused: set[KafkaConnection] = set()
+
+    def take(self, conn: KafkaConnection, nbytes: int) -> None:
+        self.queued += nbytes
+        if self.queued > self.peak:
+            self.peak = self.queued
+        if self.limit > 0 and self.queued > self.limit and conn not in self.paused:
+            self.paused.add(conn)
+            conn._set_reading()
+
+    def give(self, nbytes: int) -> None:
+        self.queued -= nbytes
+        if self.paused and self.queued <= self.limit // 2:
+            paused, self.paused = self.paused, set()
+            for conn in paused:
+                conn._set_reading()
+
+
 class KafkaConnection(asyncio.BufferedProtocol):
     def __init__(self, router: Any, max_frame_bytes: int, stats: dict[str, int],
-                 metrics: Any = None) -> None:
+                 metrics: Any = None, budget: RequestBudget | None = None) -> None:
         self.router = router
+        self.budget = budget if budget is not None else RequestBudget(0)
+        self.held_bytes = 0  # of this connection's frames in the budget
         self.receiver = FrameReceiver(max_frame_bytes)
         self.stats = stats
         self.metrics = metrics
@@ -135,9 +167,24 @@ class KafkaConnection(asyncio.BufferedProtocol):
             if self.metrics is not None:
                 self.arrived.extend([perf_counter_ns()] * len(frames))
             self.wakeup.set()
-            if len(self.queue) > MAX_QUEUED and not self.paused and self.transport is not None:
-                self.transport.pause_reading()
+            nbytes = sum(len(f) for f in frames)
+            self.held_bytes += nbytes
+            self.budget.take(self, nbytes)
+            if len(self.queue) > MAX_QUEUED and not self.paused:
                 self.paused = True
+                self._set_reading()
+
+    def _set_reading(self) -> None:
+        """Read or not: paused while too many frames wait here or the process's budget of
+        queued request bytes is spent (``RequestBudget``)."""
+        transport = self.transport
+        if transport is None or self.closed or transport.is_closing():
+            return
+        if self.paused or self in self.budget.paused:
+            if transport.is_reading():
+                transport.pause_reading()
+        elif not transport.is_reading():
+            transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.metrics is not None and not self.closed_counted:
@@ -148,6 +195,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
             on_close()
         self.closed = True
         self.wakeup.set()
+        self.budget.paused.discard(self)
+        if self.held_bytes:
+            held, self.held_bytes = self.held_bytes, 0
+            self.budget.give(held)
         if self.task is not None:
             self.task.cancel()
 
@@ -189,10 +240,11 @@ class KafkaConnection(asyncio.BufferedProtocol):
                     api = frame[0] << 8 | frame[1] if len(frame) >= 4 else -1
                     version = frame[2] << 8 | frame[3] if len(frame) >= 4 else -1
                     started = perf_counter_ns()
-                if self.paused and len(self.queue) <= MAX_QUEUED // 2 and self.transport:
-                    self.transport.resume_reading()
+                if self.paused and len(self.queue) <= MAX_QUEUED // 2:
                     self.paused = False
+                    self._set_reading()
                 quick = _quick(frame)
+                size = len(frame)
                 try:
                     pieces = await self.router.handle(frame)
                 except ProtocolError as exc:
@@ -204,6 +256,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
                         await self._send(held)
                     self._abort()
                     return
+                finally:
+                    if not self.closed:  # else connection_lost gives back all it held
+                        self.held_bytes -= size
+                        self.budget.give(size)
                 # drop the frame now: its receive buffer is refilled once no frame view is left
                 del frame
                 if self.closed or self.transport is None:
@@ -344,6 +400,7 @@ class Listener:
         self._factory = factory
         self.max_connections = connection_budget() if max_connections is None else max_connections
         self.live = 0
+        self.budget: RequestBudget | None = None  # set by serve()
         self._pending: set[asyncio.Task] = set()  # accepted, transport not made yet
         self._reserve = self._open_reserve()
         self._refused = 0           # connections refused since the last accept that worked
@@ -458,12 +515,17 @@ class Listener:
 
 async def serve(router: Any, host: str, port: int, max_frame_bytes: int,
                 stats: dict[str, int], metrics: Any = None,
-                sock: socket.socket | None = None) -> Listener:
+                sock: socket.socket | None = None, queued_max_bytes: int = 0) -> Listener:
     """Serve on ``host:port``, or on ``sock``, a socket already bound and listening (a worker's:
-    the controller binds it and keeps it across the worker's restarts)."""
+    the controller binds it and keeps it across the worker's restarts).  ``queued_max_bytes``:
+    ``queued.max.request.bytes`` (0: no cap)."""
     if sock is None:
         sock = listening_socket(host, port)
-    return Listener(sock, lambda: KafkaConnection(router, max_frame_bytes, stats, metrics))
+    budget = RequestBudget(queued_max_bytes)
+    listener = Listener(sock, lambda: KafkaConnection(router, max_frame_bytes, stats, metrics,
+                                                      budget))
+    listener.budget = budget
+    return listener
 
 
 def listening_socket(host: str, port: int, backlog: int = 1024) -> socket.socket:

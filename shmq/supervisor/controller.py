@@ -329,6 +329,7 @@ class Controller:
             "num_partitions": c.num_partitions, "auto_create_topics": c.auto_create_topics,
             "message_max_bytes": c.message_max_bytes,
             "socket_request_max_bytes": c.socket_request_max_bytes,
+            "queued_max_request_bytes": c.queued_max_request_bytes,
             "fetch_max_bytes": c.fetch_max_bytes,
             "flush_on_ack": c.flush_on_ack, "log": asdict(c.log),
             "producer_id_expiration_ms": c.producer_id_expiration_ms,
@@ -513,7 +514,8 @@ class Controller:
         self.ctx.coordinator = self._start_coordinator()
         server = await serve(Router(self.ctx), self.config.host, self.config.port,
                              self.config.socket_request_max_bytes, self.ctx.stats,
-                             self.ctx.metrics)
+                             self.ctx.metrics,
+                             queued_max_bytes=self.config.queued_max_request_bytes)
         self.port = server.sockets[0].getsockname()[1]
         try:
             for w in self.workers.values():

@@ -286,6 +286,8 @@ async def run(args: argparse.Namespace) -> int:
                           auto_create_topics=settings["auto_create_topics"],
                           message_max_bytes=settings["message_max_bytes"],
                           socket_request_max_bytes=settings["socket_request_max_bytes"],
+                          queued_max_request_bytes=settings.get("queued_max_request_bytes",
+                                                                256 << 20),
                           fetch_max_bytes=settings["fetch_max_bytes"],
                           flush_on_ack=settings["flush_on_ack"],
                           log=LogConfig(**settings["log"]), cluster_id=settings["cluster_id"])
@@ -314,7 +316,8 @@ async def run(args: argparse.Namespace) -> int:
             ctx.publish_state(topic, partition, plog)
         created = create_led_logs(ctx, manager)
         server = await serve(Router(ctx), config.host, args.port, config.socket_request_max_bytes,
-                             ctx.stats, ctx.metrics, sock=listener)
+                             ctx.stats, ctx.metrics, sock=listener,
+                             queued_max_bytes=config.queued_max_request_bytes)
         from shmq.ipc.session import socket_path
         from shmq.worker.rings import RingServer
 

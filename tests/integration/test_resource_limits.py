@@ -487,3 +487,61 @@ def test_slow_fsyncs_do_not_stall_reads_heartbeats_or_metadata(tmp_path: Path) -
     # the bound the issue asks for is 100 ms; the shared 2-core test box (load 8+) gets slack
     assert p99 < 0.5, p99
     assert len(b.log_path.read_text().splitlines()) < 100
+
+
+# -- memory --------------------------------------------------------------------------------------
+
+
+def _status_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def test_queued_request_bytes_bound_a_workers_memory(tmp_path: Path) -> None:
+    """10 acks=all producers each offer 20 MB of ~1 MB produce requests while every fsync
+    stalls 300 ms: requests pile up in the worker (one per connection is handled at a time).
+    With queued.max.request.bytes=16 MiB its peak RSS (VmHWM) grows by what the budget allows,
+    not by everything the clients sent; every record is acknowledged and stored."""
+    env = dict(os.environ, SHMQ_FAULT_FSYNC_DELAY_MS="300")
+    b = start_broker(tmp_path / "data", "--override", "queued.max.request.bytes=16777216",
+                     workers=1, env=env)
+    topic, parts, producers = "mem", 10, 10
+    try:
+        _create(b, topic, parts)
+        pid = next(iter(b.worker_pids().values()))
+        _produce(b.bootstrap, topic, [b"warm"] * parts, parts)  # connections and logs made
+        base = _status_kib(pid, "VmRSS")
+        acked: list[int] = []
+        errors: list[object] = []
+
+        def done(err: object, msg: Any) -> None:
+            (errors if err is not None else acked).append(err or msg.partition())
+
+        clients = [Producer({"bootstrap.servers": b.bootstrap, "acks": "all",
+                             "linger.ms": 50}) for _ in range(producers)]
+        value = os.urandom(200_000)
+        for _ in range(100):
+            for n, p in enumerate(clients):
+                p.produce(topic, value, partition=n, on_delivery=done)
+                p.poll(0)
+        for p in clients:
+            assert p.flush(120) == 0
+        peak = _status_kib(pid, "VmHWM")
+        ends = {q: 0 for q in range(parts)}
+        c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "mem"})
+        for q in range(parts):
+            ends[q] = c.get_watermark_offsets(TopicPartition(topic, q), timeout=30)[1]
+        c.close()
+    finally:
+        assert b.stop() == 0, b.log_path.read_text()[-3000:]
+    assert not errors, errors[:3]
+    assert len(acked) == producers * 100
+    assert ends == {q: 101 for q in range(parts)}  # the warm-up record + 100
+    grew_mib = (peak - base) / 1024
+    print(f"worker RSS {base / 1024:.0f} MiB before, peak {peak / 1024:.0f} MiB "
+          f"(+{grew_mib:.0f} MiB) with 200 MB offered by 10 producers")
+    # the budget (16 MiB) + one frame being received per connection (~1 MB each) + slack for
+    # the allocator and the page cache of mapped files
+    assert grew_mib < 80, grew_mib
