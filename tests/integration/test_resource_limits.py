@@ -545,3 +545,35 @@ def test_queued_request_bytes_bound_a_workers_memory(tmp_path: Path) -> None:
     # the budget (16 MiB) + one frame being received per connection (~1 MB each) + slack for
     # the allocator and the page cache of mapped files
     assert grew_mib < 80, grew_mib
+
+
+# -- the log ------------------------------------------------------------------------------------
+
+
+def test_log_file_is_shared_by_every_process_and_follows_a_rotation(tmp_path: Path) -> None:
+    """``--log-file``: the controller's and the workers' lines go to one file (0600); after the
+    file is moved away (logrotate's way), the next lines go to a new file at the path."""
+    import signal
+
+    path = tmp_path / "broker.log"
+    env = {k: v for k, v in os.environ.items() if k != "SHMQ_LOG_LEVEL"}  # lifecycle lines
+    b = start_broker(tmp_path / "data", "--log-file", str(path), workers=1, env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while "worker 1 ready" not in (path.read_text() if path.exists() else ""):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert path.stat().st_mode & 0o777 == 0o600
+        path.rename(tmp_path / "broker.log.1")
+        old_pid = b.worker_pids()[1]
+        os.kill(old_pid, signal.SIGKILL)  # the controller restarts it: lines from both
+        deadline = time.monotonic() + 60
+        while "worker 1 ready" not in (path.read_text() if path.exists() else ""):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        text = path.read_text()
+        assert " controller " in text and " worker-1 " in text, text
+        assert path.stat().st_mode & 0o777 == 0o600
+    finally:
+        assert b.stop() == 0
+    assert "worker 1 ready" in (tmp_path / "broker.log.1").read_text()
