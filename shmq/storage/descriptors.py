@@ -17,6 +17,9 @@ The capacity is set from ``RLIMIT_NOFILE`` at a worker's start (``configure``). 
 still fails for want of descriptors (EMFILE, ENFILE: connections and slices took them) closes
 half the cache and tries once more before the error reaches the request.
 
+The cache holds weak references: a segment dropped without ``close`` (a log let go) is not kept
+alive by it, and leaves the order when it is collected.
+
 Threads: flushes run in the event loop's executor and may reopen a segment, so the order is kept
 under a lock; a caller keeps the ``FileHandle`` it got in a local for as long as it uses the
 descriptor number, so an eviction in another thread never closes a descriptor in use.
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import errno
 import threading
+import weakref
 from collections import OrderedDict
 from typing import Any
 
@@ -37,7 +41,8 @@ _OUT_OF_FDS = frozenset({errno.EMFILE, errno.ENFILE})
 class DescriptorCache:
     def __init__(self, capacity: int) -> None:
         self.capacity = max(1, capacity)
-        self._open: OrderedDict[Any, None] = OrderedDict()
+        # id(segment) -> weak reference, least recently used first
+        self._open: OrderedDict[int, weakref.ref] = OrderedDict()
         self._lock = threading.Lock()
         self.opens = 0       # files opened (first use and reopens)
         self.evictions = 0
@@ -52,39 +57,50 @@ class DescriptorCache:
 
     def opened(self, segment: Any) -> None:
         """``segment`` now holds a descriptor: most recently used; evict past the capacity."""
+        key = id(segment)
+        opened = self._open
         with self._lock:
             self.opens += 1
-            self._open[segment] = None
-            self._open.move_to_end(segment)
-            self._evict_locked(keep=segment)
+            if key not in opened:
+                # collected: leave the order (one C call, no lock: the callback may run anywhere)
+                opened[key] = weakref.ref(segment, lambda _ref: opened.pop(key, None))
+            opened.move_to_end(key)
+            self._evict_locked(keep=key)
 
     def touch(self, segment: Any) -> None:
         try:
-            self._open.move_to_end(segment)  # one C call: atomic under the GIL
+            self._open.move_to_end(id(segment))  # one C call: atomic under the GIL
         except KeyError:
             pass  # evicted meanwhile by another thread (the caller holds its handle)
 
     def forget(self, segment: Any) -> None:
-        with self._lock:
-            self._open.pop(segment, None)
+        self._open.pop(id(segment), None)
 
     def shrink(self) -> int:
         """Out of descriptors: release the least recently used half; how many were released."""
         with self._lock:
             n = len(self._open) // 2
             for _ in range(n):
-                seg, _ = self._open.popitem(last=False)
-                seg._release_handle()
+                self._release_oldest()
             self.evictions += n
             return n
 
-    def _evict_locked(self, keep: Any) -> None:
-        while len(self._open) > self.capacity:
-            seg, _ = self._open.popitem(last=False)
-            if seg is keep:  # never the one just opened (capacity 1 would loop)
-                self._open[seg] = None
-                return
+    def _release_oldest(self) -> int | None:
+        try:
+            key, ref = self._open.popitem(last=False)
+        except KeyError:
+            return None
+        seg = ref()
+        if seg is not None:
             seg._release_handle()
+        return key
+
+    def _evict_locked(self, keep: int | None) -> None:
+        while len(self._open) > self.capacity:
+            key, ref = next(iter(self._open.items()))
+            if key == keep:  # never the one just opened (capacity 1 would loop)
+                return
+            self._release_oldest()
             self.evictions += 1
 
 
