@@ -27,10 +27,28 @@ def skip_hypothesis() -> None:
 
 def configure_logging(name: str) -> None:
     """Warnings and errors by default, plus the INFO lines of the process life cycle (a worker's
-    start with what recovery did, restarts); ``SHMQ_LOG_LEVEL`` sets one level for everything."""
+    start with what recovery did, restarts); ``SHMQ_LOG_LEVEL`` sets one level for everything.
+
+    To stderr (a service manager collects and rotates it), or with ``SHMQ_LOG_FILE`` (``shmq
+    broker --log-file``) appended to that file by every process through a ``WatchedFileHandler``:
+    each reopens the path when the file was moved or removed, so an outside rotation (logrotate's
+    default ``create`` mode) loses nothing and needs no signal.  Rotating inside the broker would
+    race: N processes write the one file."""
     level = os.environ.get("SHMQ_LOG_LEVEL")
+    path = os.environ.get("SHMQ_LOG_FILE")
+    handlers = None
+    if path:
+        from logging.handlers import WatchedFileHandler
+
+        class PrivateWatchedFileHandler(WatchedFileHandler):
+            def _open(self):  # type: ignore[no-untyped-def]
+                fd = os.open(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                return os.fdopen(fd, "a", encoding=self.encoding, errors=self.errors)
+
+        handlers = [PrivateWatchedFileHandler(path)]
     logging.basicConfig(level=level or "WARNING",
                         format=f"%(asctime)s {name} %(levelname)s %(message)s",
+                        handlers=handlers,
                         force=True)  # a fork of the controller has its handler already
     if not level:
         for lifecycle in ("shmq.worker", "shmq.controller"):

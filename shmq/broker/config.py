@@ -24,6 +24,9 @@ class BrokerConfig:
     auto_create_topics: bool = True                 # auto.create.topics.enable
     message_max_bytes: int = 1048588                # message.max.bytes
     socket_request_max_bytes: int = 100 * 1024 * 1024   # socket.request.max.bytes
+    # bytes of requests read and not yet handled, per process (Kafka's default is -1, no cap:
+    # 500 queued requests of up to 100 MiB); reading pauses past it (shmq/net/connection.py)
+    queued_max_request_bytes: int = 256 * 1024 * 1024   # queued.max.request.bytes
     fetch_max_bytes: int = 55 * 1024 * 1024         # fetch.max.bytes: cap of a Fetch response
     flush_on_ack: bool = True                       # acks=all waits for an fsync (group commit)
     log: LogConfig = field(default_factory=LogConfig)   # topic defaults (log.* / segment.* ...)
@@ -51,6 +54,7 @@ class BrokerConfig:
         "auto.create.topics.enable": "auto_create_topics",
         "message.max.bytes": "message_max_bytes",
         "socket.request.max.bytes": "socket_request_max_bytes",
+        "queued.max.request.bytes": "queued_max_request_bytes",
         "fetch.max.bytes": "fetch_max_bytes",
         "flush.on.ack": "flush_on_ack",
         "group.initial.rebalance.delay.ms": "group_initial_rebalance_delay_ms",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from shmq.cli import CommandError
@@ -27,6 +28,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="where /metrics (Prometheus), /api/v1 (JSON) and the dashboard are "
                         "served; 'none' turns it off (default 127.0.0.1:8090, or a free port "
                         "when 8090 is taken)")
+    p.add_argument("--log-file", metavar="PATH",
+                   help="write the broker log (every process's) to PATH instead of stderr; "
+                        "each process reopens PATH when it is moved, so logrotate (or any "
+                        "rename) rotates it (default: stderr, for a service manager)")
     p.add_argument("--no-metrics", action="store_true",
                    help="do not count requests, bytes and latencies (the offsets, groups and "
                         "processes are still served)")
@@ -56,10 +61,18 @@ def run(args: argparse.Namespace) -> int:
     from shmq._startup import configure_logging
     from shmq.broker.config import BrokerConfig
     from shmq.errors import ConfigError
+    from shmq.limits import raise_nofile
     from shmq.supervisor.controller import BootError, Controller
     from shmq.supervisor.forkserver import ForkServer
 
+    if args.log_file:  # before configure_logging, and inherited by every worker
+        os.environ["SHMQ_LOG_FILE"] = str(Path(args.log_file).resolve())
     configure_logging("controller")
+    raise_nofile()  # before the fork server: every worker inherits the raised limit
+    from shmq.limits import segment_budget
+    from shmq.storage.descriptors import CACHE
+
+    CACHE.configure(segment_budget())
     host, _, port = args.listeners.rpartition(":")
     if not host or not port.isdigit():
         raise CommandError(f"--listeners must be host:port, got {args.listeners!r}")

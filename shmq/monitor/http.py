@@ -33,6 +33,7 @@ from typing import Any
 
 import h11
 
+from shmq.limits import Throttled, install_loop_handler
 from shmq.monitor.collector import Collector
 from shmq.monitor.exposition import render
 
@@ -103,6 +104,7 @@ class MonitorServer:
 
     def _run(self, started: concurrent.futures.Future[None]) -> None:
         loop = self._loop = asyncio.new_event_loop()
+        install_loop_handler(loop, log)
         try:
             loop.run_until_complete(self._serve(started))
         except Exception as exc:  # noqa: BLE001 - a failed bind is the caller's to report
@@ -153,13 +155,17 @@ class MonitorServer:
         return await asyncio.wait_for(asyncio.wrap_future(fut), 10)
 
     async def _sample(self) -> None:
+        throttled = Throttled(log)
         while True:
             try:
                 self.collector.sample(await self.view())
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - a failed reading must not end the sampler
-                log.exception("metrics sample failed")
+            except Exception as exc:  # noqa: BLE001 - a failed reading must not end the sampler
+                # the first with its traceback; then one line per interval (out of descriptors,
+                # say, this failed every second)
+                throttled(logging.ERROR, type(exc), "metrics sample failed: %s", exc,
+                          exc_info=exc if not throttled.held(type(exc)) else None)
             await asyncio.sleep(SAMPLE_S)
 
     # -- connections --------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import errno
 import logging
 import os
 import socket
@@ -47,6 +48,7 @@ from typing import Any
 
 from shmq._fast._metrics_reference import CONNECTIONS_CLOSED, CONNECTIONS_OPENED, PROTOCOL_ERRORS
 from shmq.errors import ProtocolError
+from shmq.limits import Throttled, connection_budget, nofile, open_fds
 from shmq.protocol.framing import FrameReceiver
 from shmq.storage.slices import FileSlice
 
@@ -84,10 +86,42 @@ class _FdFile:
         return offset
 
 
+class RequestBudget:
+    """``queued.max.request.bytes`` for one process: bytes of requests read and not yet handled
+    (queued, or in their handler: a produce waiting for its fsync holds its batch), across every
+    connection.  Past the limit the connection that read the frame stops reading (TCP pushes
+    back on its client) until the total falls to half; then every connection paused for it
+    reads again.  Memory for requests is then bounded by the limit plus, per connection, the
+    one frame it is receiving (at most ``socket.request.max.bytes``, mapped as it arrives)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.queued = 0
+        self.peak = 0
+        self.paused: set[KafkaConnection] = set()
+
+    def take(self, conn: KafkaConnection, nbytes: int) -> None:
+        self.queued += nbytes
+        if self.queued > self.peak:
+            self.peak = self.queued
+        if self.limit > 0 and self.queued > self.limit and conn not in self.paused:
+            self.paused.add(conn)
+            conn._set_reading()
+
+    def give(self, nbytes: int) -> None:
+        self.queued -= nbytes
+        if self.paused and self.queued <= self.limit // 2:
+            paused, self.paused = self.paused, set()
+            for conn in paused:
+                conn._set_reading()
+
+
 class KafkaConnection(asyncio.BufferedProtocol):
     def __init__(self, router: Any, max_frame_bytes: int, stats: dict[str, int],
-                 metrics: Any = None) -> None:
+                 metrics: Any = None, budget: RequestBudget | None = None) -> None:
         self.router = router
+        self.budget = budget if budget is not None else RequestBudget(0)
+        self.held_bytes = 0  # of this connection's frames in the budget
         self.receiver = FrameReceiver(max_frame_bytes)
         self.stats = stats
         self.metrics = metrics
@@ -100,6 +134,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.paused = False
         self.closed = False
         self.closed_counted = False
+        self.on_close: Any = None  # the listener's count of live connections
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -132,16 +167,38 @@ class KafkaConnection(asyncio.BufferedProtocol):
             if self.metrics is not None:
                 self.arrived.extend([perf_counter_ns()] * len(frames))
             self.wakeup.set()
-            if len(self.queue) > MAX_QUEUED and not self.paused and self.transport is not None:
-                self.transport.pause_reading()
+            nbytes = sum(len(f) for f in frames)
+            self.held_bytes += nbytes
+            self.budget.take(self, nbytes)
+            if len(self.queue) > MAX_QUEUED and not self.paused:
                 self.paused = True
+                self._set_reading()
+
+    def _set_reading(self) -> None:
+        """Read or not: paused while too many frames wait here or the process's budget of
+        queued request bytes is spent (``RequestBudget``)."""
+        transport = self.transport
+        if transport is None or self.closed or transport.is_closing():
+            return
+        if self.paused or self in self.budget.paused:
+            if transport.is_reading():
+                transport.pause_reading()
+        elif not transport.is_reading():
+            transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.metrics is not None and not self.closed_counted:
             self.closed_counted = True
             self.metrics.add(CONNECTIONS_CLOSED)
+        on_close, self.on_close = self.on_close, None
+        if on_close is not None:
+            on_close()
         self.closed = True
         self.wakeup.set()
+        self.budget.paused.discard(self)
+        if self.held_bytes:
+            held, self.held_bytes = self.held_bytes, 0
+            self.budget.give(held)
         if self.task is not None:
             self.task.cancel()
 
@@ -183,10 +240,11 @@ class KafkaConnection(asyncio.BufferedProtocol):
                     api = frame[0] << 8 | frame[1] if len(frame) >= 4 else -1
                     version = frame[2] << 8 | frame[3] if len(frame) >= 4 else -1
                     started = perf_counter_ns()
-                if self.paused and len(self.queue) <= MAX_QUEUED // 2 and self.transport:
-                    self.transport.resume_reading()
+                if self.paused and len(self.queue) <= MAX_QUEUED // 2:
                     self.paused = False
+                    self._set_reading()
                 quick = _quick(frame)
+                size = len(frame)
                 try:
                     pieces = await self.router.handle(frame)
                 except ProtocolError as exc:
@@ -198,6 +256,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
                         await self._send(held)
                     self._abort()
                     return
+                finally:
+                    if not self.closed:  # else connection_lost gives back all it held
+                        self.held_bytes -= size
+                        self.budget.give(size)
                 # drop the frame now: its receive buffer is refilled once no frame view is left
                 del frame
                 if self.closed or self.transport is None:
@@ -305,19 +367,165 @@ class KafkaConnection(asyncio.BufferedProtocol):
         return len(pieces)
 
 
+_OUT_OF_RESOURCE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+_ACCEPTS_PER_TURN = 64
+_REFUSED = "refused"
+
+
+class Listener:
+    """Accepts Kafka connections (in place of ``loop.create_server``, see "Out of descriptors").
+
+    Out of descriptors.  asyncio's server logs "socket.accept() out of system resource" for each
+    of up to ``backlog`` failed accepts per turn and retries every second: with ``ulimit -n``
+    1024 and 1,500 partitions that was ~18,000 identical lines a minute while every client
+    waited in the backlog until its request timed out.  Here a listener keeps one descriptor in
+    reserve (``/dev/null``): when ``accept`` fails for want of descriptors it closes the reserve,
+    accepts the waiting connections one at a time and closes each at once (the client sees the
+    connection closed and retries after its backoff, instead of hanging), reopens the reserve and
+    writes one line per ``limits.INTERVAL_S`` with the count refused.  Connections already
+    accepted are untouched, and the next accept that succeeds is served as usual: the broker
+    recovers on its own once descriptors free up, and says so in one line.
+
+    Before that happens, connections are capped at ``limits.connection_budget()`` (what the
+    descriptor limit leaves after the segment files' budget and the process's own reserve):
+    one more is refused the same way, so the process keeps descriptors for its own files (with
+    every descriptor taken by clients, the next import, checkpoint or segment roll failed).
+    """
+
+    def __init__(self, sock: socket.socket, factory: Any,
+                 max_connections: int | None = None) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.sockets = [sock]
+        self._sock = sock
+        self._factory = factory
+        self.max_connections = connection_budget() if max_connections is None else max_connections
+        self.live = 0
+        self.budget: RequestBudget | None = None  # set by serve()
+        self._pending: set[asyncio.Task] = set()  # accepted, transport not made yet
+        self._reserve = self._open_reserve()
+        self._refused = 0           # connections refused since the last accept that worked
+        self._throttled = Throttled(log)
+        self._serving = True
+        sock.setblocking(False)
+        self.loop.add_reader(sock.fileno(), self._accept)
+
+    @staticmethod
+    def _open_reserve() -> int:
+        try:
+            return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return -1
+
+    def _accept(self) -> None:
+        for _ in range(_ACCEPTS_PER_TURN):
+            try:
+                conn, _addr = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionAbortedError:
+                continue
+            except OSError as exc:
+                if exc.errno in _OUT_OF_RESOURCE:
+                    self._refuse(exc)
+                else:
+                    self._throttled(logging.WARNING, exc.errno, "accept failed: %s", exc)
+                return
+            if self.live >= self.max_connections:
+                conn.close()
+                self._refused += 1
+                self._throttled(logging.ERROR, _REFUSED,
+                                "too many connections (%d, what %d file descriptors allow): "
+                                "refusing new connections, %d refused so far; existing "
+                                "connections are served", self.live, nofile(), self._refused)
+                continue
+            if self._refused:
+                log.warning("accepting connections again (%d refused)", self._refused)
+                self._refused = 0
+                self._throttled.reset(_REFUSED)
+            conn.setblocking(False)
+            self.live += 1
+            task = self.loop.create_task(self._connect(conn))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+
+    def _make(self) -> Any:
+        protocol = self._factory()
+        protocol.on_close = self._closed
+        return protocol
+
+    def _closed(self) -> None:
+        self.live -= 1
+
+    async def _connect(self, conn: socket.socket) -> None:
+        if not self._serving:  # closed meanwhile: the process is stopping
+            conn.close()
+            return
+        try:
+            await self.loop.connect_accepted_socket(self._make, conn)
+        except OSError as exc:
+            conn.close()
+            self.live -= 1
+            self._throttled(logging.WARNING, "connect", "connection dropped at accept: %s", exc)
+
+    def _refuse(self, exc: OSError) -> None:
+        """Out of descriptors: close every waiting connection at once (see the class)."""
+        refused = 0
+        in_use = -1
+        if self._reserve >= 0:
+            os.close(self._reserve)
+            self._reserve = -1
+            in_use = open_fds()  # the reserve's descriptor lets /proc/self/fd be listed
+            while refused < 1024:
+                try:
+                    conn, _addr = self._sock.accept()
+                except OSError:
+                    break  # nothing waiting (or the descriptor went elsewhere already)
+                conn.close()
+                refused += 1
+            self._reserve = self._open_reserve()
+        if self._reserve < 0 or not refused:
+            # no reserve to refuse with: the listening socket stays readable, so stop watching
+            # it a moment rather than spin (the waiting clients stay in the backlog meanwhile)
+            self.loop.remove_reader(self._sock.fileno())
+            self.loop.call_later(0.1, self._resume)
+        self._refused += refused
+        self._throttled(logging.ERROR, _REFUSED,
+                        "out of file descriptors (%s; %s open, limit %d): refusing new "
+                        "connections, %d refused so far; existing connections are served",
+                        exc.strerror, in_use if in_use >= 0 else "all", nofile(), self._refused)
+
+    def _resume(self) -> None:
+        if self._serving:
+            if self._reserve < 0:
+                self._reserve = self._open_reserve()
+            self.loop.add_reader(self._sock.fileno(), self._accept)
+
+    def close(self) -> None:
+        if not self._serving:
+            return
+        self._serving = False
+        for task in self._pending:
+            task.cancel()
+        self.loop.remove_reader(self._sock.fileno())
+        self._sock.close()
+        if self._reserve >= 0:
+            os.close(self._reserve)
+            self._reserve = -1
+
+
 async def serve(router: Any, host: str, port: int, max_frame_bytes: int,
                 stats: dict[str, int], metrics: Any = None,
-                sock: socket.socket | None = None) -> asyncio.base_events.Server:
+                sock: socket.socket | None = None, queued_max_bytes: int = 0) -> Listener:
     """Serve on ``host:port``, or on ``sock``, a socket already bound and listening (a worker's:
-    the controller binds it and keeps it across the worker's restarts)."""
-    loop = asyncio.get_running_loop()
-    if sock is not None:
-        return await loop.create_server(
-            lambda: KafkaConnection(router, max_frame_bytes, stats, metrics), sock=sock,
-            backlog=1024)
-    return await loop.create_server(
-        lambda: KafkaConnection(router, max_frame_bytes, stats, metrics), host, port,
-        reuse_address=True, backlog=1024)
+    the controller binds it and keeps it across the worker's restarts).  ``queued_max_bytes``:
+    ``queued.max.request.bytes`` (0: no cap)."""
+    if sock is None:
+        sock = listening_socket(host, port)
+    budget = RequestBudget(queued_max_bytes)
+    listener = Listener(sock, lambda: KafkaConnection(router, max_frame_bytes, stats, metrics,
+                                                      budget))
+    listener.budget = budget
+    return listener
 
 
 def listening_socket(host: str, port: int, backlog: int = 1024) -> socket.socket:

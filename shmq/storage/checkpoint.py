@@ -18,6 +18,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from shmq.storage import disk
+
 VERSION = 0
 
 
@@ -26,21 +28,34 @@ def write_atomically(path: Path, text: str, *, sync: bool = True) -> None:
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.write(fd, text.encode())
+        view = memoryview(text.encode())
+        while view:
+            view = view[os.write(fd, view):]
         if sync:
-            os.fsync(fd)
-    finally:
+            disk.fsync(fd)
+    except OSError:
+        # a full disk (ENOSPC, EDQUOT) or EIO: the old file stays, the partial one goes
         os.close(fd)
+        _unlink_quietly(tmp)
+        raise
+    os.close(fd)
     os.rename(tmp, path)
     if sync:
         fsync_directory(path.parent)
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def fsync_directory(directory: Path) -> None:
     """Make the names in ``directory`` (new, renamed, removed files) durable."""
     dir_fd = os.open(directory, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)
+        disk.fsync(dir_fd)
     finally:
         os.close(dir_fd)
 

@@ -10,6 +10,19 @@ Kafka derives the entry count of an existing index from the file length, so an i
 read the zero tail as entries.  After a crash the active segment's index is untrimmed: the loader
 rebuilds it from the log (``LogSegment.recover``).
 
+A full disk.  The preallocated tail is a hole, and a store through a mapping into a hole
+allocates a block at the page fault: with the disk full that is SIGBUS, which kills the process
+(Kafka's JVM turns it into an InternalError).  So the room for the next entries is allocated
+first (``reserve``, ``posix_fallocate`` of ``_RESERVE_CHUNK`` at a time, before the segment writes
+the batches the entries will point at): running out of disk is then ``ENOSPC`` from the append,
+which answers KAFKA_STORAGE_ERROR and writes nothing.
+
+Descriptors.  A mapping needs no descriptor once made, so an index holds none, writable or not
+(a rebuild excepted, which writes with ``pwrite``): the few calls that need one (a resize, a
+``reserve``, a trim) open the file for that call.  A worker's descriptors then go to the
+segments' ``.log`` files only, which ``shmq.storage.descriptors`` bounds: with 2,000 partitions
+the active indexes used to hold 4,000.
+
 An index with no entries keeps no mapping (mmap cannot map 0 bytes).  Lookups run in Cython
 (``shmq._fast.largest_lower_bound``) with Kafka's warm-section binary search.
 """
@@ -22,6 +35,8 @@ from pathlib import Path
 
 from shmq import _fast
 from shmq.errors import CorruptIndexError
+
+_RESERVE_CHUNK = 64 * 1024  # bytes of index allocated ahead (8,192 offset index entries)
 
 
 class IndexFile:
@@ -36,6 +51,7 @@ class IndexFile:
         self._mmap: _fast.MappedFile | None = None
         self._fd = -1
         self._length = 0
+        self._reserved = 0  # bytes from the start known to be allocated (writable: see reserve)
         self.rebuilding = False
         # the last entry, decoded; None after anything but an append changed the entries.  Every
         # append compares with it: reading it back from the mapping cost ~1.5 us an append
@@ -49,12 +65,24 @@ class IndexFile:
         self.entries = length // self.ENTRY_SIZE if existed else 0
         self.misaligned = length % self.ENTRY_SIZE != 0
         self.writable = writable
-        if writable:
-            self._resize(max(self.max_entries, self.entries) * self.ENTRY_SIZE)
-        else:
-            # a sealed index needs no descriptor once mapped: a 10,000-segment log then costs
-            # one descriptor per segment (its .log), not three
-            self._map(self.entries * self.ENTRY_SIZE)
+        self.closed = False
+        try:
+            if writable:
+                self._resize(max(self.max_entries, self.entries) * self.ENTRY_SIZE)
+            else:
+                self._map(self.entries * self.ENTRY_SIZE)
+        finally:
+            self._release_fd()
+
+    # -- descriptor (see "Descriptors" above) -------------------------------------------------
+
+    def _open_fd(self) -> int:
+        if self._fd < 0:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        return self._fd
+
+    def _release_fd(self) -> None:
+        if self._fd >= 0 and not self.rebuilding:
             os.close(self._fd)
             self._fd = -1
 
@@ -63,8 +91,24 @@ class IndexFile:
     def _map(self, length: int) -> None:
         self._unmap()
         if length > 0:
-            self._mmap = _fast.MappedFile(self._fd, length, self.writable)
+            self._mmap = _fast.MappedFile(self._open_fd(), length, self.writable)
         self._length = length
+        self._reserved = min(self.entries * self.ENTRY_SIZE, length)  # the entries' blocks
+
+    def reserve(self, count: int) -> None:
+        """Allocate the blocks for ``count`` more entries (see "A full disk"); raises OSError
+        (ENOSPC, EDQUOT, EIO) when the disk cannot hold them.  Only writable, mapped indexes
+        store through a mapping; a rebuild writes with ``pwrite`` (errors come back there)."""
+        need = (self.entries + count) * self.ENTRY_SIZE
+        if need <= self._reserved or not self.writable or self.rebuilding or self.closed:
+            return
+        end = min(max(need, self._reserved + _RESERVE_CHUNK), self._length)
+        if end > self._reserved:
+            try:
+                os.posix_fallocate(self._open_fd(), self._reserved, end - self._reserved)
+            finally:
+                self._release_fd()
+            self._reserved = end
 
     def _unmap(self) -> None:
         # no msync here: durability is flush()'s job (it runs before the recovery point moves);
@@ -75,8 +119,11 @@ class IndexFile:
 
     def _resize(self, length: int) -> None:
         self._unmap()
-        os.ftruncate(self._fd, length)
-        self._map(length)
+        try:
+            os.ftruncate(self._open_fd(), length)
+            self._map(length)
+        finally:
+            self._release_fd()
 
     @property
     def buffer(self) -> memoryview | bytes:
@@ -102,7 +149,7 @@ class IndexFile:
         start = self.entries * self.ENTRY_SIZE
         mm = self._mmap
         if (mm is not None and self.writable and not self.rebuilding
-                and start + self.ENTRY_SIZE <= self._length):
+                and start + self.ENTRY_SIZE <= self._reserved):
             packer.pack_into(mm, start, a, b)
             self.entries += 1
             self._last = None
@@ -126,6 +173,7 @@ class IndexFile:
             if not grow:
                 raise CorruptIndexError(f"index {self.path} is full ({self.entries} entries)")
             self._resize(start + len(block))
+        self.reserve(count)
         assert self._mmap is not None
         with memoryview(self._mmap) as view:
             view[start : start + len(block)] = block
@@ -137,9 +185,7 @@ class IndexFile:
         exactly them.  Writing through a fresh sparse mapping instead page-faults into the
         filesystem for every page (measured: a quarter of recovery time on ext4)."""
         self._unmap()
-        if self._fd < 0:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        os.ftruncate(self._fd, keep * self.ENTRY_SIZE)
+        os.ftruncate(self._open_fd(), keep * self.ENTRY_SIZE)
         self.entries = keep
         self.misaligned = False
         self._last = None
@@ -179,13 +225,16 @@ class IndexFile:
     def reset(self) -> None:
         """Forget every entry.  A writable index is cut to 0 bytes and regrown (sparse zeros)
         instead of zero-filled: recovery resets 10 MiB preallocated files."""
-        if self.writable and self._fd >= 0:
+        if self.writable and not self.closed:
             length = self._length
             self._unmap()
-            os.ftruncate(self._fd, 0)
-            os.ftruncate(self._fd, length)
-            self._map(length)
-            self.entries = 0
+            try:
+                os.ftruncate(self._open_fd(), 0)
+                os.ftruncate(self._fd, length)
+                self.entries = 0
+                self._map(length)
+            finally:
+                self._release_fd()
             self._last = None
         else:
             self.truncate_entries(0)
@@ -215,16 +264,17 @@ class IndexFile:
         """Reopen read-write and regrow to the preallocated size (the active segment after load)."""
         self.max_entries = max_index_size // self.ENTRY_SIZE
         self.rebuilding = False
-        if self._fd < 0:
-            self._unmap()
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._unmap()
         self.writable = True
         self._resize(max(self.max_entries, self.entries) * self.ENTRY_SIZE)
 
     def close(self) -> None:
         """Trim (if writable) and release the mapping and the descriptor."""
-        if self.writable and self._fd >= 0:
+        if self.closed:
+            return
+        if self.writable:
             self.trim_to_valid_size()
+        self.closed = True
         self._unmap()
         if self._fd >= 0:
             os.close(self._fd)
@@ -232,6 +282,7 @@ class IndexFile:
 
     def close_untrimmed(self) -> None:
         """Release without trimming: what a crash leaves behind (tests and fault injection)."""
+        self.closed = True
         if self._mmap is not None:
             self._mmap.close()
             self._mmap = None

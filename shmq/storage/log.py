@@ -32,6 +32,7 @@ writer appends: it only reads the segment list under ``_lock`` and fsyncs outsid
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import struct
@@ -43,8 +44,9 @@ from typing import Any, NamedTuple
 
 from shmq import _fast
 from shmq.errors import CorruptRecordError, KafkaApiError, OffsetOutOfRangeError
+from shmq.limits import Throttled
 from shmq.protocol.compression import decompress_scratch
-from shmq.storage import checkpoint, layout, partition_metadata
+from shmq.storage import checkpoint, disk, layout, partition_metadata
 from shmq.storage.log_config import LogConfig
 from shmq.storage.producer_state import ProducerStateManager, snapshot_path
 from shmq.storage.recovery_point import RecoveryPointFile
@@ -60,6 +62,9 @@ UNDEFINED_EPOCH_OFFSET = -1
 # producer state is snapshotted after this many bytes of appends (besides every roll): the replay
 # of batch headers after a crash reads at most this much
 PRODUCER_SNAPSHOT_BYTES = 16 << 20
+
+log = logging.getLogger(__name__)
+_throttled = Throttled(log)
 
 _I64 = struct.Struct(">q")
 _I16 = struct.Struct(">h")
@@ -192,6 +197,12 @@ class PartitionLog:
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self.closed = False
+        # why the last write failed (a full disk...), until a write succeeds again: shown by
+        # ``shmq topics --describe`` through the state table's flags, and in the produce answers
+        self.storage_error: str | None = None
+        # flush.messages / flush.ms came due in an append: with ``defer_flushes`` (a worker: a
+        # slow disk must not stall its event loop) the caller runs the flush in a thread
+        self.flush_requested = False
         self.load_summary = summary or LoadSummary(0, 0, 0, None)
         self.topic_id: uuid.UUID | None = partition_metadata.read(directory)
         self._topic_id_durable = True
@@ -426,12 +437,20 @@ class PartitionLog:
                                            last - delta, last, batch_max, txn)
             self._bytes_since_snapshot += end
             if self._bytes_since_snapshot >= PRODUCER_SNAPSHOT_BYTES:
-                self._take_periodic_snapshot()
+                try:
+                    self._take_periodic_snapshot()
+                except OSError as exc:  # a cache of the log: recovery replays without it
+                    self._bytes_since_snapshot = 0
+                    _throttled(logging.WARNING, ("snapshot", str(self.directory)),
+                               "%s: producer snapshot not written: %s", self.directory, exc)
         info = AppendInfo(first, offset - 1, max_ts, offset_of_max, now if log_append else -1,
                           len(spans), end)
         if (self.unflushed_messages >= config.flush_messages
                 or now - self.last_flush_ms >= config.flush_ms):
-            self.flush()
+            if self.defer_flushes:
+                self.flush_requested = True  # the caller flushes off its event loop
+            else:
+                self.flush()
         return info
 
     def _take_periodic_snapshot(self) -> None:
@@ -633,14 +652,26 @@ class PartitionLog:
             return self._roll_locked(int(time.time() * 1000) if now_ms is None else now_ms)
 
     def _roll_locked(self, now_ms: int) -> LogSegment:
+        """A new active segment at the LEO; all or nothing: a roll that fails (a full disk:
+        ENOSPC creating the files or the snapshot) leaves the old segment active and no new
+        file behind, so the append that asked for it fails cleanly and a later one rolls."""
         old = self.active_segment
         base = old.next_offset
         if old.size == 0:
             return old  # never roll an empty segment
-        old.on_become_inactive()
-        self.producer_state.take_snapshot(base)  # UnifiedLog.roll
+        try:
+            old.on_become_inactive()
+            self.producer_state.take_snapshot(base)  # UnifiedLog.roll
+            new = LogSegment(self.directory, base, self.config, active=True, create=True)
+        except OSError:
+            for path in layout.segment_paths(self.directory, base):
+                try:
+                    path.unlink()
+                except FileNotFoundError:
+                    pass
+            old.make_active()
+            raise
         self._bytes_since_snapshot = 0
-        new = LogSegment(self.directory, base, self.config, active=True, create=True)
         new.next_offset = base
         self.segments.append(new)
         self._bases.append(base)
@@ -758,6 +789,9 @@ class PartitionLog:
 
     # -- durability ---------------------------------------------------------------------------
 
+    # set by a worker: appends never fsync inline (see ``flush_requested``)
+    defer_flushes = False
+
     def flush(self, up_to: int | None = None) -> bool:
         """Make every offset below ``up_to`` (default: the LEO) durable; a group commit.
 
@@ -766,6 +800,7 @@ class PartitionLog:
         """
         with self._flush_lock:
             with self._lock:
+                self.flush_requested = False
                 leo = self.log_end_offset
                 needed = leo if up_to is None else min(up_to, leo)
                 if needed <= self.recovery_point:
@@ -787,7 +822,7 @@ class PartitionLog:
             if sync_topic_id:
                 fd = os.open(self.directory / layout.PARTITION_METADATA, os.O_RDONLY)
                 try:
-                    os.fsync(fd)
+                    disk.fsync(fd)
                 finally:
                     os.close(fd)
             if sync_dir:

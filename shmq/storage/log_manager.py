@@ -237,15 +237,26 @@ class LogManager:
     # -- periodic work ----------------------------------------------------------------------------
 
     def checkpoint(self) -> None:
-        checkpoint.write_offsets(self.log_dir / layout.RECOVERY_POINT_CHECKPOINT,
-                                 {tp: plog.recovery_point for tp, plog in self.logs.items()})
-        checkpoint.write_offsets(self.log_dir / layout.LOG_START_OFFSET_CHECKPOINT,
-                                 {tp: plog.log_start_offset for tp, plog in self.logs.items()})
+        self.write_checkpoint(self.checkpoint_offsets())
 
-    def run_retention(self, now_ms: int | None = None) -> int:
+    def checkpoint_offsets(self) -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], int]]:
+        """What ``checkpoint`` writes, taken now (in the owner's thread; the writing, with its
+        fsyncs, may then run in another: ``write_checkpoint``)."""
+        return ({tp: plog.recovery_point for tp, plog in self.logs.items()},
+                {tp: plog.log_start_offset for tp, plog in self.logs.items()})
+
+    def write_checkpoint(self, offsets: tuple[dict[tuple[str, int], int],
+                                              dict[tuple[str, int], int]]) -> None:
+        recovery, start = offsets
+        checkpoint.write_offsets(self.log_dir / layout.RECOVERY_POINT_CHECKPOINT, recovery)
+        checkpoint.write_offsets(self.log_dir / layout.LOG_START_OFFSET_CHECKPOINT, start)
+
+    def run_retention(self, now_ms: int | None = None, *, checkpoint: bool = True) -> int:
+        """Kafka's retention over every log; segments deleted.  ``checkpoint=False``: the caller
+        writes the checkpoint (a worker, in a thread)."""
         now = int(time.time() * 1000) if now_ms is None else now_ms
         deleted = sum(plog.delete_old_segments(now) for plog in self.logs.values())
-        if deleted:
+        if deleted and checkpoint:
             self.checkpoint()
         return deleted
 

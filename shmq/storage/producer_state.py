@@ -275,8 +275,14 @@ def _write_atomically(path: Path, data: bytes) -> None:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
-    finally:
+    except OSError:  # a full disk: the older snapshots stay, the partial one goes
         os.close(fd)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    os.close(fd)
     os.rename(tmp, path)
 
 

@@ -119,8 +119,11 @@ class RecoveryPointFile:
     def _open(self) -> _fast.MappedFile:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            if os.fstat(fd).st_size < FILE_SIZE:
-                os.ftruncate(fd, FILE_SIZE)
+            size = os.fstat(fd).st_size
+            if size < FILE_SIZE:
+                # written, not ftruncate'd: a hole in a mapped file is allocated at the first
+                # store into it, and on a full disk that store is SIGBUS, not ENOSPC
+                os.pwrite(fd, bytes(FILE_SIZE - size), size)
             mapping = _fast.MappedFile(fd, FILE_SIZE, True)
         finally:
             os.close(fd)

@@ -44,7 +44,8 @@ import numpy as np
 from shmq import _fast
 from shmq.errors import CorruptIndexError, CorruptRecordError
 from shmq.protocol.records import RecordBatchView, scan_headers
-from shmq.storage import layout
+from shmq.storage import disk, layout
+from shmq.storage.descriptors import CACHE, open_with_retry
 from shmq.storage.log_config import LogConfig
 from shmq.storage.offset_index import OffsetIndex
 from shmq.storage.recovery_point import RecoveryRecord
@@ -155,10 +156,17 @@ class LogSegment:
         log_path, index_path, time_path = layout.segment_paths(directory, base_offset)
         self.log_path = log_path
         self._index_paths = (index_path, time_path)
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        fd = os.open(log_path, flags, 0o600)
-        self.handle = FileHandle(fd, str(log_path))
-        self.size = os.fstat(fd).st_size
+        # the .log descriptor: opened now to create the file or read it at once, else at first
+        # use; at most ``descriptors.CACHE.capacity`` segments hold one (see descriptors.py)
+        self._handle: FileHandle | None = None
+        if create or not lazy:
+            flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT | os.O_EXCL if create else 0)
+            fd = open_with_retry(lambda: os.open(log_path, flags, 0o600))
+            self._handle = FileHandle(fd, str(log_path))
+            self.size = os.fstat(fd).st_size
+            CACHE.opened(self)
+        else:
+            self.size = os.stat(log_path).st_size
         self.active = active
         self.next_offset = base_offset      # set by the loader / appends
         self.created_ms = int(time.time() * 1000)
@@ -171,6 +179,36 @@ class LogSegment:
             self.offset_of_max_timestamp = base_offset
             self.bytes_since_last_index_entry = 0
             self.rolling_base_timestamp = None
+
+    @property
+    def handle(self) -> FileHandle:
+        """The ``.log`` file's descriptor, reopened if the cache closed it; keep the handle (not
+        just its ``fd``) while using the descriptor: it stays open while referenced."""
+        handle = self._handle
+        if handle is None:
+            return self._reopen()
+        CACHE.touch(self)
+        return handle
+
+    @handle.setter
+    def handle(self, value: FileHandle) -> None:
+        self._handle = value
+        CACHE.forget(self)
+
+    def _reopen(self) -> FileHandle:
+        fd = open_with_retry(lambda: os.open(self.log_path, os.O_RDWR | os.O_CLOEXEC))
+        handle = FileHandle(fd, str(self.log_path))
+        self._handle = handle
+        CACHE.opened(self)
+        return handle
+
+    def _release_handle(self) -> None:
+        """Evicted from the descriptor cache: the file closes once no slice holds it."""
+        self._handle = None
+
+    @property
+    def has_descriptor(self) -> bool:
+        return self._handle is not None and self._handle.fd >= 0
 
     def __getattr__(self, name: str) -> object:
         # only called for a missing attribute: the lazily loaded ones of a lazy segment
@@ -296,10 +334,15 @@ class LogSegment:
         go out in one ``pwritev`` whose expected length is the batches' total, so the buffers'
         lengths are only summed when a write comes back short."""
         start = self.size
-        fd = self.handle.fd
+        handle = self.handle  # held while its descriptor is in use
+        fd = handle.fd
         total = 0
         for b in batches:
             total += b[3]
+        # room for the index entries first: a full disk is ENOSPC here, before any byte is
+        # written, never SIGBUS from a store into the mapped index (index_file.py)
+        self.offset_index.reserve(len(batches))
+        self.time_index.reserve(len(batches) + 1)
         try:
             if len(iov) <= _IOV_MAX:
                 n = os.pwritev(fd, iov, start)
@@ -331,7 +374,8 @@ class LogSegment:
         data = b"".join(bytes(v) for v in iov)
         assert len(data) == want, "iovec and batch sizes disagree"
         while n < want:
-            n += os.pwrite(self.handle.fd, data[n:], position + n)
+            handle = self.handle
+            n += os.pwrite(handle.fd, data[n:], position + n)
 
     def _index_batch(self, position: int, last_offset: int, max_ts: int, size: int) -> None:
         """The one indexing rule, shared by append and recovery (``LogSegment.append``)."""
@@ -371,7 +415,8 @@ class LogSegment:
         """Batch headers from byte ``start`` up to ``end``, read in windows (no CRC check)."""
         out = np.empty(_fast.SCAN_COLUMNS * _SCAN_ROWS, dtype=np.int64)
         pos = start
-        fd = self.handle.fd
+        handle = self.handle  # held while its descriptor is in use
+        fd = handle.fd
         window = _FIRST_WINDOW
         while pos < end:
             buf = os.pread(fd, min(window, end - pos), pos)
@@ -456,7 +501,8 @@ class LogSegment:
         return last if end == position else None
 
     def read_bytes(self, position: int, length: int) -> bytes:
-        return os.pread(self.handle.fd, length, position)
+        handle = self.handle
+        return os.pread(handle.fd, length, position)
 
     def scan_headers_from(self, position: int) -> np.ndarray:
         """The header table (``scan_headers``, no CRC check) of the batches from ``position`` to
@@ -465,7 +511,8 @@ class LogSegment:
         if position >= self.size:
             return np.empty((0, _fast.SCAN_COLUMNS), dtype=np.int64)
         mapped_from = position - position % mmap.ALLOCATIONGRANULARITY
-        with mmap.mmap(self.handle.fd, self.size - mapped_from, access=mmap.ACCESS_READ,
+        handle = self.handle
+        with mmap.mmap(handle.fd, self.size - mapped_from, access=mmap.ACCESS_READ,
                        offset=mapped_from) as mm:
             with memoryview(mm) as view:
                 table = scan_headers(view, position - mapped_from, verify_crc=False)
@@ -513,7 +560,8 @@ class LogSegment:
     @property
     def last_modified_ms(self) -> int:
         """The ``.log`` file's mtime (Kafka's ``LogSegment.lastModified``)."""
-        return os.fstat(self.handle.fd).st_mtime_ns // 1_000_000
+        handle = self.handle
+        return os.fstat(handle.fd).st_mtime_ns // 1_000_000
 
     @property
     def largest_timestamp(self) -> int:
@@ -544,7 +592,8 @@ class LogSegment:
         self._load_rolling_base()
 
     def _load_rolling_base(self) -> None:
-        head = os.pread(self.handle.fd, HEADER_SIZE, 0) if self.size >= HEADER_SIZE else b""
+        handle = self.handle
+        head = os.pread(handle.fd, HEADER_SIZE, 0) if self.size >= HEADER_SIZE else b""
         self.rolling_base_timestamp = _fast.batch_header(head)[8] if head else None
 
     def recover(self, *, min_leader_epoch: int = -1, resume: RecoveryRecord | None = None,
@@ -579,7 +628,8 @@ class LogSegment:
             self.bytes_since_last_index_entry = resume.bytes_since_index_entry
             start, expected = resume.position, resume.offset
             epoch = max(epoch, resume.leader_epoch)
-        size = os.fstat(self.handle.fd).st_size
+        handle = self.handle
+        size = os.fstat(handle.fd).st_size
         rows: list[np.ndarray] = []
         valid, reason = start, None
         cols = _fast.SCAN_COLUMNS
@@ -588,7 +638,8 @@ class LogSegment:
             # one pass over the page tables instead of a fault per 4 KiB page
             mapped_from = start - start % mmap.ALLOCATIONGRANULARITY
             flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-            with mmap.mmap(self.handle.fd, size - mapped_from, flags=flags, prot=mmap.PROT_READ,
+            handle = self.handle
+            with mmap.mmap(handle.fd, size - mapped_from, flags=flags, prot=mmap.PROT_READ,
                            offset=mapped_from) as mm:
                 view = memoryview(mm)
                 out = np.empty(cols * 4096, dtype=np.int64)
@@ -617,7 +668,8 @@ class LogSegment:
                     view.release()
         truncated = size - valid
         if truncated and truncate:
-            os.ftruncate(self.handle.fd, valid)
+            handle = self.handle
+            os.ftruncate(handle.fd, valid)
         self.size = valid
         self.next_offset = expected
         if start:
@@ -694,7 +746,8 @@ class LogSegment:
         the segment cost ~10 ms to set up and tear down for 1,024 headers of a 90 MB one)."""
         out = np.empty(len(positions), dtype=_ENTRY_HEADER)
         raw = memoryview(out.view(np.uint8).reshape(-1).data)
-        fd = self.handle.fd
+        handle = self.handle  # held while its descriptor is in use
+        fd = handle.fd
         for i, pos in enumerate(positions.tolist()):
             slot = i * HEADER_SIZE
             if os.preadv(fd, [raw[slot : slot + HEADER_SIZE]], pos) != HEADER_SIZE:
@@ -757,7 +810,8 @@ class LogSegment:
     def _verify_indexes(self) -> None:
         table = np.empty((0, _fast.SCAN_COLUMNS), dtype=np.int64)
         if self.size:
-            with mmap.mmap(self.handle.fd, self.size, access=mmap.ACCESS_READ) as mm:
+            handle = self.handle
+            with mmap.mmap(handle.fd, self.size, access=mmap.ACCESS_READ) as mm:
                 with memoryview(mm) as view:
                     try:
                         table = scan_headers(view, verify_crc=False)
@@ -794,7 +848,8 @@ class LogSegment:
         removed = self.size - cut
         self.offset_index.truncate_to(header.base_offset)
         self.time_index.truncate_to(header.base_offset)
-        os.ftruncate(self.handle.fd, cut)
+        handle = self.handle
+        os.ftruncate(handle.fd, cut)
         self.size = cut
         self.load_tail_state()
         return removed
@@ -822,7 +877,8 @@ class LogSegment:
         self.time_index.make_writable(self.config.segment_index_bytes)
 
     def flush(self) -> None:
-        os.fdatasync(self.handle.fd)
+        handle = self.handle
+        disk.fsync(handle.fd, data_only=True, slowed=True)
         for index in self._opened_indexes():  # a lazy segment's were not touched
             index.flush()
 

@@ -8,7 +8,7 @@ reused for another file): the descriptor closes when the last slice and the segm
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class FileHandle:
@@ -25,10 +25,10 @@ class FileHandle:
         if fd >= 0:
             os.close(fd)
 
-    def __del__(self) -> None:
+    def __del__(self, _close: Any = os.close) -> None:  # os.close bound: usable at exit
         if self.fd >= 0:
             try:
-                os.close(self.fd)
+                _close(self.fd)
             except OSError:
                 pass
             self.fd = -1

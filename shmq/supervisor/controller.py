@@ -49,6 +49,7 @@ from shmq.broker.context import BrokerContext, TopicRequest, TopicResult
 from shmq.broker.internal_topics import InternalLogs, offsets_topic_configs
 from shmq.broker.metadata import INTERNAL_TOPICS, OFFSETS_TOPIC, MetadataStore
 from shmq.broker.router import Router
+from shmq.limits import Throttled, install_loop_handler, nofile
 from shmq.net.connection import serve
 from shmq.storage import checkpoint
 from shmq.storage.relocate import relocate_orphan_logs
@@ -57,6 +58,7 @@ from shmq.supervisor.forkserver import ForkedProcess, ForkServer
 from shmq.worker.main import BOOT_ERROR
 
 log = logging.getLogger("shmq.controller")
+_throttled = Throttled(log)
 
 UNKNOWN_TOPIC_OR_PARTITION, INVALID_REQUEST, UNKNOWN_TOPIC_ID = 3, 42, 100
 STABLE_AFTER_S = 10.0  # a worker that ran this long before dying restarts at once
@@ -279,7 +281,18 @@ class Controller:
                 await w.acked.wait_for(lambda: w.acked_generation >= meta.generation)
 
         if live:
-            await asyncio.wait_for(asyncio.gather(*(acked(w) for w in live)), 10)
+            try:
+                await asyncio.wait_for(asyncio.gather(*(acked(w) for w in live)), 10)
+            except asyncio.TimeoutError:
+                # slow workers (a slow disk creating thousands of logs, a loaded box): the change
+                # is committed and they apply it when they get to it; the request is answered
+                # (it was: the connection aborted, TimeoutError being an OSError), and clients
+                # retry NOT_LEADER / UNKNOWN_TOPIC until the worker has it, as with Kafka's
+                # asynchronous metadata propagation
+                _throttled(logging.WARNING, "metadata-ack",
+                           "workers have not applied metadata generation %d within 10 s; "
+                           "answering anyway, they apply it when they get to it",
+                           meta.generation)
         if self.port:
             self.write_run_file()  # the slot directory changed
 
@@ -321,6 +334,7 @@ class Controller:
             "num_partitions": c.num_partitions, "auto_create_topics": c.auto_create_topics,
             "message_max_bytes": c.message_max_bytes,
             "socket_request_max_bytes": c.socket_request_max_bytes,
+            "queued_max_request_bytes": c.queued_max_request_bytes,
             "fetch_max_bytes": c.fetch_max_bytes,
             "flush_on_ack": c.flush_on_ack, "log": asdict(c.log),
             "producer_id_expiration_ms": c.producer_id_expiration_ms,
@@ -495,6 +509,7 @@ class Controller:
                      topic, partition, old, new)
         self._open_state_table(run)
         loop = asyncio.get_running_loop()
+        install_loop_handler(loop, log)
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.stop_event.set)
         self.ctx = BrokerContext(node_id=0, config=self.config, metadata=self.store.metadata,
@@ -504,7 +519,8 @@ class Controller:
         self.ctx.coordinator = self._start_coordinator()
         server = await serve(Router(self.ctx), self.config.host, self.config.port,
                              self.config.socket_request_max_bytes, self.ctx.stats,
-                             self.ctx.metrics)
+                             self.ctx.metrics,
+                             queued_max_bytes=self.config.queued_max_request_bytes)
         self.port = server.sockets[0].getsockname()[1]
         try:
             for w in self.workers.values():
@@ -533,7 +549,8 @@ class Controller:
             if ready_line:
                 web = f", dashboard http://{self.http.address}/" if self.http else ""
                 print(f"shmq broker ready: bootstrap {self.config.host}:{self.port} "
-                      f"({len(self.workers)} workers, data dir {self.data_dir}{web})", flush=True)
+                      f"({len(self.workers)} workers, data dir {self.data_dir}{web}, "
+                      f"{nofile()} file descriptors per process)", flush=True)
             await self.stop_event.wait()
         finally:
             await self.shutdown(server)
@@ -618,7 +635,7 @@ class Controller:
         coordinator.load()
         return coordinator
 
-    async def shutdown(self, server: asyncio.base_events.Server) -> None:
+    async def shutdown(self, server: Any) -> None:
         self.stop_event.set()
         server.close()
         if self.http is not None:

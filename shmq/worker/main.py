@@ -36,11 +36,14 @@ from typing import Any
 
 import setproctitle
 
+from shmq.limits import Throttled
+
 BOOT_ERROR = 3
 RETENTION_CHECK_S = 300.0
 CHECKPOINT_S = 60.0
 
 log = logging.getLogger("shmq.worker")
+_throttled = Throttled(log)
 
 
 class ControllerRpc:
@@ -209,6 +212,21 @@ def publish_partition_gauges(ctx: Any, manager: Any,
 TRIM_AFTER_EXPIRED = 1000
 
 
+def flush_due(logs: list[Any]) -> None:
+    """flush.messages / flush.ms for ``logs``, in a thread (housekeeping).  A failed fsync is
+    answered to the next acks=all producer; here it is one line per interval."""
+    now = int(time.time() * 1000)
+    for plog in logs:
+        try:
+            if plog.flush_requested:
+                plog.flush()
+            else:
+                plog.maybe_flush(now)
+        except (OSError, ValueError) as exc:  # ValueError: closed meanwhile (topic deleted)
+            _throttled(logging.ERROR, "flush", "scheduled flush of %s failed: %s",
+                       plog.directory, exc)
+
+
 def release_free_heap() -> None:
     """glibc's ``malloc_trim(0)``: return the free pages inside the heap, not only its top.
 
@@ -250,10 +268,17 @@ async def run(args: argparse.Namespace) -> int:
     from shmq.broker.context import BrokerContext
     from shmq.broker.metadata import ClusterMetadata
     from shmq.broker.router import Router
+    from shmq.limits import install_loop_handler, raise_nofile
     from shmq.net.connection import serve
     from shmq.storage import LogConfig, LogManager, checkpoint
     from shmq.supervisor.control import ControlChannel
 
+    raise_nofile()  # a worker started by hand, or by exec, raises its own
+    from shmq.limits import segment_budget
+    from shmq.storage.descriptors import CACHE
+
+    CACHE.configure(segment_budget())
+    install_loop_handler(asyncio.get_running_loop(), log)
     settings = json.loads(args.config)
     config = BrokerConfig(data_dir=Path(settings["data_dir"]), host=settings["host"], port=0,
                           workers=settings["workers"],
@@ -261,6 +286,8 @@ async def run(args: argparse.Namespace) -> int:
                           auto_create_topics=settings["auto_create_topics"],
                           message_max_bytes=settings["message_max_bytes"],
                           socket_request_max_bytes=settings["socket_request_max_bytes"],
+                          queued_max_request_bytes=settings.get("queued_max_request_bytes",
+                                                                256 << 20),
                           fetch_max_bytes=settings["fetch_max_bytes"],
                           flush_on_ack=settings["flush_on_ack"],
                           log=LogConfig(**settings["log"]), cluster_id=settings["cluster_id"])
@@ -289,7 +316,8 @@ async def run(args: argparse.Namespace) -> int:
             ctx.publish_state(topic, partition, plog)
         created = create_led_logs(ctx, manager)
         server = await serve(Router(ctx), config.host, args.port, config.socket_request_max_bytes,
-                             ctx.stats, ctx.metrics, sock=listener)
+                             ctx.stats, ctx.metrics, sock=listener,
+                             queued_max_bytes=config.queued_max_request_bytes)
         from shmq.ipc.session import socket_path
         from shmq.worker.rings import RingServer
 
@@ -333,11 +361,22 @@ async def run(args: argparse.Namespace) -> int:
 
     gauges: dict[tuple[str, int], tuple[int, int, int]] = {}
 
+    # fsyncs (flush.ms / flush.messages, checkpoints) run in threads: a disk whose flushes stall
+    # for seconds must not stall fetches, metadata and the rest of this event loop
+    from shmq.storage.log import PartitionLog
+
+    PartitionLog.defer_flushes = True
+
     async def housekeeping() -> None:
         last_retention = last_checkpoint = time.monotonic()
         while True:
             await asyncio.sleep(1.0)
-            manager.flush_due()
+            now_ms = int(time.time() * 1000)
+            due = [plog for plog in manager.logs.values()
+                   if plog.flush_requested or (plog.unflushed_messages and now_ms
+                                               - plog.last_flush_ms >= plog.config.flush_ms)]
+            if due:
+                await loop.run_in_executor(None, flush_due, due)
             if ctx.metrics is not None:
                 publish_partition_gauges(ctx, manager, gauges)
             # counters for local tools and tests (e.g. bytes sent with sendfile)
@@ -345,13 +384,15 @@ async def run(args: argparse.Namespace) -> int:
                 {"node_id": args.node_id, "pid": os.getpid(), **ctx.stats}) + "\n", sync=False)
             now = time.monotonic()
             if now - last_retention >= RETENTION_CHECK_S:
-                if manager.run_retention():  # local readers follow segments_gen
+                if manager.run_retention(checkpoint=False):  # local readers follow segments_gen
                     for (topic, partition), plog in list(manager.logs.items()):
                         if topic in ctx.metadata.topics:
                             ctx.publish_state(topic, partition, plog)
+                    last_checkpoint = 0.0
                 last_retention = now
             if now - last_checkpoint >= CHECKPOINT_S:
-                manager.checkpoint()
+                await loop.run_in_executor(None, manager.write_checkpoint,
+                                           manager.checkpoint_offsets())
                 last_checkpoint = now
 
     async def expire_producers() -> None:

@@ -45,7 +45,13 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from shmq.broker.handlers.produce import Durable, PartitionResult, flush_for_acks, produce_partition
+from shmq.broker.handlers.produce import (
+    KAFKA_STORAGE_ERROR,
+    Durable,
+    PartitionResult,
+    flush_for_acks,
+    produce_partition,
+)
 from shmq.ipc import ring as rings
 from shmq.ipc.session import (
     VERSION,
@@ -55,8 +61,10 @@ from shmq.ipc.session import (
     receive_message,
     send_message,
 )
+from shmq.limits import Throttled
 
 log = logging.getLogger("shmq.worker.rings")
+_throttled = Throttled(log)
 
 DEFAULT_SUBMIT_BYTES = 8 << 20
 DEFAULT_COMPLETION_BYTES = 1 << 20
@@ -282,13 +290,15 @@ class RingSession:
         self.unanswered -= 1
 
     async def _answer_when_durable(self, durable: list) -> None:
-        try:
-            await flush_for_acks(self.ctx, (d for _, _, _, d in durable))
-        except OSError as exc:  # the fsync failed: the answer says so (Kafka: storage error)
-            log.error("flush for acks=all failed: %s", exc)
-            durable = [(slot, corr, result._replace(error_code=56, base_offset=-1,
-                                                     error_message=str(exc)), d)
+        _, failed = await flush_for_acks(self.ctx, (d for _, _, _, d in durable))
+        if failed:  # the fsync failed: the answer says so (Kafka: KAFKA_STORAGE_ERROR)
+            durable = [(slot, corr, result._replace(
+                            error_code=KAFKA_STORAGE_ERROR, base_offset=-1,
+                            error_message=f"fsync failed: {failed[id(d.log)]}"), d)
+                       if id(d.log) in failed else (slot, corr, result, d)
                        for slot, corr, result, d in durable]
+            _throttled(logging.ERROR, "flush", "flush for acks=all failed: %s; answering "
+                       "KAFKA_STORAGE_ERROR", next(iter(failed.values())))
         if self.closed:
             return
         for slot, corr, result, _ in durable:

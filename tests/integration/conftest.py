@@ -25,6 +25,7 @@ class RunningBroker:
     data_dir: Path
     bootstrap: str
     log_path: Path
+    ready_line: str = ""
 
     @property
     def run_info(self) -> dict:
@@ -74,11 +75,13 @@ def _remove_stale_shm(data_dir: Path) -> None:
 
 
 def start_broker(data_dir: Path, *args: str, workers: int = 2, timeout: float = 60,
-                 env: dict[str, str] | None = None) -> RunningBroker:
+                 env: dict[str, str] | None = None,
+                 prefix: tuple[str, ...] = ()) -> RunningBroker:
+    """``prefix``: a command the broker runs under (``prlimit --nofile=...``, say)."""
     log_path = data_dir.parent / f"{data_dir.name}-broker.log"
     log = open(log_path, "ab")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "shmq", "broker", "--listeners", "127.0.0.1:0",
+        [*prefix, sys.executable, "-m", "shmq", "broker", "--listeners", "127.0.0.1:0",
          "--workers", str(workers), "--data-dir", str(data_dir), *args],
         stdout=subprocess.PIPE, stderr=log, text=True, env=env)
     log.close()
@@ -95,7 +98,7 @@ def start_broker(data_dir: Path, *args: str, workers: int = 2, timeout: float = 
         _remove_stale_shm(data_dir)
         raise RuntimeError(f"broker did not start: {line!r}\n{log_path.read_text()}")
     bootstrap = line.split("bootstrap ", 1)[1].split(" ", 1)[0]
-    return RunningBroker(proc, data_dir, bootstrap, log_path)
+    return RunningBroker(proc, data_dir, bootstrap, log_path, line.strip())
 
 
 @pytest.fixture

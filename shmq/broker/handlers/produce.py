@@ -24,6 +24,7 @@ errors and offsets; each then waits for ``flush_for_acks`` before it answers ack
 from __future__ import annotations
 
 import asyncio
+import logging
 import struct
 from collections.abc import Iterable
 from time import perf_counter_ns
@@ -37,6 +38,7 @@ from shmq._fast._metrics_reference import (
 from shmq.broker.context import BrokerContext
 from shmq.broker.metadata import INTERNAL_TOPICS
 from shmq.errors import CorruptRecordError, InvalidRecordError, KafkaApiError
+from shmq.limits import Throttled
 from shmq.protocol.produce_request import encode_produce_response, parse_produce_request
 from shmq.storage.log import RecordTooLargeError, RecordValidationError
 
@@ -45,6 +47,29 @@ HEADER_SIZE = 61
 NONE, CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER = 0, 2, 3, 6
 MESSAGE_TOO_LARGE, UNSUPPORTED_VERSION, INVALID_RECORD, INVALID_TOPIC = 10, 35, 87, 17
 INVALID_REQUIRED_ACKS = 21
+KAFKA_STORAGE_ERROR = 56
+
+log = logging.getLogger(__name__)
+_throttled = Throttled(log)
+
+
+def storage_failed(topic: str, index: int, plog: Any, exc: OSError, what: str) -> str:
+    """A write the disk refused (ENOSPC, EDQUOT, EIO...): the message for the client and one
+    line in the broker log per interval for all partitions (a full disk fails every append)."""
+    reason = f"{what} failed: {exc.strerror or exc}"
+    if plog.storage_error is None:
+        plog.storage_error = reason
+    _throttled(logging.ERROR, ("storage", exc.errno),
+               "%s-%d: %s; answering KAFKA_STORAGE_ERROR to its producers until a write "
+               "succeeds again (reads and other partitions are served)",
+               topic, index, reason)
+    return reason
+
+
+def storage_recovered(topic: str, index: int, plog: Any) -> None:
+    plog.storage_error = None
+    _throttled(logging.WARNING, "storage-recovered", "%s-%d: appends succeed again",
+               topic, index)
 
 
 class PartitionResult(NamedTuple):
@@ -101,14 +126,21 @@ def produce_partition(ctx: BrokerContext, topic: str, index: int, records: Any,
             code = MESSAGE_TOO_LARGE
         except KafkaApiError as exc:  # sequence and epoch errors: Kafka's catch-all
             code, start = exc.code, log.log_start_offset  # answers the log start
+        except OSError as exc:  # the disk: nothing of the batch stays (LogSegment.append)
+            code, message = KAFKA_STORAGE_ERROR, storage_failed(topic, index, log, exc, "append")
         else:
+            if log.storage_error is not None:
+                storage_recovered(topic, index, log)
             base = appended.first_offset
             append_time = appended.log_append_time
             start = log.log_start_offset
             log.update_high_watermark(log.log_end_offset)
             ctx.publish_state(topic, index, log)
             ctx.notify_data(topic, index)
-            if acks == -1 and ctx.config.flush_on_ack:
+            if (acks == -1 and ctx.config.flush_on_ack) or log.flush_requested:
+                # flush.messages / flush.ms due: flushed in a thread before the answer, as
+                # Kafka's append does it before answering (its handler thread blocks; our
+                # event loop must not)
                 durable = Durable(log, appended.last_offset + 1)
     metrics = ctx.metrics
     if metrics is not None:  # Kafka's BrokerTopicMetrics, counted per partition
@@ -123,27 +155,37 @@ def produce_partition(ctx: BrokerContext, topic: str, index: int, records: Any,
     return PartitionResult(index, code, base, append_time, start, message, record_errors), durable
 
 
-async def flush_for_acks(ctx: BrokerContext, flushes: Iterable[Durable]) -> int:
+async def flush_for_acks(ctx: BrokerContext,
+                         flushes: Iterable[Durable]) -> tuple[int, dict[int, OSError]]:
     """fsync every log below its offset, off the event loop (a group commit per log); returns
-    the nanoseconds waited (0 when there was nothing to flush)."""
+    the nanoseconds waited (0 when there was nothing to flush) and the logs whose fsync failed
+    (``id(log)``: the error), whose acks=all answers are KAFKA_STORAGE_ERROR."""
     todo = list(flushes)
     if not todo:
-        return 0
+        return 0, {}
     loop = asyncio.get_running_loop()
     metrics = ctx.metrics
-    if metrics is None:
-        await asyncio.gather(*(loop.run_in_executor(None, d.log.flush, d.upto) for d in todo))
-        return 0
-    # Kafka's produce purgatory: acks=all waits here (RemoteTimeMs)
-    metrics.add(PRODUCE_WAITS_STARTED)
+    if metrics is not None:  # Kafka's produce purgatory: acks=all waits here (RemoteTimeMs)
+        metrics.add(PRODUCE_WAITS_STARTED)
     waited = perf_counter_ns()
     try:
-        await asyncio.gather(*(loop.run_in_executor(None, d.log.flush, d.upto) for d in todo))
+        outcomes = await asyncio.gather(
+            *(loop.run_in_executor(None, d.log.flush, d.upto) for d in todo),
+            return_exceptions=True)
     finally:
-        metrics.add(PRODUCE_WAITS_DONE)
+        if metrics is not None:
+            metrics.add(PRODUCE_WAITS_DONE)
+    failed: dict[int, OSError] = {}
+    for d, outcome in zip(todo, outcomes, strict=True):
+        if isinstance(outcome, OSError):
+            failed[id(d.log)] = outcome
+        elif isinstance(outcome, BaseException):
+            raise outcome
+    if metrics is None:
+        return 0, failed
     waited = perf_counter_ns() - waited
     metrics.observe(PRODUCE_WAIT_HIST, waited)
-    return waited
+    return waited, failed
 
 
 async def handle(ctx: BrokerContext, frame: memoryview, header_size: int, api_version: int,
@@ -151,7 +193,8 @@ async def handle(ctx: BrokerContext, frame: memoryview, header_size: int, api_ve
     _transactional_id, acks, _timeout_ms, topics = parse_produce_request(frame, header_size,
                                                                          api_version)
     results = []
-    to_flush = []
+    to_flush: list[Durable] = []
+    flushed_parts: list[tuple[list[Any], int, Durable]] = []  # (answers, slot, its flush)
     metrics = ctx.metrics
     for topic, partitions in topics:
         out: list[Any] = []
@@ -168,11 +211,20 @@ async def handle(ctx: BrokerContext, frame: memoryview, header_size: int, api_ve
             out.append(result)
             if durable is not None:
                 to_flush.append(durable)
+                flushed_parts.append((out, len(out) - 1, durable))
         results.append((topic, out))
     if to_flush:
-        waited = await flush_for_acks(ctx, to_flush)
+        waited, failed = await flush_for_acks(ctx, to_flush)
         if metrics is not None:
             ctx.remote_ns = waited
+        for out, slot, durable in flushed_parts:
+            exc = failed.get(id(durable.log))
+            if exc is not None:
+                topic = next(t for t, o in results if o is out)
+                out[slot] = out[slot]._replace(
+                    error_code=KAFKA_STORAGE_ERROR, base_offset=-1, log_append_time=-1,
+                    error_message=storage_failed(topic, out[slot].partition, durable.log, exc,
+                                                 "fsync"))
     if acks == 0:
         return None
     return encode_produce_response(api_version, correlation_id, 0, results)
