@@ -335,7 +335,7 @@ def _many_partitions(tmp_path: Path, partitions: int, rounds: int) -> dict[str, 
     try:
         admin = AdminClient({"bootstrap.servers": b.bootstrap})
         admin.create_topics([NewTopic(topic, partitions, 1, config={
-            "segment.bytes": "1024", "segment.index.bytes": "4096"})])[topic].result(120)
+            "internal.segment.bytes": "1024", "segment.index.bytes": "4096"})])[topic].result(120)
         acked: dict[int, list[tuple[int, bytes]]] = {}
         for r in range(rounds):
             got = _produce(b.bootstrap, topic,
