@@ -86,7 +86,7 @@ class BrokerContext:
         info = self.metadata.topics[topic].partitions[partition]
         if 0 <= info.slot < table.slot_count:
             table.write(info.slot, self.node_id, info.leader_epoch, log.log_start_offset,
-                        log.high_watermark, log.high_watermark, log.log_end_offset,
+                        log.high_watermark, log.last_stable_offset, log.log_end_offset,
                         log.generation)
 
     def log_for(self, topic: str, partition: int) -> PartitionLog | None:
