@@ -67,6 +67,7 @@ class BrokerContext:
     controller: ControllerApi
     logs: Any = None                     # LogManager in a worker, InternalLogs in the controller
     coordinator: Any = None              # GroupCoordinator in the controller, None in a worker
+    txn_coordinator: Any = None          # TransactionCoordinator in the controller, else None
     _data_events: dict[tuple[str, int], asyncio.Event] = field(default_factory=dict)
     _metadata_event: asyncio.Event | None = None
     _pid_block: list[int] = field(default_factory=lambda: [0, 0])   # next, end

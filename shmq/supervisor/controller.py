@@ -83,6 +83,7 @@ class WorkerHandle:
         self.quick_crashes = 0  # deaths in a row within STABLE_AFTER_S of starting
         self.restarts = 0
         self.boot_error: str | None = None
+        self.marker_waits: dict[int, asyncio.Future] = {}  # txn_markers requests, by id
 
 
 class Controller:
@@ -99,6 +100,7 @@ class Controller:
         self.shm_tracker: Any = None
         self.metrics_table: Any = None   # shmq.ipc.MetricsTable (None: collection off)
         self.http: Any = None            # shmq.monitor.http.MonitorServer (None: no listener)
+        self._marker_ids = 0
 
     # -- ControllerApi ----------------------------------------------------------------------
 
@@ -211,6 +213,96 @@ class Controller:
         if OFFSETS_TOPIC not in self.store.metadata.topics:
             self._register_offsets_topic()
         self.ctx.notify_data(OFFSETS_TOPIC, partition)
+
+    # -- transaction markers ----------------------------------------------------------------
+
+    async def write_txn_markers(self, markers: list[tuple[str, int, int, int, bool]]) -> None:
+        """Write COMMIT/ABORT markers into worker partitions (Kafka's
+        ``TransactionMarkerChannelManager``): each to its partition's leader over the control
+        channel, retried (with a doubling pause up to 1 s) while the worker is down or
+        restarting, until every marker is written or its partition is gone.  A marker refused
+        for an older producer or coordinator epoch counts as written (Kafka gives up on those)."""
+        from shmq.coordinator.transactions import COORDINATOR_EPOCH
+
+        pending = list(markers)
+        pause = 0.05
+        while pending and not self.stop_event.is_set():
+            meta = self.ctx.metadata
+            by_node: dict[int, list[tuple[str, int, int, int, bool]]] = {}
+            for m in pending:
+                leader = meta.leader_of(m[0], m[1]) if m[0] in meta.topics else None
+                if leader is None or leader < 0:
+                    log.warning("transaction marker for %s-%d dropped: no such partition",
+                                m[0], m[1])
+                    continue
+                by_node.setdefault(leader, []).append(m)
+            nodes = list(by_node)
+            answers = await asyncio.gather(*(self._send_markers(n, by_node[n], COORDINATOR_EPOCH)
+                                             for n in nodes))
+            pending = []
+            for node, errors in zip(nodes, answers, strict=True):
+                for m, code in zip(by_node[node], errors or [None] * len(by_node[node]),
+                                   strict=True):
+                    if code in (47, 52):
+                        log.warning("transaction marker for %s-%d (producer %d epoch %d) "
+                                    "refused with error %d", m[0], m[1], m[2], m[3], code)
+                    elif code not in (0, 3):
+                        pending.append(m)
+            if pending:
+                await asyncio.sleep(pause)
+                pause = min(1.0, pause * 2)
+        if pending:
+            raise ConnectionError("stopping with transaction markers unwritten")
+
+    async def _send_markers(self, node: int, markers: list[Any],
+                            coordinator_epoch: int) -> list[int] | None:
+        w = self.workers.get(node)
+        if w is None or w.channel is None or not w.ready.is_set():
+            return None
+        self._marker_ids += 1
+        rid = self._marker_ids
+        fut = asyncio.get_running_loop().create_future()
+        w.marker_waits[rid] = fut
+        try:
+            w.channel.send({"type": "txn_markers", "id": rid, "coordinator_epoch":
+                            coordinator_epoch, "markers": [list(m) for m in markers]})
+            return await asyncio.wait_for(fut, 30)  # type: ignore[no-any-return]
+        except (ConnectionError, RuntimeError, asyncio.TimeoutError):
+            return None
+        finally:
+            w.marker_waits.pop(rid, None)
+
+    async def _offsets_marker(self, partition: int, producer_id: int, producer_epoch: int,
+                              commit: bool) -> None:
+        from shmq.coordinator.transactions import COORDINATOR_EPOCH
+
+        coordinator = self.ctx.coordinator
+        where = coordinator.write_txn_marker(partition, producer_id, producer_epoch,
+                                             COORDINATOR_EPOCH, commit)
+        await coordinator.log.durable(*where)
+
+    def _start_txn_coordinator(self) -> Any:
+        """The transaction coordinator, its ``__transaction_state`` log under
+        ``<data dir>/controller`` replayed before the listener opens."""
+        from shmq.coordinator.transactions import TransactionCoordinator, TxnConfig
+
+        c = self.config
+
+        def topic_partitions(topic: str) -> int | None:
+            info = self.ctx.metadata.topics.get(topic)
+            if info is None and topic == OFFSETS_TOPIC:
+                return self.ctx.coordinator.log.partitions
+            return None if info is None else len(info.partitions)
+
+        coordinator = TransactionCoordinator(
+            self.data_dir / "controller", TxnConfig(
+                max_timeout_ms=c.transaction_max_timeout_ms,
+                abort_check_interval_ms=c.transaction_abort_timed_out_transaction_cleanup_interval_ms,
+                partitions=c.transaction_state_log_num_partitions,
+                segment_bytes=c.offsets_topic_segment_bytes),
+            self.ctx.next_producer_id, self.write_txn_markers, self._offsets_marker,
+            topic_partitions, lambda: self.ctx.coordinator.log.partitions)
+        return coordinator
 
     async def allocate_producer_ids(self, count: int) -> int:
         assert self.store is not None
@@ -386,7 +478,15 @@ class Controller:
                     w.acked.notify_all()
             elif kind == "rpc":
                 asyncio.ensure_future(self._rpc(channel, msg))
+            elif kind == "txn_markers_reply":
+                fut = w.marker_waits.pop(msg["id"], None)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg["errors"])
         channel.close()
+        for fut in w.marker_waits.values():  # the worker is gone: its markers are retried
+            if not fut.done():
+                fut.set_result(None)
+        w.marker_waits.clear()
         if w.channel is channel:
             w.channel = None
         await self._reap(w, proc)
@@ -497,6 +597,8 @@ class Controller:
         if self.metrics_table is not None:
             self.ctx.metrics = self._count_fsyncs(self.metrics_table.writer(0))
         self.ctx.coordinator = self._start_coordinator()
+        self.ctx.txn_coordinator = self._start_txn_coordinator()
+        ending = self.ctx.txn_coordinator.load()
         server = await serve(Router(self.ctx), self.config.host, self.config.port,
                              self.config.socket_request_max_bytes, self.ctx.stats,
                              self.ctx.metrics)
@@ -523,6 +625,7 @@ class Controller:
                 raise BootError(self.halt_reason or "workers did not start within 120 s")
             halt.cancel()
             await self.publish_metadata()  # if it changed while they booted
+            self.ctx.txn_coordinator.start(ending)  # markers need the workers
             self._start_http()
             self.write_run_file()
             if ready_line:
@@ -618,6 +721,8 @@ class Controller:
         server.close()
         if self.http is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.http.stop)
+        if self.ctx.txn_coordinator is not None:
+            self.ctx.txn_coordinator.close()
         if self.ctx.coordinator is not None:
             self.ctx.coordinator.close()
         for w in self.workers.values():

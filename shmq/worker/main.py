@@ -310,6 +310,12 @@ async def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
+    async def _markers(msg: dict[str, Any]) -> None:
+        from shmq.broker.handlers.write_txn_markers import write_markers
+
+        errors = await write_markers(ctx, msg["markers"], int(msg["coordinator_epoch"]))
+        channel.send({"type": "txn_markers_reply", "id": msg["id"], "errors": errors})
+
     async def control() -> None:
         while True:
             msg = await channel.receive()
@@ -323,6 +329,8 @@ async def run(args: argparse.Namespace) -> int:
                 channel.send({"type": "metadata_ack", "generation": new.generation})
             elif kind == "rpc_reply":
                 rpc.reply(msg)
+            elif kind == "txn_markers":
+                asyncio.ensure_future(_markers(msg))
             elif kind == "stats":
                 channel.send({"type": "stats_reply", "id": msg["id"], "stats": dict(ctx.stats)})
             elif kind == "stop":

@@ -1,8 +1,7 @@
 """FindCoordinator (10): where a group's or a transactional id's coordinator lives.
 
-The group coordinator lives in the controller, Kafka node 0: every group key is answered with
-node 0's listener, from any node.  The transaction coordinator is later work: transactional ids
-get COORDINATOR_NOT_AVAILABLE, which clients treat as retriable.  The API must be offered in any
+The group and transaction coordinators live in the controller, Kafka node 0: every group key
+and every transactional id is answered with node 0's listener, from any node.  The API must be offered in any
 case: librdkafka enables LZ4 (and, in 2.0.2, the balanced consumer) only when the broker
 advertises FindCoordinator v0 (rdkafka_feature.c).  v1+ carries a key type (0 group,
 1 transaction); v4+ a batch of keys (KIP-699).  The first group key lists ``__consumer_offsets``, as Kafka creates
@@ -27,7 +26,7 @@ def _find(ctx: BrokerContext, key_type: int) -> tuple[int, str | None, int, str,
     if key_type not in (GROUP, TRANSACTION):
         return INVALID_REQUEST, f"Unknown coordinator type {key_type}", -1, "", -1
     address = ctx.metadata.brokers.get(COORDINATOR_NODE)
-    if key_type == TRANSACTION or address is None:
+    if address is None:
         return COORDINATOR_NOT_AVAILABLE, "The coordinator is not available.", -1, "", -1
     return NONE, None, COORDINATOR_NODE, address[0], address[1]
 
