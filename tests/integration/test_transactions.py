@@ -18,7 +18,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.integration.conftest import start_broker
+from conftest import start_broker
 
 
 def create_topic(bootstrap: str, name: str, partitions: int = 3) -> None:
@@ -363,3 +363,44 @@ def test_transactions_survive_sigkill(tmp_path, victim: str) -> None:
         assert sum(his) == 26
     finally:
         b.stop()
+
+
+def test_kafka_python_and_aiokafka_transactional_producers(broker) -> None:
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
+    from kafka import KafkaProducer
+
+    create_topic(broker.bootstrap, "kp", 2)
+    kp = KafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id="tid-kp")
+    kp.init_transactions()
+    kp.begin_transaction()
+    for i in range(10):
+        kp.send("kp", b"kp-c-%d" % i, partition=i % 2)
+    kp.commit_transaction()
+    kp.begin_transaction()
+    for i in range(5):
+        kp.send("kp", b"kp-a-%d" % i, partition=i % 2)
+    kp.flush()
+    kp.abort_transaction()
+    kp.close()
+
+    async def aio() -> None:
+        p = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id="tid-aio")
+        await p.start()
+        try:
+            async with p.transaction():
+                for i in range(10):
+                    await p.send("kp", b"aio-c-%d" % i, partition=i % 2)
+            await p.begin_transaction()
+            for i in range(5):
+                await p.send("kp", b"aio-a-%d" % i, partition=i % 2)
+            await p.abort_transaction()
+        finally:
+            await p.stop()
+
+    asyncio.run(aio())
+    want = sorted([b"kp-c-%d" % i for i in range(10)] + [b"aio-c-%d" % i for i in range(10)])
+    assert sorted(consume_all(broker.bootstrap, "kp", "read_committed", 20,
+                              partitions=2)) == want
+    assert len(consume_all(broker.bootstrap, "kp", "read_uncommitted", 30, partitions=2)) == 30
