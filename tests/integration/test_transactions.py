@@ -404,3 +404,33 @@ def test_kafka_python_and_aiokafka_transactional_producers(broker) -> None:
     assert sorted(consume_all(broker.bootstrap, "kp", "read_committed", 20,
                               partitions=2)) == want
     assert len(consume_all(broker.bootstrap, "kp", "read_uncommitted", 30, partitions=2)) == 30
+
+
+def test_shared_memory_reader_honours_read_committed(broker) -> None:
+    """The local mmap reader stops at the LSO and drops aborted batches (from .txnindex)."""
+    from shmq.ipc.client import attach
+
+    create_topic(broker.bootstrap, "shm", 1)
+    p = txn_producer(broker.bootstrap, "tid-shm")
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce("shm", b"c1", partition=0)
+    p.commit_transaction(30)
+    p.begin_transaction()
+    p.produce("shm", b"aborted", partition=0)
+    p.flush(30)
+    p.abort_transaction(30)
+    p.begin_transaction()
+    p.produce("shm", b"open", partition=0)
+    p.flush(30)
+    with attach(broker.data_dir) as local:
+        committed = local.read("shm", 0, 0, isolation="read_committed")
+        assert [r.value for r in committed.records()] == [b"c1"]
+        assert committed.last_stable_offset == 4  # c1, commit, aborted, abort; "open" at 4
+        table = local.read_arrow("shm", 0, 0, isolation="read_committed")[0]
+        assert table.column("value").to_pylist() == [b"c1"]
+        everything = local.read("shm", 0, 0, isolation="read_uncommitted")
+        assert [r.value for r in everything.records()] == [b"c1", b"aborted", b"open"]
+        p.commit_transaction(30)
+        later = local.read("shm", 0, 0, isolation="read_committed", timeout=5)
+        assert [r.value for r in later.records()] == [b"c1", b"open"]
