@@ -415,6 +415,13 @@ class GroupCoordinator:
         self._snapshot_scheduled.discard(partition)
         if self.log.closed:
             return
+        if any(self.partition_for(g) == partition
+               for staged in self.txn_offsets.values() for g in staged):
+            # an open transaction's offsets are records of this partition that the snapshot
+            # would drop: try again once its marker is written
+            self._snapshot_scheduled.add(partition)
+            asyncio.get_running_loop().call_later(1.0, self._snapshot, partition)
+            return
         live: list[tuple[bytes, bytes | None]] = []
         for group in self.groups.values():
             if self.partition_for(group.group_id) != partition:

@@ -43,8 +43,8 @@ it or its timeout aborts it.
 
 The coordinator epoch written into markers is the leader epoch of the id's ``__transaction_state``
 partition: 0, as node 0 leads it for good.  Not done: KIP-890 (transaction version 2, which
-needs EndTxn v5 for the client to learn the epoch bumped at every end) and the partition-side
-verification of AddPartitionsToTxn v4.
+needs EndTxn v5 for the client to learn the epoch bumped at every end) and AddPartitionsToTxn
+v4 (the batched form of ``verify``, which the workers reach over their control channel).
 """
 
 from __future__ import annotations
@@ -416,6 +416,23 @@ class TransactionCoordinator:
             return PRODUCER_FENCED
         if m.state != TxnState.ONGOING or m.busy:
             return INVALID_TXN_STATE if not m.busy else CONCURRENT_TRANSACTIONS
+        return NONE
+
+    def verify(self, transactional_id: str, producer_id: int, producer_epoch: int,
+               topic: str, partition: int) -> int:
+        """KIP-890 part 1: may this producer open a transaction in this partition?  Only when
+        its transaction is Ongoing with the partition added, at its current epoch: a write
+        arriving late (after its transaction ended, or from a fenced producer) is refused, so
+        it can never leave a transaction open that no marker will close (a hanging
+        transaction, which would hold the partition's LSO for good)."""
+        m = self.txns.get(transactional_id)
+        if m is None or m.producer_id != producer_id:
+            return INVALID_TXN_STATE
+        if producer_epoch < m.producer_epoch:
+            return INVALID_PRODUCER_EPOCH
+        if (m.state != TxnState.ONGOING or producer_epoch != m.producer_epoch
+                or (topic, partition) not in m.partitions):
+            return INVALID_TXN_STATE
         return NONE
 
     # -- EndTxn ---------------------------------------------------------------------------

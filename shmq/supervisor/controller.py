@@ -508,6 +508,11 @@ class Controller:
             elif op == "alter_configs":
                 result = await self.alter_configs(args["resources"], args["validate_only"],
                                                   args["incremental"])
+            elif op == "verify_txn":
+                coordinator = self.ctx.txn_coordinator
+                result = 15 if coordinator is None else coordinator.verify(
+                    args["transactional_id"], int(args["producer_id"]),
+                    int(args["producer_epoch"]), args["topic"], int(args["partition"]))
             elif op == "create_internal_topic":
                 result = await self.create_internal_topic(args["name"], args["wait"])
             else:

@@ -92,6 +92,13 @@ class ControllerRpc:
         failed = {"error_code": -1, "error_message": "the controller could not do it"}
         return out if out is not None else [dict(failed) for _ in resources]
 
+    async def verify_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                         topic: str, partition: int) -> int:
+        out = await self._call("verify_txn", transactional_id=transactional_id,
+                               producer_id=producer_id, producer_epoch=producer_epoch,
+                               topic=topic, partition=partition)
+        return 15 if out is None else int(out)  # COORDINATOR_NOT_AVAILABLE: retriable
+
     async def create_internal_topic(self, name: str, wait: bool = True) -> bool:
         return bool(await self._call("create_internal_topic", name=name, wait=wait))
 

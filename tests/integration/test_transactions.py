@@ -434,3 +434,51 @@ def test_shared_memory_reader_honours_read_committed(broker) -> None:
         p.commit_transaction(30)
         later = local.read("shm", 0, 0, isolation="read_committed", timeout=5)
         assert [r.value for r in later.records()] == [b"c1", b"open"]
+
+
+def _produce(port: int, tid: str | None, topic: str, partition: int, batch: bytes) -> int:
+    body = _str(tid) + struct.pack(">hi", -1, 10000) + struct.pack(">i", 1) + _str(topic) \
+        + struct.pack(">ii", 1, partition) + struct.pack(">i", len(batch)) + batch
+    resp = _request(port, 0, 3, body)
+    # correlation id, [topic [partition, error, ...]]
+    name_len = struct.unpack_from(">h", resp, 8)[0]
+    return struct.unpack_from(">h", resp, 8 + 2 + name_len + 4 + 4)[0]
+
+
+def test_late_or_unexpected_transactional_writes_are_refused(broker) -> None:
+    """KIP-890 part 1: a transactional batch for a partition its transaction has not added,
+    or arriving after the transaction ended, is INVALID_TXN_STATE and leaves no transaction
+    hanging (the LSO reaches the HW)."""
+    from shmq.protocol.records import encode_batch
+
+    create_topic(broker.bootstrap, "late", 1)
+    port = int(broker.bootstrap.rsplit(":", 1)[1])
+    resp = _request(port, 22, 1, _str("t-late") + struct.pack(">i", 60_000))
+    err, pid, epoch = struct.unpack_from(">hqh", resp, 8)
+    assert err == 0
+
+    def batch(seq: int) -> bytes:
+        return bytes(encode_batch([(None, b"v%d" % seq)], producer_id=pid,
+                                  producer_epoch=epoch, base_sequence=seq, transactional=True))
+
+    leader = None
+    for w in broker.run_info["workers"]:
+        code = _produce(w["port"], "t-late", "late", 0, batch(0))
+        if code != 6:
+            leader = w["port"]
+            break
+    assert leader is not None
+    assert code == 48  # not added to the transaction
+    assert _produce(leader, None, "late", 0, batch(0)) == 48  # no transactional id
+    add = _str("t-late") + struct.pack(">qh", pid, epoch) + struct.pack(">i", 1) + _str("late") \
+        + struct.pack(">ii", 1, 0)
+    resp = _request(port, 24, 2, add)
+    assert struct.unpack_from(">h", resp, len(resp) - 2)[0] == 0
+    assert _produce(leader, "t-late", "late", 0, batch(0)) == 0
+    resp = _request(port, 26, 2, _str("t-late") + struct.pack(">qhb", pid, epoch, 1))
+    assert struct.unpack_from(">h", resp, 8)[0] == 0
+    assert _produce(leader, "t-late", "late", 0, batch(1)) == 48  # after its end
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "late-g",
+                  "isolation.level": "read_committed"})
+    assert c.get_watermark_offsets(TopicPartition("late", 0), timeout=10)[1] == 2
+    c.close()
