@@ -482,3 +482,37 @@ def test_late_or_unexpected_transactional_writes_are_refused(broker) -> None:
                   "isolation.level": "read_committed"})
     assert c.get_watermark_offsets(TopicPartition("late", 0), timeout=10)[1] == 2
     c.close()
+
+
+def test_transactions_cli(broker) -> None:
+    import sys
+
+    def shmq(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "shmq", "transactions",
+                               "--bootstrap-server", broker.bootstrap, *args],
+                              capture_output=True, text=True, timeout=60)
+
+    create_topic(broker.bootstrap, "cli", 2)
+    p = txn_producer(broker.bootstrap, "tid-cli")
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce("cli", b"x", partition=1)
+    p.flush(30)
+    out = shmq("list")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].split() == ["TransactionalId", "Coordinator", "ProducerId",
+                                "TransactionState"]
+    assert lines[1].split()[0::3] == ["tid-cli", "Ongoing"]
+    out = shmq("describe", "--transactional-id", "tid-cli")
+    assert out.returncode == 0, out.stderr
+    row = out.stdout.splitlines()[1].split()
+    assert row[1] == "tid-cli" and row[4] == "Ongoing" and row[-1] == "cli-1"
+    assert shmq("describe", "--transactional-id", "nope").returncode == 1
+    out = shmq("abort", "--transactional-id", "tid-cli")
+    assert out.returncode == 0, out.stderr
+    assert shmq("list", "--state", "Ongoing").stdout.splitlines()[1:] == []
+    with pytest.raises(KafkaException):
+        p.commit_transaction(10)  # fenced by the abort
+    assert consume_all(broker.bootstrap, "cli", "read_committed", partitions=2) == []
+    assert shmq("abort", "--topic", "cli", "--partition", "0").returncode == 1
