@@ -19,7 +19,8 @@ EndTxn writes PrepareCommit/PrepareAbort, then a COMMIT/ABORT marker (a control 
 the coordinator epoch) into every partition of the transaction, through ``write_markers``
 (the controller sends them to each partition's worker over its control channel, retrying
 through worker restarts; a ``__consumer_offsets`` partition is the group coordinator's own),
-then CompleteCommit/CompleteAbort, and only then answers.  A request arriving meanwhile gets
+then CompleteCommit/CompleteAbort (its fsync not awaited: a lost Complete record only means
+the markers are written again at the next start), and only then answers.  A request arriving meanwhile gets
 CONCURRENT_TRANSACTIONS (51), which clients retry.  A second InitProducerId for an id whose
 transaction is open fences the first producer: the epoch is bumped, the transaction aborted
 with markers of the new epoch (the old epoch's writes are then refused by every partition,
@@ -292,16 +293,26 @@ class TransactionCoordinator:
     def partition_for(self, transactional_id: str) -> int:
         return partition_for(transactional_id, self.log.partitions)
 
-    async def _persist(self, m: TxnMetadata) -> int:
+    async def _persist(self, m: TxnMetadata, wait: bool = True) -> int:
+        """Append the id's record; with ``wait``, return once it is fsynced."""
         m.update_ms = _now_ms()
         p = self.partition_for(m.transactional_id)
         try:
             end = self.log.append(p, [(txn_key(m.transactional_id), txn_value(m))])
-            await self.log.durable(p, end)
+            if wait:
+                await self.log.durable(p, end)
+            else:
+                self._spawn(self._durable_later(p, end))
         except (OSError, ValueError) as exc:
             log.error("cannot write __transaction_state-%d: %s", p, exc)
             return COORDINATOR_NOT_AVAILABLE
         return NONE
+
+    async def _durable_later(self, partition: int, end: int) -> None:
+        try:
+            await self.log.durable(partition, end)
+        except (OSError, ValueError) as exc:
+            log.error("cannot flush __transaction_state-%d: %s", partition, exc)
 
     # -- InitProducerId -------------------------------------------------------------------
 
@@ -479,7 +490,9 @@ class TransactionCoordinator:
                 await self.offsets_marker(p, m.producer_id, m.producer_epoch, commit)
             m.state = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
             m.partitions.clear()
-            return await self._persist(m)
+            # not waited for (Kafka does not either): were it lost, recovery would find the
+            # Prepare record and write the same markers again
+            return await self._persist(m, wait=False)
         finally:
             m.busy = False
 
