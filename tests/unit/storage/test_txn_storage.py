@@ -149,3 +149,24 @@ def test_corrupt_index_version_is_rebuilt(tmp_path) -> None:
     again = open_log(tmp_path)
     assert [e[:3] for e in again.aborted] == [(PID, 0, 2)]
     again.close()
+
+
+def test_dump_log_shows_markers_and_txn_index(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    log = open_log(tmp_path)
+    log.append(txn_batch(PID, 0, 0))
+    log.append_control(PID, 0, 3, commit=False)
+    log.append(txn_batch(OTHER, 0, 0))
+    log.append_control(OTHER, 0, 3, commit=True)
+    log.close()
+    seg = log.directory / "00000000000000000000.log"
+    out = subprocess.run([sys.executable, "-m", "shmq", "dump-log", "--deep-iteration",
+                          "--print-data-log", "--files",
+                          f"{seg},{txn_index.path_for(log.directory, 0)}"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "endTxnMarker: ABORT coordinatorEpoch: 3" in out.stdout
+    assert "endTxnMarker: COMMIT coordinatorEpoch: 3" in out.stdout
+    assert f"producerId: {PID} firstOffset: 0 lastOffset: 2 lastStableOffset: 3" in out.stdout
