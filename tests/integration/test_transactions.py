@@ -258,6 +258,23 @@ def test_protocol_errors(broker) -> None:
         + struct.pack(">ii", 1, 9)
     resp = _request(port, 24, 2, body)
     assert struct.unpack_from(">h", resp, len(resp) - 2)[0] == 3
+    # an empty transactional id: INVALID_REQUEST (42); negative timeout: 50
+    resp = _request(port, 22, 1, _str("") + struct.pack(">i", 60_000))
+    assert struct.unpack_from(">h", resp, 8)[0] == 42
+    resp = _request(port, 22, 1, _str("t-neg") + struct.pack(">i", -5))
+    assert struct.unpack_from(">h", resp, 8)[0] == 50
+    # TxnOffsetCommit v0 outside a transaction: INVALID_TXN_STATE (48); an unknown id: 49
+    def txn_offset_commit(tid: str, p: int, e: int) -> int:
+        body = _str(tid) + _str("g1") + struct.pack(">qh", p, e) + struct.pack(">i", 1) \
+            + _str("pe") + struct.pack(">i", 1) + struct.pack(">iq", 0, 5) + _str(None)
+        resp = _request(port, 28, 0, body)
+        return struct.unpack_from(">h", resp, len(resp) - 2)[0]
+
+    assert txn_offset_commit("t1", pid, epoch) == 48
+    assert txn_offset_commit("nobody", 77, 0) == 49
+    # AddOffsetsToTxn v0 with an empty group: INVALID_GROUP_ID (24)
+    resp = _request(port, 25, 0, _str("t1") + struct.pack(">qh", pid, epoch) + _str(""))
+    assert struct.unpack_from(">h", resp, 8)[0] == 24
     # a worker is not the coordinator
     worker_port = broker.run_info["workers"][0]["port"]
     resp = _request(worker_port, 26, 1, _str("t1") + struct.pack(">qhb", pid, epoch, 1))
