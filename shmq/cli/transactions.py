@@ -69,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
     from kio.schema.describe_transactions.v0.request import DescribeTransactionsRequest
     from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
     from kio.schema.list_transactions.v1.request import ListTransactionsRequest
+    from kio.schema.types import ProducerId
+    from kio.static.primitive import i16, i32Timedelta
 
     from shmq.cli.configs import BrokerError, kafka_call
 
@@ -114,8 +116,8 @@ def run(args: argparse.Namespace) -> int:
         for _ in range(100):
             resp = kafka_call(address, InitProducerIdRequest(
                 transactional_id=args.transactional_id,
-                transaction_timeout=datetime.timedelta(seconds=60), producer_id=-1,
-                producer_epoch=-1), timeout)
+                transaction_timeout=i32Timedelta.parse(datetime.timedelta(seconds=60)),
+                producer_id=ProducerId(-1), producer_epoch=i16(-1)), timeout)
             if resp.error_code.value != 51:  # CONCURRENT_TRANSACTIONS: the abort is under way
                 break
             time.sleep(0.1)

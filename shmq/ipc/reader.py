@@ -322,7 +322,7 @@ class PartitionReader:
         ``[offset, bound)``, from the segments' ``.txnindex`` files (re-read when they grow)."""
         from shmq.storage import txn_index
 
-        out = []
+        out: list[tuple[int, int, int]] = []
         for seg in self._segments:
             path = txn_index.path_for(seg.path.parent, seg.base)
             try:

@@ -369,8 +369,10 @@ class PartitionLog:
         an older producer epoch raises INVALID_PRODUCER_EPOCH (47), an older coordinator epoch
         TRANSACTION_COORDINATOR_FENCED (52), and nothing is written.  An ABORT that ended an
         open transaction goes into the active segment's ``.txnindex``."""
-        from shmq.storage.producer_state import INVALID_PRODUCER_EPOCH, \
-            TRANSACTION_COORDINATOR_FENCED
+        from shmq.storage.producer_state import (
+            INVALID_PRODUCER_EPOCH,
+            TRANSACTION_COORDINATOR_FENCED,
+        )
 
         entry = self.producer_state.last_entry(producer_id)
         if entry is not None:

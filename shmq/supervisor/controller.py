@@ -13,7 +13,11 @@ Theory of operation (gunicorn's Arbiter, STYLE.md §6)
 * Serve: the controller answers ApiVersions, Metadata, CreateTopics, DeleteTopics and
   InitProducerId itself, and the workers' RPCs for the same admin operations.  It leads the
   internal topic ``__consumer_offsets`` (the group coordinator's log) and serves Fetch and
-  ListOffsets for it (``shmq.broker.internal_topics``).  A metadata change
+  ListOffsets for it (``shmq.broker.internal_topics``).  The transaction coordinator runs here
+  too (``shmq.coordinator.transactions``, its ``__transaction_state`` log beside the offsets):
+  its markers go to the partitions' workers over their control channels
+  (``write_txn_markers``, retried through worker restarts), and workers ask it to verify a
+  transactional write that opens a transaction (``verify_txn``).  A metadata change
   is answered only after every live worker acknowledged it, so a client that creates a topic and
   produces at once never reaches a worker that has not heard of the topic.
 * Supervise: a worker that exits is restarted on the same port after recovering its logs; a
@@ -241,8 +245,8 @@ class Controller:
                                              for n in nodes))
             pending = []
             for node, errors in zip(nodes, answers, strict=True):
-                for m, code in zip(by_node[node], errors or [None] * len(by_node[node]),
-                                   strict=True):
+                codes: list[int | None] = list(errors) if errors else [None] * len(by_node[node])
+                for m, code in zip(by_node[node], codes, strict=True):
                     if code in (47, 52):
                         log.warning("transaction marker for %s-%d (producer %d epoch %d) "
                                     "refused with error %d", m[0], m[1], m[2], m[3], code)

@@ -16,7 +16,6 @@ import time
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-
 from conftest import start_broker
 from test_transactions import create_topic
 
@@ -185,7 +184,7 @@ def _run(tmp_path, n: int, seconds: float, worker_kills: bool, controller_kills:
             seen = set(values)
             lost += len(set(want) - seen)
             dup += len(values) - len(seen)
-            disorder += sum(1 for a, b2 in zip(values, values[1:]) if b2 <= a)
+            disorder += sum(1 for a, b2 in zip(values, values[1:], strict=False) if b2 <= a)
             offsets = [o for o, _ in out[p]]
             assert offsets == sorted(offsets)  # non-monotonic offsets
         # G1a: what read_committed returns never includes a record of an aborted transaction;
