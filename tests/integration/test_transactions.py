@@ -532,3 +532,30 @@ def test_transactions_cli(broker) -> None:
         p.commit_transaction(10)  # fenced by the abort
     assert consume_all(broker.bootstrap, "cli", "read_committed", partitions=2) == []
     assert shmq("abort", "--topic", "cli", "--partition", "0").returncode == 1
+
+
+def test_producer_perf_test_transactional_and_console_consumer(broker) -> None:
+    """``shmq producer-perf-test --transactional-id`` commits its records in transactions;
+    ``shmq console-consumer --isolation-level read_committed`` reads them back."""
+    import sys
+
+    create_topic(broker.bootstrap, "ppt", 1)
+    out = subprocess.run([sys.executable, "-m", "shmq", "producer-perf-test", "--topic", "ppt",
+                          "--num-records", "3000", "--record-size", "100", "--throughput", "-1",
+                          "--transactional-id", "ppt-1", "--transaction-duration-ms", "200",
+                          "--producer-props", f"bootstrap.servers={broker.bootstrap}"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "3000 records sent" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "shmq", "console-consumer",
+                          "--bootstrap-server", broker.bootstrap, "--topic", "ppt",
+                          "--from-beginning", "--isolation-level", "read_committed",
+                          "--max-messages", "3000", "--timeout-ms", "20000"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert len(out.stdout.splitlines()) == 3000
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "ppt-g",
+                  "isolation.level": "read_committed"})
+    hi = c.get_watermark_offsets(TopicPartition("ppt", 0), timeout=10)[1]
+    c.close()
+    assert hi > 3000  # the records and at least one COMMIT marker, all committed
