@@ -215,10 +215,13 @@ class TransactionCoordinator:
                  write_markers: Callable[[list[Marker]], Awaitable[None]],
                  offsets_marker: Callable[[int, int, int, bool], Awaitable[None]],
                  topic_partitions: Callable[[str], int | None],
-                 offsets_partitions: Callable[[], int]) -> None:
+                 offsets_partitions: Callable[[], int], *,
+                 registered_partitions: int | None = None) -> None:
+        """``registered_partitions``: the partition count ``__transaction_state`` has in the
+        cluster metadata (fixed once registered), else ``config.partitions``."""
         self.config = config
-        self.log = OffsetsLog(directory, config.partitions, config.segment_bytes,
-                              config.segment_bytes, topic=TOPIC)
+        self.log = OffsetsLog(directory, registered_partitions or config.partitions,
+                              config.segment_bytes, config.segment_bytes, topic=TOPIC)
         self.txns: dict[str, TxnMetadata] = {}
         self.new_producer_id = new_producer_id
         self.write_markers = write_markers

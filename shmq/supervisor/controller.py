@@ -50,7 +50,12 @@ from typing import Any
 from shmq.broker.config import BrokerConfig
 from shmq.broker.context import BrokerContext, TopicRequest, TopicResult
 from shmq.broker.internal_topics import InternalLogs, offsets_topic_configs
-from shmq.broker.metadata import INTERNAL_TOPICS, OFFSETS_TOPIC, MetadataStore
+from shmq.broker.metadata import (
+    INTERNAL_TOPICS,
+    OFFSETS_TOPIC,
+    TRANSACTION_STATE_TOPIC,
+    MetadataStore,
+)
 from shmq.broker.router import Router
 from shmq.net.connection import serve
 from shmq.storage import checkpoint
@@ -176,6 +181,11 @@ class Controller:
         assert self.store is not None
         if name in self.store.metadata.topics:
             return True
+        if name == TRANSACTION_STATE_TOPIC and self.ctx.txn_coordinator is not None:
+            published = self._register_txn_topic()
+            if wait:
+                await asyncio.shield(published)
+            return True
         if name != OFFSETS_TOPIC or self.ctx.coordinator is None:
             return False
         published = self._register_offsets_topic()
@@ -195,6 +205,23 @@ class Controller:
         task = asyncio.ensure_future(self.publish_metadata())
         task.add_done_callback(_log_failure("publishing the metadata"))
         return task
+
+    def _register_txn_topic(self) -> asyncio.Future:
+        """List ``__transaction_state`` (Kafka creates it at the first FindCoordinator for a
+        transactional id); its partition logs are created on first use."""
+        assert self.store is not None
+        self.store.register_internal_topic(
+            TRANSACTION_STATE_TOPIC, self.ctx.txn_coordinator.log.partitions,
+            offsets_topic_configs(self.config.offsets_topic_segment_bytes))
+        task = asyncio.ensure_future(self.publish_metadata())
+        task.add_done_callback(_log_failure("publishing the metadata"))
+        return task
+
+    def _txn_appended(self, partition: int) -> None:
+        assert self.store is not None
+        if TRANSACTION_STATE_TOPIC not in self.store.metadata.topics:
+            self._register_txn_topic()
+        self.ctx.notify_data(TRANSACTION_STATE_TOPIC, partition)
 
     def _prepare_offsets_partitions(self) -> None:
         """Create the partition logs in a thread, starting ``PREPARE_AFTER_S`` from now: the
@@ -291,6 +318,8 @@ class Controller:
         from shmq.coordinator.transactions import TransactionCoordinator, TxnConfig
 
         c = self.config
+        assert self.store is not None
+        registered = self.store.metadata.topics.get(TRANSACTION_STATE_TOPIC)
 
         def topic_partitions(topic: str) -> int | None:
             info = self.ctx.metadata.topics.get(topic)
@@ -305,7 +334,10 @@ class Controller:
                 partitions=c.transaction_state_log_num_partitions,
                 segment_bytes=c.offsets_topic_segment_bytes),
             self.ctx.next_producer_id, self.write_txn_markers, self._offsets_marker,
-            topic_partitions, lambda: self.ctx.coordinator.log.partitions)
+            topic_partitions, lambda: self.ctx.coordinator.log.partitions,
+            registered_partitions=None if registered is None else len(registered.partitions))
+        self.ctx.logs.add(TRANSACTION_STATE_TOPIC, coordinator.log.log)
+        coordinator.log.on_append = self._txn_appended
         return coordinator
 
     async def allocate_producer_ids(self, count: int) -> int:
@@ -608,6 +640,11 @@ class Controller:
         self.ctx.coordinator = self._start_coordinator()
         self.ctx.txn_coordinator = self._start_txn_coordinator()
         ending = self.ctx.txn_coordinator.load()
+        if TRANSACTION_STATE_TOPIC not in self.store.metadata.topics \
+                and self.ctx.txn_coordinator.log.has_records():
+            self.store.register_internal_topic(
+                TRANSACTION_STATE_TOPIC, self.ctx.txn_coordinator.log.partitions,
+                offsets_topic_configs(self.config.offsets_topic_segment_bytes))
         server = await serve(Router(self.ctx), self.config.host, self.config.port,
                              self.config.socket_request_max_bytes, self.ctx.stats,
                              self.ctx.metrics)

@@ -322,6 +322,29 @@ def test_describe_and_list_transactions(broker) -> None:
     p.commit_transaction(30)
     resp = _kio_response(65, 0, _request(port, 65, 0, body, flexible=True))
     assert resp.transaction_states[0].transaction_state == "CompleteCommit"
+    # __transaction_state is listed and readable: its records are Kafka's TransactionLog ones
+    from shmq.coordinator.records import partition_for
+    from shmq.coordinator.transactions import TxnState, decode_key, decode_value
+
+    md = AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=10)
+    assert len(md.topics["__transaction_state"].partitions) == 50
+    part = partition_for("tid-dl", 50)
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "ts-reader",
+                  "enable.partition.eof": True})
+    c.assign([TopicPartition("__transaction_state", part, 0)])
+    states = []
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is None:
+            continue
+        if m.error():
+            break
+        if decode_key(m.key()) == "tid-dl":
+            states.append(decode_value("tid-dl", m.value()).state)
+    c.close()
+    assert states[0] == TxnState.EMPTY and states[-1] == TxnState.COMPLETE_COMMIT
+    assert TxnState.ONGOING in states and TxnState.PREPARE_COMMIT in states
 
 
 @pytest.mark.parametrize("victim", ["worker", "controller"])
