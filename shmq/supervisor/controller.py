@@ -257,7 +257,9 @@ class Controller:
 
         pending = list(markers)
         pause = 0.05
+        rounds = 0
         while pending and not self.stop_event.is_set():
+            rounds += 1
             meta = self.ctx.metadata
             by_node: dict[int, list[tuple[str, int, int, int, bool]]] = {}
             for m in pending:
@@ -271,6 +273,7 @@ class Controller:
             answers = await asyncio.gather(*(self._send_markers(n, by_node[n], COORDINATOR_EPOCH)
                                              for n in nodes))
             pending = []
+            refused: dict[tuple[str, int], int | None] = {}
             for node, errors in zip(nodes, answers, strict=True):
                 codes: list[int | None] = list(errors) if errors else [None] * len(by_node[node])
                 for m, code in zip(by_node[node], codes, strict=True):
@@ -279,6 +282,11 @@ class Controller:
                                     "refused with error %d", m[0], m[1], m[2], m[3], code)
                     elif code not in (0, 3):
                         pending.append(m)
+                        refused[(m[0], m[1])] = code
+            if pending and rounds % 20 == 0:  # about every 20 s once the pause is 1 s
+                log.warning("transaction markers not written after %d attempts: %s (None: the "
+                            "worker is down or did not answer)", rounds,
+                            ", ".join(f"{t}-{p}: {c}" for (t, p), c in sorted(refused.items())))
             if pending:
                 await asyncio.sleep(pause)
                 pause = min(1.0, pause * 2)
