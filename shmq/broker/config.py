@@ -48,6 +48,10 @@ class BrokerConfig:
     # idempotent producers idle this long are forgotten (Kafka's ProducerStateManager)
     producer_id_expiration_ms: int = 86_400_000     # producer.id.expiration.ms (1 day)
     producer_id_expiration_check_interval_ms: int = 600_000  # producer.id.expiration.check.interval.ms
+    # transaction coordinator (Kafka's names and defaults)
+    transaction_max_timeout_ms: int = 900_000       # transaction.max.timeout.ms
+    transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 10_000
+    transaction_state_log_num_partitions: int = 50  # transaction.state.log.num.partitions
 
     KAFKA_NAMES = {
         "num.partitions": "num_partitions",
@@ -67,6 +71,10 @@ class BrokerConfig:
         "offsets.topic.segment.bytes": "offsets_topic_segment_bytes",
         "producer.id.expiration.ms": "producer_id_expiration_ms",
         "producer.id.expiration.check.interval.ms": "producer_id_expiration_check_interval_ms",
+        "transaction.max.timeout.ms": "transaction_max_timeout_ms",
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms":
+            "transaction_abort_timed_out_transaction_cleanup_interval_ms",
+        "transaction.state.log.num.partitions": "transaction_state_log_num_partitions",
     }
     LOG_NAMES = {
         "log.segment.bytes": "segment.bytes",
@@ -137,6 +145,12 @@ class BrokerConfig:
         if self.producer_id_expiration_ms < 1 or self.producer_id_expiration_check_interval_ms < 1:
             raise ConfigError("producer.id.expiration.ms and "
                               "producer.id.expiration.check.interval.ms must be at least 1")
+        if self.transaction_max_timeout_ms < 1 \
+                or self.transaction_abort_timed_out_transaction_cleanup_interval_ms < 1 \
+                or not 1 <= self.transaction_state_log_num_partitions <= 1000:
+            raise ConfigError("transaction.max.timeout.ms and transaction.abort.timed.out."
+                              "transaction.cleanup.interval.ms must be at least 1, "
+                              "transaction.state.log.num.partitions 1..1000")
         if not 1 <= self.offsets_topic_num_partitions <= 1000 or self.offsets_topic_segment_bytes < 1024:
             raise ConfigError("offsets.topic.num.partitions must be 1..1000 and "
                               "offsets.topic.segment.bytes at least 1024")

@@ -67,6 +67,7 @@ class BrokerContext:
     controller: ControllerApi
     logs: Any = None                     # LogManager in a worker, InternalLogs in the controller
     coordinator: Any = None              # GroupCoordinator in the controller, None in a worker
+    txn_coordinator: Any = None          # TransactionCoordinator in the controller, else None
     _data_events: dict[tuple[str, int], asyncio.Event] = field(default_factory=dict)
     _metadata_event: asyncio.Event | None = None
     _pid_block: list[int] = field(default_factory=lambda: [0, 0])   # next, end
@@ -86,7 +87,7 @@ class BrokerContext:
         info = self.metadata.topics[topic].partitions[partition]
         if 0 <= info.slot < table.slot_count:
             table.write(info.slot, self.node_id, info.leader_epoch, log.log_start_offset,
-                        log.high_watermark, log.high_watermark, log.log_end_offset,
+                        log.high_watermark, log.last_stable_offset, log.log_end_offset,
                         log.generation)
 
     def log_for(self, topic: str, partition: int) -> PartitionLog | None:

@@ -1,5 +1,5 @@
-"""Kafka's internal topics as the controller serves them: ``__consumer_offsets`` today,
-``__transaction_state`` when transactions exist.
+"""Kafka's internal topics as the controller serves them: ``__consumer_offsets`` (the group
+coordinator's log) and ``__transaction_state`` (the transaction coordinator's).
 
 Theory of operation
 -------------------

@@ -37,6 +37,7 @@ COMMANDS = [
     "console_producer",
     "console_consumer",
     "consumer_groups",
+    "transactions",
     "producer_perf_test",
     "consumer_perf_test",
     "top",

@@ -173,6 +173,9 @@ class GroupCoordinator:
         # with require_stable answers UNSTABLE_OFFSET_COMMIT for them (the transaction coordinator
         # fills this in)
         self.pending_transactional_offsets: set[tuple[str, str, int]] = set()
+        # TxnOffsetCommit's offsets, by producer id and group, until the transaction's marker
+        # reaches the group's partition (commit: they become the committed offsets)
+        self.txn_offsets: dict[int, dict[str, dict[tuple[str, int], OffsetAndMetadata]]] = {}
         self.loaded = False
 
     # -- life cycle ---------------------------------------------------------------------------
@@ -182,9 +185,19 @@ class GroupCoordinator:
         started = time.monotonic()
         count = 0
         for p in self.log.partitions_on_disk():
-            for key, value in self.log.replay(p):
-                self._replay(key, value)
-                count += 1
+            for batch, records in self.log.replay_batches(p):
+                if batch.is_control:
+                    self._replay_marker(p, batch)
+                    continue
+                txn = batch.producer_id if batch.is_transactional else -1
+                for key, value in records:
+                    if key is None:
+                        continue
+                    if txn >= 0:
+                        self._replay_txn_offset(txn, key, value)
+                    else:
+                        self._replay(key, value)
+                    count += 1
         for gid in [g.group_id for g in self.groups.values() if not g.persisted and not g.offsets]:
             del self.groups[gid]  # every record of the group was a tombstone
         for group in self.groups.values():
@@ -234,6 +247,100 @@ class GroupCoordinator:
                 group.leader_id = g.leader if g.leader in group.members else group.leader_id
         except (ValueError, IndexError) as exc:  # CorruptRecordError is a ValueError
             log.error("skipping an unreadable __consumer_offsets record: %s", exc)
+
+    def _replay_txn_offset(self, producer_id: int, key: bytes, value: bytes | None) -> None:
+        try:
+            k = rec.decode_key(key)
+            if not isinstance(k, rec.OffsetCommitKey) or value is None:
+                return
+            v = rec.decode_offset_value(value)
+        except (ValueError, IndexError) as exc:
+            log.error("skipping an unreadable transactional offset record: %s", exc)
+            return
+        self._stage_txn_offset(producer_id, k.group, k.topic, k.partition, OffsetAndMetadata(
+            v.offset, v.leader_epoch, v.metadata, v.commit_timestamp))
+
+    def _replay_marker(self, partition: int, batch: Any) -> None:
+        from shmq.storage.log import parse_marker
+
+        marker = parse_marker(bytes(batch.buffer))
+        if marker is not None:
+            self._end_txn_offsets(batch.producer_id, partition, marker[0])
+
+    def _stage_txn_offset(self, producer_id: int, group_id: str, topic: str, partition: int,
+                          o: OffsetAndMetadata) -> None:
+        self.txn_offsets.setdefault(producer_id, {}).setdefault(group_id, {})[
+            (topic, partition)] = o
+        self.pending_transactional_offsets.add((group_id, topic, partition))
+
+    def _end_txn_offsets(self, producer_id: int, partition: int, commit: bool) -> None:
+        """The marker of ``producer_id``'s transaction reached ``partition``: its staged
+        offsets of the groups there become committed (COMMIT) or are dropped (ABORT)."""
+        staged = self.txn_offsets.get(producer_id)
+        if not staged:
+            return
+        for group_id in [g for g in staged if self.partition_for(g) == partition]:
+            offsets = staged.pop(group_id)
+            group = self.groups.get(group_id)
+            if commit:
+                if group is None:
+                    group = self.groups[group_id] = Group(group_id)
+                group.offsets.update(offsets)
+            for topic, p in offsets:
+                if not any((topic, p) in other.get(group_id, {})
+                           for other in self.txn_offsets.values()):
+                    self.pending_transactional_offsets.discard((group_id, topic, p))
+        if not staged:
+            del self.txn_offsets[producer_id]
+
+    async def txn_commit_offsets(self, group_id: str, producer_id: int, producer_epoch: int,
+                                 topics: Sequence[tuple[str, Sequence[tuple[Any, ...]]]]
+                                 ) -> list[list[int]]:
+        """TxnOffsetCommit: the offsets are written as the producer's transactional records
+        into the group's partition and take effect with its COMMIT marker."""
+        if not group_id:
+            return [[INVALID_GROUP_ID] * len(parts) for _, parts in topics]
+        now = _now_ms()
+        out: list[list[int]] = []
+        records: list[tuple[bytes, bytes | None]] = []
+        staged: list[tuple[str, int, OffsetAndMetadata]] = []
+        for topic, parts in topics:
+            n = self.topic_partitions(topic)
+            errors = []
+            for partition, offset, epoch, metadata in parts:
+                if n is None or not 0 <= partition < n:
+                    errors.append(UNKNOWN_TOPIC_OR_PARTITION)
+                elif metadata is not None and len(metadata) > self.config.offset_metadata_max_bytes:
+                    errors.append(OFFSET_METADATA_TOO_LARGE)
+                else:
+                    o = OffsetAndMetadata(offset, epoch, metadata or "", now)
+                    staged.append((topic, partition, o))
+                    records.append(self._offset_record(group_id, topic, partition, o))
+                    errors.append(NONE)
+            out.append(errors)
+        if not records:
+            return out
+        p = self.partition_for(group_id)
+        try:
+            end = self.log.append(p, records, producer_id=producer_id,
+                                  producer_epoch=producer_epoch)
+        except Exception as exc:  # noqa: BLE001 - an epoch error from the producer state
+            code = getattr(exc, "code", COORDINATOR_NOT_AVAILABLE)
+            return [[code if e == NONE else e for e in errs] for errs in out]
+        for topic, partition, o in staged:
+            self._stage_txn_offset(producer_id, group_id, topic, partition, o)
+        error = await self._durable((p, end))
+        if error:
+            out = [[error if e == NONE else e for e in errs] for errs in out]
+        return out
+
+    def write_txn_marker(self, partition: int, producer_id: int, producer_epoch: int,
+                         coordinator_epoch: int, commit: bool) -> tuple[int, int]:
+        """The transaction coordinator's marker into ``__consumer_offsets-<partition>``."""
+        end = self.log.append_marker(partition, producer_id, producer_epoch, coordinator_epoch,
+                                     commit)
+        self._end_txn_offsets(producer_id, partition, commit)
+        return partition, end
 
     @staticmethod
     def _reset_group_metadata(group: Group) -> None:
@@ -307,6 +414,13 @@ class GroupCoordinator:
     def _snapshot(self, partition: int) -> None:
         self._snapshot_scheduled.discard(partition)
         if self.log.closed:
+            return
+        if any(self.partition_for(g) == partition
+               for staged in self.txn_offsets.values() for g in staged):
+            # an open transaction's offsets are records of this partition that the snapshot
+            # would drop: try again once its marker is written
+            self._snapshot_scheduled.add(partition)
+            asyncio.get_running_loop().call_later(1.0, self._snapshot, partition)
             return
         live: list[tuple[bytes, bytes | None]] = []
         for group in self.groups.values():

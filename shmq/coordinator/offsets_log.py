@@ -45,6 +45,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from shmq.coordinator.records import group_of, partition_for
 from shmq.errors import CorruptRecordError
@@ -66,15 +67,16 @@ Records = list[tuple[bytes, bytes | None]]
 class OffsetsLog:
     def __init__(self, directory: Path, partitions: int, segment_bytes: int,
                  snapshot_bytes: int, *, placed: bool = True,
-                 on_append: Callable[[int], None] | None = None) -> None:
+                 on_append: Callable[[int], None] | None = None, topic: str = TOPIC) -> None:
+        self.topic = topic
         self.directory = Path(directory)
         self.config = LogConfig(segment_bytes=segment_bytes, retention_ms=-1,
                                 cleanup_policy="compact", max_message_bytes=1 << 30)
         self.manager = LogManager(self.directory, self.config)
-        self.manager.startup({TOPIC: self.config})
+        self.manager.startup({topic: self.config})
         self.partitions = partitions
         self.logs: dict[int, PartitionLog] = {
-            p: plog for (t, p), plog in self.manager.logs.items() if t == TOPIC}
+            p: plog for (t, p), plog in self.manager.logs.items() if t == topic}
         for plog in self.logs.values():
             plog.update_high_watermark(plog.log_end_offset)
         self.snapshot_bytes = snapshot_bytes
@@ -89,8 +91,8 @@ class OffsetsLog:
             self.place()
         stray = sorted(p for p in self.logs if p >= partitions)
         if stray:  # like Kafka, the count is fixed once the topic exists
-            log.warning("__consumer_offsets has %d partitions; partitions %s on disk are ignored",
-                        partitions, stray)
+            log.warning("%s has %d partitions; partitions %s on disk are ignored",
+                        topic, partitions, stray)
         self.on_append = on_append
 
     def log(self, partition: int) -> PartitionLog:
@@ -98,7 +100,7 @@ class OffsetsLog:
         plog = self.logs.get(partition)
         if plog is None:
             if not 0 <= partition < self.partitions:
-                raise IndexError(f"{TOPIC} has no partition {partition}")
+                raise IndexError(f"{self.topic} has no partition {partition}")
             with self._creating:
                 plog = self.logs.get(partition) or self._create(partition)
         return plog
@@ -106,8 +108,8 @@ class OffsetsLog:
     def _create(self, partition: int) -> PartitionLog:
         """A new partition log, its leader epoch checkpointed (call with ``_creating`` held)."""
         if self.closed:
-            raise ValueError(f"{TOPIC} is closed")
-        plog = self.manager.get_or_create_log(TOPIC, partition, self.config)
+            raise ValueError(f"{self.topic} is closed")
+        plog = self.manager.get_or_create_log(self.topic, partition, self.config)
         plog.update_high_watermark(plog.log_end_offset)
         if not plog.epoch_entries:
             plog.write_leader_epoch_checkpoint([(LEADER_EPOCH, plog.log_end_offset)])
@@ -132,13 +134,28 @@ class OffsetsLog:
 
     # -- write ------------------------------------------------------------------------------
 
-    def append(self, partition: int, records: Records) -> int:
-        """Append records to the page cache; returns the offset after the last one."""
+    def append(self, partition: int, records: Records, *, producer_id: int = -1,
+               producer_epoch: int = -1) -> int:
+        """Append records to the page cache; returns the offset after the last one.  With a
+        producer id the batches are that producer's transactional writes (TxnOffsetCommit)."""
         plog = self.log(partition)
         batches = bytearray()
         for i in range(0, len(records), BATCH_RECORDS):
-            batches += encode_batch(records[i : i + BATCH_RECORDS])
+            batches += encode_batch(records[i : i + BATCH_RECORDS], producer_id=producer_id,
+                                    producer_epoch=producer_epoch,
+                                    transactional=producer_id >= 0)
         plog.append(batches, validate=False, leader_epoch=LEADER_EPOCH)
+        end = plog.update_high_watermark(plog.log_end_offset)
+        if self.on_append is not None:
+            self.on_append(partition)
+        return end
+
+    def append_marker(self, partition: int, producer_id: int, producer_epoch: int,
+                      coordinator_epoch: int, commit: bool) -> int:
+        """A COMMIT/ABORT marker of a producer's transactional records; the offset after it."""
+        plog = self.log(partition)
+        plog.append_control(producer_id, producer_epoch, coordinator_epoch, commit,
+                            leader_epoch=LEADER_EPOCH)
         end = plog.update_high_watermark(plog.log_end_offset)
         if self.on_append is not None:
             self.on_append(partition)
@@ -204,7 +221,7 @@ class OffsetsLog:
         self.on_append = on_append
         for p in old:
             if p >= self.partitions:
-                self.manager.delete_log(TOPIC, p)
+                self.manager.delete_log(self.topic, p)
                 del self.logs[p]
             else:
                 self.logs[p].delete_records_before(starts[p])
@@ -234,6 +251,32 @@ class OffsetsLog:
                     nxt = batch.next_offset
             except CorruptRecordError as exc:  # recovery already truncated torn writes
                 log.error("__consumer_offsets-%d: stopping replay at %d: %s", partition, nxt, exc)
+                return
+            if nxt <= offset:
+                break
+            offset = nxt
+        self.live_bytes[partition] = plog.size_in_bytes
+
+    def replay_batches(self, partition: int) -> Iterator[tuple[Any, list[tuple[bytes | None, bytes | None]]]]:
+        """Every batch (a ``RecordBatchView``: producer id, flags) with its records' (key,
+        value), in log order (the coordinators' transactional records and markers)."""
+        plog = self.logs.get(partition)
+        if plog is None:
+            return
+        offset, end = plog.log_start_offset, plog.log_end_offset
+        while offset < end:
+            result = plog.read(offset, READ_CHUNK, upper_bound=end)
+            if not result.slices:
+                break
+            data = b"".join(os.pread(s.fd, s.length, s.position) for s in result.slices)
+            nxt = offset
+            try:
+                for batch in iter_batches(data):
+                    yield batch, [(r.key, r.value) for r in batch.records()
+                                  if r.offset >= offset]
+                    nxt = batch.next_offset
+            except CorruptRecordError as exc:
+                log.error("%s-%d: stopping replay at %d: %s", self.topic, partition, nxt, exc)
                 return
             if nxt <= offset:
                 break

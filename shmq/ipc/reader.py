@@ -4,8 +4,10 @@ Theory of operation
 -------------------
 * **The bound.**  Every read starts with a seqlocked snapshot of the partition's slot in the state
   table (``shmq.ipc.state_table``): log start, high watermark, last stable offset, segment
-  generation.  Nothing at or past the bound (the HW; the LSO for ``read_committed``, where
-  transactions will move it) is ever read: the worker publishes the HW only after the bytes
+  generation.  Nothing at or past the bound (the HW; the LSO for ``read_committed``) is ever
+  read; a read_committed read also leaves out the batches of aborted transactions, which it
+  finds in the segments' ``.txnindex`` files (re-read when one grows), as a Kafka consumer
+  drops them by Fetch's aborted-transactions list: the worker publishes the HW only after the bytes
   below it are in the file, so everything below it is whole.
 * **Walking safely.**  The bytes right after the bound may be in the middle of a ``pwritev``
   (torn, or past the end of the file).  A read maps the segment read-only over 2 GiB of address
@@ -168,7 +170,9 @@ class ReadResult:
                  "last_stable_offset")
 
     def __init__(self, buffer: memoryview, offset: int, next_offset: int,
-                 state: PartitionState) -> None:
+                 state: PartitionState, aborted: Any = ()) -> None:
+        if aborted:  # read_committed: the batches of aborted transactions are left out
+            buffer = drop_aborted(buffer, aborted)
         self.buffer = buffer
         self.offset = offset
         self.next_offset = next_offset
@@ -186,13 +190,35 @@ class ReadResult:
     def records(self) -> list[rec.Record]:
         if not len(self.buffer):
             return []
-        out = rec.decode_batches(self.buffer)
+        bodies, meta = rec._records_sections(
+            self.buffer, verify_crc=True, max_decompressed=rec.codecs.DEFAULT_MAX_DECOMPRESSED_BYTES,
+            skip_control=True)
+        out = _fast.decode_sections(bodies, meta, rec.Record)
         return [r for r in out if self.offset <= r.offset < self.next_offset]
 
     def to_arrow(self, topic: str, partition: int, *, include_headers: bool = False) -> Any:
         """A ``pyarrow.RecordBatch`` in the spark_bridge schema (``SPARK_SCHEMA``)."""
         return batches_to_spark_arrow(self.buffer, topic, partition, self.offset,
                                       self.next_offset, include_headers=include_headers)
+
+
+def drop_aborted(buffer: memoryview, aborted: Any) -> memoryview:
+    """``buffer`` without the batches of aborted transactions: a batch of producer ``pid``
+    whose base offset lies in ``[first, marker]`` of one of the ``(pid, first, marker)``
+    entries (what a Kafka consumer does with Fetch's ``aborted_transactions``)."""
+    by_pid: dict[int, list[tuple[int, int]]] = {}
+    for pid, first, last in aborted:
+        by_pid.setdefault(pid, []).append((first, last))
+    kept = bytearray()
+    dropped = False
+    for batch in rec.iter_batches(buffer, verify_crc=False):
+        ranges = by_pid.get(batch.producer_id)
+        if ranges and batch.is_transactional and any(
+                first <= batch.base_offset <= last for first, last in ranges):
+            dropped = True
+            continue
+        kept += batch.buffer
+    return memoryview(kept) if dropped else buffer
 
 
 def spark_schema(include_headers: bool = False) -> Any:
@@ -288,7 +314,31 @@ class PartitionReader:
         self._leader: int | None = None
         self._cursor: tuple[int, int, int] | None = None   # (offset, segment base, position)
         self._out = np.empty(_COLS * _SCAN_ROWS, dtype=np.int64)
+        self._txn: dict[int, tuple[int, list[Any]]] = {}  # segment base -> (file size, entries)
         self.closed = False
+
+    def aborted(self, offset: int, bound: int) -> list[tuple[int, int, int]]:
+        """(producer id, first offset, marker offset) of the aborted transactions overlapping
+        ``[offset, bound)``, from the segments' ``.txnindex`` files (re-read when they grow)."""
+        from shmq.storage import txn_index
+
+        out: list[tuple[int, int, int]] = []
+        for seg in self._segments:
+            path = txn_index.path_for(seg.path.parent, seg.base)
+            try:
+                size = os.stat(path).st_size
+            except FileNotFoundError:
+                continue
+            cached = self._txn.get(seg.base)
+            if cached is None or cached[0] != size:
+                try:
+                    cached = (size, txn_index.read(path))
+                except (OSError, ValueError):
+                    continue
+                self._txn[seg.base] = cached
+            out.extend((e.producer_id, e.first_offset, e.last_offset) for e in cached[1]
+                       if e.last_offset >= offset and e.first_offset < bound)
+        return out
 
     # -- state ------------------------------------------------------------------------------
 
@@ -372,7 +422,9 @@ class PartitionReader:
                 seg.map.populate(start, end - start)  # one call, not a fault per page
                 next_offset = min(last + 1, offset + max_records, bound)
                 self._cursor = (last + 1, seg.base, end)
-                return ReadResult(seg.view[start:end], offset, next_offset, st)
+                aborted = self.aborted(offset, next_offset) \
+                    if isolation == READ_COMMITTED else ()
+                return ReadResult(seg.view[start:end], offset, next_offset, st, aborted)
             # nothing at or past the offset in this segment below the bound: the next one
             seg = self._next_segment(seg)
             if seg is None or seg.base > offset:

@@ -94,6 +94,12 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     DELETE_RECORDS: (0, 2),
     DESCRIBE_CLUSTER: (0, 1),
     DESCRIBE_PRODUCERS: (0, 0),
+    ADD_PARTITIONS_TO_TXN: (0, 3),  # 4+ is KIP-890's broker-side verification
+    ADD_OFFSETS_TO_TXN: (0, 4),
+    END_TXN: (0, 4),  # 5 is transaction version 2 (KIP-890)
+    TXN_OFFSET_COMMIT: (0, 4),  # 5 is transaction version 2
+    DESCRIBE_TRANSACTIONS: (0, 0),
+    LIST_TRANSACTIONS: (0, 1),
 }
 
 # Versions advertised but rejected with UNSUPPORTED_VERSION when used.

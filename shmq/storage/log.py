@@ -46,12 +46,13 @@ from shmq import _fast
 from shmq.errors import CorruptRecordError, KafkaApiError, OffsetOutOfRangeError
 from shmq.limits import Throttled
 from shmq.protocol.compression import decompress_scratch
-from shmq.storage import checkpoint, disk, layout, partition_metadata
+from shmq.storage import checkpoint, disk, layout, partition_metadata, txn_index
 from shmq.storage.log_config import LogConfig
 from shmq.storage.producer_state import ProducerStateManager, snapshot_path
 from shmq.storage.recovery_point import RecoveryPointFile
 from shmq.storage.segment import LogSegment
 from shmq.storage.slices import FileSlice
+from shmq.storage.txn_index import AbortedTxn
 
 MESSAGE_TOO_LARGE, INVALID_TIMESTAMP, INVALID_RECORD = 10, 32, 87
 LATEST_TIMESTAMP = -1
@@ -209,6 +210,11 @@ class PartitionLog:
         self._recovery_file = RecoveryPointFile(directory)
         self._bytes_since_snapshot = 0
         self.producer_state = ProducerStateManager(directory)
+        # aborted transactions of every segment (their ``.txnindex`` files), by marker offset
+        self.aborted: list[AbortedTxn] = []
+        self._aborted_ends: list[int] = []
+        self._txn_dirty: set[int] = set()  # segments whose .txnindex the next flush fsyncs
+        self._load_txn_indexes()
         self._rebuild_producer_state()
         # leader-epoch-checkpoint (LeaderEpochFileCache): (epoch, start offset), one per epoch.
         # Written when an epoch starts but made durable by the next flush (see _assign_epoch):
@@ -276,7 +282,10 @@ class PartitionLog:
 
     def _rebuild_producer_state(self) -> None:
         """Latest snapshot at or below the LEO, then replay the batch headers after it
-        (``UnifiedLog.rebuildProducerState``); snapshots outside the log are dropped."""
+        (``UnifiedLog.rebuildProducerState``); snapshots outside the log are dropped.  Markers
+        met on the way are read (their type and coordinator epoch are in the record): an ABORT
+        missing from the ``.txnindex`` (a crash between the two writes) is indexed again, as
+        Kafka's ``LogSegment.recover`` rebuilds the index."""
         ps = self.producer_state
         start = ps.truncate_and_reload(self.log_start_offset, self.log_end_offset,
                                        int(time.time() * 1000))
@@ -292,7 +301,130 @@ class PartitionLog:
                     header = seg.translate_offset(start)
             table = seg.scan_headers_from(header.position if header is not None else 0)
             if len(table):
-                ps.load_from_batches(table[table[:, 1] >= start])
+                self._replay_rows(seg, table[table[:, 1] >= start])
+
+    def _replay_rows(self, seg: LogSegment, rows: Any) -> None:
+        ps = self.producer_state
+        control = [i for i, a in enumerate(rows[:, _fast.COL_ATTRIBUTES].tolist()) if a & 0x20]
+        prev = 0
+        for i in control:
+            ps.load_from_batches(rows[prev:i])
+            prev = i + 1
+            row = rows[i].tolist()
+            pid = row[_fast.COL_PRODUCER_ID]
+            if pid < 0 or row[_fast.COL_RECORDS_COUNT] <= 0:
+                continue
+            marker = read_marker(seg.handle.fd, row[_fast.COL_POSITION], row[_fast.COL_SIZE])
+            if marker is None:
+                ps.load_from_batches(rows[i : i + 1])
+                continue
+            commit, coordinator_epoch = marker
+            offset = row[_fast.COL_BASE_OFFSET]
+            first = ps.complete_txn(pid, row[_fast.COL_PRODUCER_EPOCH], offset,
+                                    row[_fast.COL_MAX_TIMESTAMP], coordinator_epoch, check=False)
+            if not commit and first is not None:
+                unstable = ps.first_unstable_offset()
+                entry = AbortedTxn(pid, first, offset, offset + 1 if unstable is None else unstable)
+                if entry[:3] not in {a[:3] for a in self.aborted[-64:]}:
+                    self._index_abort(seg.base_offset, entry)
+        ps.load_from_batches(rows[prev:])
+
+    # -- transactions (``.txnindex``, markers, the last stable offset) ------------------------
+
+    def _load_txn_indexes(self) -> None:
+        """Every segment's aborted transactions, those past the LEO dropped (a truncated log)."""
+        leo = self.log_end_offset
+        for seg in self.segments:
+            path = txn_index.path_for(self.directory, seg.base_offset)
+            try:
+                entries = txn_index.read(path)
+            except txn_index.CorruptTxnIndexError as exc:
+                import logging
+
+                logging.getLogger(__name__).warning("%s: %s; rebuilt from the log", path, exc)
+                entries = []
+                path.unlink()
+            kept = [e for e in entries if e.last_offset < leo]
+            if len(kept) != len(entries) or (entries and path.stat().st_size
+                                             != len(entries) * txn_index.ENTRY_SIZE):
+                txn_index.rewrite(path, kept)
+            self.aborted.extend(kept)
+        self._aborted_ends = [e.last_offset for e in self.aborted]
+
+    def _truncate_txn_indexes(self, leo: int) -> None:
+        """Drop the aborted transactions whose marker is at or past ``leo`` (truncation)."""
+        if not self.aborted or self.aborted[-1].last_offset < leo:
+            return
+        self.aborted = [e for e in self.aborted if e.last_offset < leo]
+        self._aborted_ends = [e.last_offset for e in self.aborted]
+        for name in os.listdir(self.directory):
+            if name.endswith(layout.TXN_INDEX_SUFFIX):
+                path = self.directory / name
+                entries = txn_index.read(path)
+                kept = [e for e in entries if e.last_offset < leo]
+                if len(kept) != len(entries):
+                    txn_index.rewrite(path, kept)
+
+    def _index_abort(self, segment_base: int, entry: AbortedTxn) -> None:
+        txn_index.append(txn_index.path_for(self.directory, segment_base), entry)
+        self._txn_dirty.add(segment_base)
+        self.aborted.append(entry)
+        self._aborted_ends.append(entry.last_offset)
+
+    @property
+    def last_stable_offset(self) -> int:
+        """min(first offset of the earliest open transaction, HW) (``UnifiedLog.lastStableOffset``)."""
+        first = self.producer_state.first_unstable_offset()
+        hw = self.high_watermark
+        return hw if first is None or first > hw else first
+
+    def aborted_transactions(self, fetch_offset: int, upper_bound: int) -> list[tuple[int, int]]:
+        """(producer id, first offset) of the aborted transactions a read from ``fetch_offset``
+        up to ``upper_bound`` overlaps (``collectAbortedTransactions``)."""
+        from bisect import bisect_left
+
+        aborted = self.aborted
+        i = bisect_left(self._aborted_ends, fetch_offset)
+        return [(e.producer_id, e.first_offset) for e in aborted[i:]
+                if e.first_offset < upper_bound]
+
+    def append_control(self, producer_id: int, producer_epoch: int, coordinator_epoch: int,
+                       commit: bool, *, leader_epoch: int | None = None,
+                       now_ms: int | None = None) -> AppendInfo:
+        """Append a COMMIT or ABORT marker of a producer's transaction (Kafka
+        ``UnifiedLog.appendAsLeader`` with origin COORDINATOR and ``appendEndTxnMarker``):
+        an older producer epoch raises INVALID_PRODUCER_EPOCH (47), an older coordinator epoch
+        TRANSACTION_COORDINATOR_FENCED (52), and nothing is written.  An ABORT that ended an
+        open transaction goes into the active segment's ``.txnindex``."""
+        from shmq.storage.producer_state import (
+            INVALID_PRODUCER_EPOCH,
+            TRANSACTION_COORDINATOR_FENCED,
+        )
+
+        entry = self.producer_state.last_entry(producer_id)
+        if entry is not None:
+            if producer_epoch < entry.producer_epoch:
+                raise KafkaApiError(INVALID_PRODUCER_EPOCH,
+                                    f"marker epoch {producer_epoch} of producer {producer_id} "
+                                    f"is older than {entry.producer_epoch}")
+            if 0 <= coordinator_epoch < entry.coordinator_epoch:
+                raise KafkaApiError(TRANSACTION_COORDINATOR_FENCED,
+                                    f"marker coordinator epoch {coordinator_epoch} is older "
+                                    f"than {entry.coordinator_epoch}")
+        epoch = self.leader_epoch if leader_epoch is None else leader_epoch
+        batch = control_batch(producer_id, producer_epoch, coordinator_epoch, commit, epoch,
+                              now_ms)
+        info = self.append(batch, leader_epoch=leader_epoch, validate=False, now_ms=now_ms)
+        with self._lock:
+            first = self.producer_state.complete_txn(
+                producer_id, producer_epoch, info.first_offset, info.max_timestamp,
+                coordinator_epoch, check=False)
+            if not commit and first is not None:
+                unstable = self.producer_state.first_unstable_offset()
+                self._index_abort(self.segments[-1].base_offset, AbortedTxn(
+                    producer_id, first, info.first_offset,
+                    info.first_offset + 1 if unstable is None else unstable))
+        return info
 
     @classmethod
     def open(cls, directory: Path, config: LogConfig | None = None, *, recovery_point: int = 0,
@@ -372,7 +504,7 @@ class PartitionLog:
             if validate:
                 batch_max, rewrite = self._validate_timestamps(
                     mv, pos, size, attributes, delta + 1, base_ts, batch_max, now)
-            if pid >= 0:
+            if pid >= 0 and not attributes & 0x20:  # markers: ``append_control``
                 producers.append((len(spans), pid, _I16.unpack_from(mv, pos + 51)[0],
                                   _I32.unpack_from(mv, pos + 53)[0], delta,
                                   bool(attributes & 0x10)))
@@ -729,6 +861,11 @@ class PartitionLog:
             for seg in doomed:
                 self.segments.remove(seg)
                 seg.delete()
+                txn_index.rewrite(txn_index.path_for(self.directory, seg.base_offset), [])
+            if self.aborted and self.aborted[0].last_offset < self.segments[0].base_offset:
+                self.aborted = [e for e in self.aborted
+                                if e.last_offset >= self.segments[0].base_offset]
+                self._aborted_ends = [e.last_offset for e in self.aborted]
             self._bases = [s.base_offset for s in self.segments]
             self.generation = (self.generation + 1) & 0xFFFFFFFF
             self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
@@ -775,6 +912,7 @@ class PartitionLog:
             self.generation = (self.generation + 1) & 0xFFFFFFFF
             leo = self.log_end_offset
             self.high_watermark = min(self.high_watermark, leo)
+            self._truncate_txn_indexes(leo)
             if self.recovery_point >= leo:
                 # everything left was durable: record it at once (and durably), before new
                 # appends land below the old recorded position
@@ -814,9 +952,12 @@ class PartitionLog:
                 self._epochs_durable = True
                 sync_topic_id, self._topic_id_durable = not self._topic_id_durable, True
                 record = self._recovery_record() if self.segments[-1].loaded else None
+                txn_dirty, self._txn_dirty = self._txn_dirty, set()
             started = time.perf_counter_ns()
             for seg in todo:
                 seg.flush()
+            for base in txn_dirty:
+                txn_index.fsync(txn_index.path_for(self.directory, base))
             if epochs is not None:  # before the recovery point passes the batches they start
                 self._write_epochs(epochs, sync=True)
             if sync_topic_id:
@@ -913,3 +1054,51 @@ class PartitionLog:
     def __repr__(self) -> str:
         return (f"PartitionLog({self.directory.name}, start={self.log_start_offset}, "
                 f"hw={self.high_watermark}, leo={self.log_end_offset}, segments={len(self.segments)})")
+
+
+CONTROL_ABORT, CONTROL_COMMIT = 0, 1
+_CONTROL_KEY = struct.Struct(">hh")      # version 0, type (ABORT 0, COMMIT 1)
+_CONTROL_VALUE = struct.Struct(">hi")    # version 0, coordinator epoch
+
+
+def control_batch(producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool,
+                  leader_epoch: int = -1, now_ms: int | None = None) -> bytearray:
+    """Kafka's end-transaction marker batch (``MemoryRecords.withEndTransactionMarker``):
+    transactional + control attributes, no compression, CreateTime, baseSequence -1, one record
+    whose key is (version 0, type) and value (version 0, coordinator epoch)."""
+    from shmq.protocol.records import encode_batch
+
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    key = _CONTROL_KEY.pack(0, CONTROL_COMMIT if commit else CONTROL_ABORT)
+    value = _CONTROL_VALUE.pack(0, coordinator_epoch)
+    return encode_batch([(key, value, now)], partition_leader_epoch=leader_epoch,
+                        producer_id=producer_id, producer_epoch=producer_epoch,
+                        transactional=True, control=True)
+
+
+def parse_marker(batch: Any) -> tuple[bool, int] | None:
+    """(commit, coordinator epoch) of a control batch's record, or None when it is no
+    transaction marker (another control type, or unreadable)."""
+    from shmq.protocol.records import RecordBatchView
+
+    try:
+        view = RecordBatchView(memoryview(batch), 0)
+        for rec in view.records():
+            if rec.key is None or len(rec.key) < 4:
+                return None
+            _, kind = _CONTROL_KEY.unpack_from(rec.key, 0)
+            if kind not in (CONTROL_ABORT, CONTROL_COMMIT):
+                return None
+            coord = (_CONTROL_VALUE.unpack_from(rec.value, 0)[1]
+                     if rec.value is not None and len(rec.value) >= 6 else -1)
+            return kind == CONTROL_COMMIT, coord
+    except (ValueError, IndexError, struct.error):
+        return None
+    return None
+
+
+def read_marker(fd: int, position: int, size: int) -> tuple[bool, int] | None:
+    """``parse_marker`` of the batch at ``position`` in a segment file."""
+    if size > 4096:
+        return None
+    return parse_marker(os.pread(fd, size, position))

@@ -1,9 +1,11 @@
 """The control channel between the controller and a worker: JSON lines over a socketpair.
 
 Messages are small dicts with a ``type``.  Controller → worker: ``metadata`` (the whole cluster
-metadata, with its generation), ``stop``, ``rpc_reply``.  Worker → controller: ``ready`` (its
-port), ``metadata_ack``, ``rpc`` (create_topics / delete_topics / allocate_producer_ids: things
-only the controller may do).  End of file on either side means the other process is gone.
+metadata, with its generation), ``stop``, ``rpc_reply``, ``txn_markers`` (COMMIT/ABORT markers
+the transaction coordinator asks the worker to write, answered by ``txn_markers_reply`` with one
+error code per marker).  Worker → controller: ``ready`` (its port), ``metadata_ack``, ``rpc``
+(create_topics / delete_topics / allocate_producer_ids / verify_txn ...: things only the
+controller may do or know).  End of file on either side means the other process is gone.
 """
 
 from __future__ import annotations

@@ -13,7 +13,11 @@ Theory of operation (gunicorn's Arbiter, STYLE.md §6)
 * Serve: the controller answers ApiVersions, Metadata, CreateTopics, DeleteTopics and
   InitProducerId itself, and the workers' RPCs for the same admin operations.  It leads the
   internal topic ``__consumer_offsets`` (the group coordinator's log) and serves Fetch and
-  ListOffsets for it (``shmq.broker.internal_topics``).  A metadata change
+  ListOffsets for it (``shmq.broker.internal_topics``).  The transaction coordinator runs here
+  too (``shmq.coordinator.transactions``, its ``__transaction_state`` log beside the offsets):
+  its markers go to the partitions' workers over their control channels
+  (``write_txn_markers``, retried through worker restarts), and workers ask it to verify a
+  transactional write that opens a transaction (``verify_txn``).  A metadata change
   is answered only after every live worker acknowledged it, so a client that creates a topic and
   produces at once never reaches a worker that has not heard of the topic.
 * Supervise: a worker that exits is restarted on the same port after recovering its logs; a
@@ -47,7 +51,12 @@ from typing import Any
 from shmq.broker.config import BrokerConfig
 from shmq.broker.context import BrokerContext, TopicRequest, TopicResult
 from shmq.broker.internal_topics import InternalLogs, offsets_topic_configs
-from shmq.broker.metadata import INTERNAL_TOPICS, OFFSETS_TOPIC, MetadataStore
+from shmq.broker.metadata import (
+    INTERNAL_TOPICS,
+    OFFSETS_TOPIC,
+    TRANSACTION_STATE_TOPIC,
+    MetadataStore,
+)
 from shmq.broker.router import Router
 from shmq.limits import Throttled, install_loop_handler, nofile
 from shmq.net.connection import serve
@@ -86,6 +95,7 @@ class WorkerHandle:
         self.quick_crashes = 0  # deaths in a row within STABLE_AFTER_S of starting
         self.restarts = 0
         self.boot_error: str | None = None
+        self.marker_waits: dict[int, asyncio.Future] = {}  # txn_markers requests, by id
 
 
 class Controller:
@@ -102,6 +112,7 @@ class Controller:
         self.shm_tracker: Any = None
         self.metrics_table: Any = None   # shmq.ipc.MetricsTable (None: collection off)
         self.http: Any = None            # shmq.monitor.http.MonitorServer (None: no listener)
+        self._marker_ids = 0
 
     # -- ControllerApi ----------------------------------------------------------------------
 
@@ -177,6 +188,11 @@ class Controller:
         assert self.store is not None
         if name in self.store.metadata.topics:
             return True
+        if name == TRANSACTION_STATE_TOPIC and self.ctx.txn_coordinator is not None:
+            published = self._register_txn_topic()
+            if wait:
+                await asyncio.shield(published)
+            return True
         if name != OFFSETS_TOPIC or self.ctx.coordinator is None:
             return False
         published = self._register_offsets_topic()
@@ -196,6 +212,23 @@ class Controller:
         task = asyncio.ensure_future(self.publish_metadata())
         task.add_done_callback(_log_failure("publishing the metadata"))
         return task
+
+    def _register_txn_topic(self) -> asyncio.Future:
+        """List ``__transaction_state`` (Kafka creates it at the first FindCoordinator for a
+        transactional id); its partition logs are created on first use."""
+        assert self.store is not None
+        self.store.register_internal_topic(
+            TRANSACTION_STATE_TOPIC, self.ctx.txn_coordinator.log.partitions,
+            offsets_topic_configs(self.config.offsets_topic_segment_bytes))
+        task = asyncio.ensure_future(self.publish_metadata())
+        task.add_done_callback(_log_failure("publishing the metadata"))
+        return task
+
+    def _txn_appended(self, partition: int) -> None:
+        assert self.store is not None
+        if TRANSACTION_STATE_TOPIC not in self.store.metadata.topics:
+            self._register_txn_topic()
+        self.ctx.notify_data(TRANSACTION_STATE_TOPIC, partition)
 
     def _prepare_offsets_partitions(self) -> None:
         """Create the partition logs in a thread, starting ``PREPARE_AFTER_S`` from now: the
@@ -218,6 +251,109 @@ class Controller:
         if OFFSETS_TOPIC not in self.store.metadata.topics:
             self._register_offsets_topic()
         self.ctx.notify_data(OFFSETS_TOPIC, partition)
+
+    # -- transaction markers ----------------------------------------------------------------
+
+    async def write_txn_markers(self, markers: list[tuple[str, int, int, int, bool]]) -> None:
+        """Write COMMIT/ABORT markers into worker partitions (Kafka's
+        ``TransactionMarkerChannelManager``): each to its partition's leader over the control
+        channel, retried (with a doubling pause up to 1 s) while the worker is down or
+        restarting, until every marker is written or its partition is gone.  A marker refused
+        for an older producer or coordinator epoch counts as written (Kafka gives up on those)."""
+        from shmq.coordinator.transactions import COORDINATOR_EPOCH
+
+        pending = list(markers)
+        pause = 0.05
+        rounds = 0
+        while pending and not self.stop_event.is_set():
+            rounds += 1
+            meta = self.ctx.metadata
+            by_node: dict[int, list[tuple[str, int, int, int, bool]]] = {}
+            for m in pending:
+                leader = meta.leader_of(m[0], m[1]) if m[0] in meta.topics else None
+                if leader is None or leader < 0:
+                    log.warning("transaction marker for %s-%d dropped: no such partition",
+                                m[0], m[1])
+                    continue
+                by_node.setdefault(leader, []).append(m)
+            nodes = list(by_node)
+            answers = await asyncio.gather(*(self._send_markers(n, by_node[n], COORDINATOR_EPOCH)
+                                             for n in nodes))
+            pending = []
+            refused: dict[tuple[str, int], int | None] = {}
+            for node, errors in zip(nodes, answers, strict=True):
+                codes: list[int | None] = list(errors) if errors else [None] * len(by_node[node])
+                for m, code in zip(by_node[node], codes, strict=True):
+                    if code in (47, 52):
+                        log.warning("transaction marker for %s-%d (producer %d epoch %d) "
+                                    "refused with error %d", m[0], m[1], m[2], m[3], code)
+                    elif code not in (0, 3):
+                        pending.append(m)
+                        refused[(m[0], m[1])] = code
+            if pending and rounds % 20 == 0:  # about every 20 s once the pause is 1 s
+                log.warning("transaction markers not written after %d attempts: %s (None: the "
+                            "worker is down or did not answer)", rounds,
+                            ", ".join(f"{t}-{p}: {c}" for (t, p), c in sorted(refused.items())))
+            if pending:
+                await asyncio.sleep(pause)
+                pause = min(1.0, pause * 2)
+        if pending:
+            raise ConnectionError("stopping with transaction markers unwritten")
+
+    async def _send_markers(self, node: int, markers: list[Any],
+                            coordinator_epoch: int) -> list[int] | None:
+        w = self.workers.get(node)
+        if w is None or w.channel is None or not w.ready.is_set():
+            return None
+        self._marker_ids += 1
+        rid = self._marker_ids
+        fut = asyncio.get_running_loop().create_future()
+        w.marker_waits[rid] = fut
+        try:
+            w.channel.send({"type": "txn_markers", "id": rid, "coordinator_epoch":
+                            coordinator_epoch, "markers": [list(m) for m in markers]})
+            return await asyncio.wait_for(fut, 30)  # type: ignore[no-any-return]
+        except (ConnectionError, RuntimeError, asyncio.TimeoutError):
+            return None
+        finally:
+            w.marker_waits.pop(rid, None)
+
+    async def _offsets_marker(self, partition: int, producer_id: int, producer_epoch: int,
+                              commit: bool) -> None:
+        from shmq.coordinator.transactions import COORDINATOR_EPOCH
+
+        coordinator = self.ctx.coordinator
+        where = coordinator.write_txn_marker(partition, producer_id, producer_epoch,
+                                             COORDINATOR_EPOCH, commit)
+        await coordinator.log.durable(*where)
+
+    def _start_txn_coordinator(self) -> Any:
+        """The transaction coordinator, its ``__transaction_state`` log under
+        ``<data dir>/controller`` replayed before the listener opens."""
+        from shmq.coordinator.transactions import TransactionCoordinator, TxnConfig
+
+        c = self.config
+        assert self.store is not None
+        registered = self.store.metadata.topics.get(TRANSACTION_STATE_TOPIC)
+
+        def topic_partitions(topic: str) -> int | None:
+            info = self.ctx.metadata.topics.get(topic)
+            if info is None and topic == OFFSETS_TOPIC:
+                return self.ctx.coordinator.log.partitions
+            return None if info is None else len(info.partitions)
+
+        coordinator = TransactionCoordinator(
+            self.data_dir / "controller", TxnConfig(
+                max_timeout_ms=c.transaction_max_timeout_ms,
+                abort_check_interval_ms=c.transaction_abort_timed_out_transaction_cleanup_interval_ms,
+                partitions=c.transaction_state_log_num_partitions,
+                segment_bytes=c.offsets_topic_segment_bytes),
+            self.ctx.next_producer_id, self.write_txn_markers, self._offsets_marker,
+            topic_partitions, lambda: self.ctx.coordinator.log.partitions,
+            registered_partitions=None if registered is None else len(registered.partitions))
+        self.ctx.logs.add(TRANSACTION_STATE_TOPIC, coordinator.log.log)
+        coordinator.log.on_append = self._txn_appended
+        return coordinator
 
     async def allocate_producer_ids(self, count: int) -> int:
         assert self.store is not None
@@ -405,7 +541,15 @@ class Controller:
                     w.acked.notify_all()
             elif kind == "rpc":
                 asyncio.ensure_future(self._rpc(channel, msg))
+            elif kind == "txn_markers_reply":
+                fut = w.marker_waits.pop(msg["id"], None)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg["errors"])
         channel.close()
+        for fut in w.marker_waits.values():  # the worker is gone: its markers are retried
+            if not fut.done():
+                fut.set_result(None)
+        w.marker_waits.clear()
         if w.channel is channel:
             w.channel = None
         await self._reap(w, proc)
@@ -427,6 +571,11 @@ class Controller:
             elif op == "alter_configs":
                 result = await self.alter_configs(args["resources"], args["validate_only"],
                                                   args["incremental"])
+            elif op == "verify_txn":
+                coordinator = self.ctx.txn_coordinator
+                result = 15 if coordinator is None else coordinator.verify(
+                    args["transactional_id"], int(args["producer_id"]),
+                    int(args["producer_epoch"]), args["topic"], int(args["partition"]))
             elif op == "create_internal_topic":
                 result = await self.create_internal_topic(args["name"], args["wait"])
             else:
@@ -517,6 +666,13 @@ class Controller:
         if self.metrics_table is not None:
             self.ctx.metrics = self._count_fsyncs(self.metrics_table.writer(0))
         self.ctx.coordinator = self._start_coordinator()
+        self.ctx.txn_coordinator = self._start_txn_coordinator()
+        ending = self.ctx.txn_coordinator.load()
+        if TRANSACTION_STATE_TOPIC not in self.store.metadata.topics \
+                and self.ctx.txn_coordinator.log.has_records():
+            self.store.register_internal_topic(
+                TRANSACTION_STATE_TOPIC, self.ctx.txn_coordinator.log.partitions,
+                offsets_topic_configs(self.config.offsets_topic_segment_bytes))
         server = await serve(Router(self.ctx), self.config.host, self.config.port,
                              self.config.socket_request_max_bytes, self.ctx.stats,
                              self.ctx.metrics,
@@ -544,6 +700,7 @@ class Controller:
                 raise BootError(self.halt_reason or "workers did not start within 120 s")
             halt.cancel()
             await self.publish_metadata()  # if it changed while they booted
+            self.ctx.txn_coordinator.start(ending)  # markers need the workers
             self._start_http()
             self.write_run_file()
             if ready_line:
@@ -640,6 +797,8 @@ class Controller:
         server.close()
         if self.http is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.http.stop)
+        if self.ctx.txn_coordinator is not None:
+            self.ctx.txn_coordinator.close()
         if self.ctx.coordinator is not None:
             self.ctx.coordinator.close()
         for w in self.workers.values():

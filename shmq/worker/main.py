@@ -95,6 +95,13 @@ class ControllerRpc:
         failed = {"error_code": -1, "error_message": "the controller could not do it"}
         return out if out is not None else [dict(failed) for _ in resources]
 
+    async def verify_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                         topic: str, partition: int) -> int:
+        out = await self._call("verify_txn", transactional_id=transactional_id,
+                               producer_id=producer_id, producer_epoch=producer_epoch,
+                               topic=topic, partition=partition)
+        return 15 if out is None else int(out)  # COORDINATOR_NOT_AVAILABLE: retriable
+
     async def create_internal_topic(self, name: str, wait: bool = True) -> bool:
         return bool(await self._call("create_internal_topic", name=name, wait=wait))
 
@@ -338,6 +345,12 @@ async def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
+    async def _markers(msg: dict[str, Any]) -> None:
+        from shmq.broker.handlers.write_txn_markers import write_markers
+
+        errors = await write_markers(ctx, msg["markers"], int(msg["coordinator_epoch"]))
+        channel.send({"type": "txn_markers_reply", "id": msg["id"], "errors": errors})
+
     async def control() -> None:
         while True:
             msg = await channel.receive()
@@ -351,6 +364,8 @@ async def run(args: argparse.Namespace) -> int:
                 channel.send({"type": "metadata_ack", "generation": new.generation})
             elif kind == "rpc_reply":
                 rpc.reply(msg)
+            elif kind == "txn_markers":
+                asyncio.ensure_future(_markers(msg))
             elif kind == "stats":
                 channel.send({"type": "stats_reply", "id": msg["id"], "stats": dict(ctx.stats)})
             elif kind == "stop":

@@ -6,6 +6,8 @@ handlers directly."""
 from __future__ import annotations
 
 from shmq.broker.handlers import (
+    add_offsets_to_txn,
+    add_partitions_to_txn,
     alter_configs,
     api_versions,
     create_partitions,
@@ -17,6 +19,8 @@ from shmq.broker.handlers import (
     describe_configs,
     describe_groups,
     describe_producers,
+    describe_transactions,
+    end_txn,
     find_coordinator,
     heartbeat,
     incremental_alter_configs,
@@ -25,12 +29,14 @@ from shmq.broker.handlers import (
     leave_group,
     list_groups,
     list_offsets,
+    list_transactions,
     metadata,
     offset_commit,
     offset_delete,
     offset_fetch,
     offset_for_leader_epoch,
     sync_group,
+    txn_offset_commit,
 )
 
 HANDLERS = {
@@ -59,4 +65,10 @@ HANDLERS = {
     21: delete_records.handle,
     60: describe_cluster.handle,
     61: describe_producers.handle,
+    24: add_partitions_to_txn.handle,
+    25: add_offsets_to_txn.handle,
+    26: end_txn.handle,
+    28: txn_offset_commit.handle,
+    65: describe_transactions.handle,
+    66: list_transactions.handle,
 }

@@ -15,6 +15,10 @@ Kafka's rules (``KafkaApis.handleFetchRequest``, ``ReplicaManager.fetchMessages/
   (KIP-595): a consumer whose last epoch ended before its fetch offset gets ``diverging_epoch``
   (the epoch and where it ended) and no records; an epoch that cannot be placed is
   OFFSET_OUT_OF_RANGE.
+* read_committed reads stop at the last stable offset (the first offset of the earliest open
+  transaction, or the HW) and list the aborted transactions (producer id, first offset) that
+  overlap the range read, from the log's ``.txnindex`` entries (``collectAbortedTransactions``);
+  the consumer drops those producers' batches until it meets their ABORT marker.
 * A partition answered with an error carries -1 for its high watermark, last stable offset and
   log start offset.
 
@@ -118,9 +122,11 @@ def _read_all(ctx: BrokerContext, topics: list[FetchTopic], request: FetchReques
                 epoch = info.partitions[p.partition].leader_epoch
                 code = check_leader_epoch(p.current_leader_epoch, epoch)
                 if code == NONE:
-                    hw = log.high_watermark  # LSO == HW until transactions exist
+                    hw = log.high_watermark
+                    lso = log.last_stable_offset
                     code, slices, diverging = _read_partition(
-                        log, p, epoch, min(p.partition_max_bytes, budget), hw, total == 0)
+                        log, p, epoch, min(p.partition_max_bytes, budget),
+                        lso if committed else hw, total == 0)
             if code != NONE or log is None:  # Kafka: no offsets, no aborted list (an empty
                 # one for a partition it does not know, answered early)
                 errors.add((t.topic, p.partition))
@@ -132,9 +138,13 @@ def _read_all(ctx: BrokerContext, topics: list[FetchTopic], request: FetchReques
             total += size
             budget = max(0, budget - size)
             diverged |= diverging is not None
+            aborted = None
+            if committed:  # the aborted transactions the records sent overlap
+                aborted = log.aborted_transactions(p.fetch_offset, lso) \
+                    if slices and log.aborted else []
             parts.append(FetchPartitionData(
-                p.partition, NONE, hw, hw, log.log_start_offset, [] if committed else None, -1,
-                slices, diverging))
+                p.partition, NONE, hw, lso, log.log_start_offset, aborted, -1, slices,
+                diverging))
         out.append((t.topic, parts))
     return out, total, errors, diverged
 

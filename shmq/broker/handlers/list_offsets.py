@@ -55,19 +55,20 @@ async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
                 leader_epoch = info.partitions[p.partition_index].leader_epoch
                 code = check_leader_epoch(getattr(p, "current_leader_epoch", -1), leader_epoch)
                 if code == NONE:  # errors carry no offset, timestamp or epoch
-                    offset, ts, epoch = _lookup(log, p.timestamp, leader_epoch)
+                    offset, ts, epoch = _lookup(log, p.timestamp, leader_epoch, committed)
             parts.append(build(m.ListOffsetsPartitionResponse, partition_index=p.partition_index,
                                error_code=code, timestamp=ts, offset=offset, leader_epoch=epoch,
                                old_style_offsets=tuple(old_style)))
         topics.append(build(m.ListOffsetsTopicResponse, name=t.name, partitions=tuple(parts)))
-    _ = committed
     return build(cls, topics=tuple(topics))
 
 
-def _lookup(log: PartitionLog, timestamp: int, leader_epoch: int) -> tuple[int, int, int]:
-    """(offset, timestamp, leader epoch) answered for one partition (``ReplicaManager``)."""
+def _lookup(log: PartitionLog, timestamp: int, leader_epoch: int,
+            committed: bool = False) -> tuple[int, int, int]:
+    """(offset, timestamp, leader epoch) answered for one partition (``ReplicaManager``);
+    read_committed's latest offset is the last stable offset."""
     if timestamp == -1:
-        return log.high_watermark, -1, leader_epoch  # LSO == HW until transactions exist
+        return (log.last_stable_offset if committed else log.high_watermark), -1, leader_epoch
     if timestamp in (-2, -4):
         found = log.fetch_offset_by_timestamp(EARLIEST_TIMESTAMP)
         assert found is not None

@@ -48,6 +48,7 @@ NONE, CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER = 0, 2, 3, 6
 MESSAGE_TOO_LARGE, UNSUPPORTED_VERSION, INVALID_RECORD, INVALID_TOPIC = 10, 35, 87, 17
 INVALID_REQUIRED_ACKS = 21
 KAFKA_STORAGE_ERROR = 56
+INVALID_TXN_STATE = 48
 
 log = logging.getLogger(__name__)
 _throttled = Throttled(log)
@@ -188,10 +189,36 @@ async def flush_for_acks(ctx: BrokerContext,
     return waited, failed
 
 
+_PID_EPOCH = struct.Struct(">qh")
+
+
+async def _verify_txn(ctx: BrokerContext, transactional_id: str | None, topic: str, index: int,
+                      records: Any) -> int:
+    """KIP-890 part 1: a transactional batch that would open a transaction in this partition
+    is first checked with the transaction coordinator (``TransactionCoordinator.verify``):
+    INVALID_TXN_STATE for a write its transaction does not expect here (ended, partition
+    not added), INVALID_PRODUCER_EPOCH for a fenced producer.  Batches of a transaction
+    already open here, and of a partition this node does not lead, go on unchecked."""
+    pid, epoch = _PID_EPOCH.unpack_from(records, 43)
+    log = ctx.log_for(topic, index)
+    if pid < 0 or log is None:
+        return NONE
+    entry = log.producer_state.last_entry(pid)
+    if entry is not None and entry.current_txn_first_offset is not None \
+            and entry.producer_epoch == epoch:
+        return NONE
+    if transactional_id is None:
+        return INVALID_TXN_STATE
+    verify = getattr(ctx.controller, "verify_txn", None)
+    if verify is None:
+        return NONE
+    return int(await verify(transactional_id, pid, epoch, topic, index))
+
+
 async def handle(ctx: BrokerContext, frame: memoryview, header_size: int, api_version: int,
                  correlation_id: int) -> bytes | None:
-    _transactional_id, acks, _timeout_ms, topics = parse_produce_request(frame, header_size,
-                                                                         api_version)
+    transactional_id, acks, _timeout_ms, topics = parse_produce_request(frame, header_size,
+                                                                        api_version)
     results = []
     to_flush: list[Durable] = []
     flushed_parts: list[tuple[list[Any], int, Durable]] = []  # (answers, slot, its flush)
@@ -207,6 +234,16 @@ async def handle(ctx: BrokerContext, frame: memoryview, header_size: int, api_ve
                     metrics.error(0, UNSUPPORTED_VERSION)
                 out.append(PartitionResult(index, UNSUPPORTED_VERSION, -1, -1, -1, None))
                 continue
+            if records is not None and len(records) >= HEADER_SIZE \
+                    and records[22] & 0x30 == 0x10:  # transactional, not control
+                code = await _verify_txn(ctx, transactional_id, topic, index, records)
+                if code:
+                    log = ctx.log_for(topic, index)
+                    out.append(PartitionResult(index, code, -1, -1,
+                                               log.log_start_offset if log else -1, None))
+                    if metrics is not None:
+                        metrics.error(0, code)
+                    continue
             result, durable = produce_partition(ctx, topic, index, records, acks)
             out.append(result)
             if durable is not None:

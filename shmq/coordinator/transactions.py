@@ -1,0 +1,536 @@
+"""The transaction coordinator (Kafka's ``TransactionCoordinator`` / ``TransactionStateManager``),
+in the controller beside the group coordinator.
+
+Theory of operation
+-------------------
+A transactional id maps to one ``TxnMetadata``: producer id, epoch, timeout, state, the
+partitions of the open transaction and two timestamps.  Every change is first written as a
+record of ``__transaction_state`` (Kafka's layout, below) in the controller's log directory,
+through the same storage engine (``OffsetsLog``: Kafka segments, recovery, group-committed
+fsyncs), and the request is answered once that record is durable.  The state machine is
+Kafka's (``TransactionState``)::
+
+    Empty --AddPartitions/AddOffsets--> Ongoing --EndTxn--> PrepareCommit --markers--> CompleteCommit
+                                           |                PrepareAbort  --markers--> CompleteAbort
+                                           +--timeout / InitProducerId (fence)--> PrepareAbort (epoch+1)
+    Empty / Complete* --InitProducerId--> Empty (epoch+1; a new producer id at epoch 32767)
+
+EndTxn writes PrepareCommit/PrepareAbort, then a COMMIT/ABORT marker (a control batch carrying
+the coordinator epoch) into every partition of the transaction, through ``write_markers``
+(the controller sends them to each partition's worker over its control channel, retrying
+through worker restarts; a ``__consumer_offsets`` partition is the group coordinator's own),
+then CompleteCommit/CompleteAbort (its fsync not awaited: a lost Complete record only means
+the markers are written again at the next start), and only then answers.  A request arriving meanwhile gets
+CONCURRENT_TRANSACTIONS (51), which clients retry.  A second InitProducerId for an id whose
+transaction is open fences the first producer: the epoch is bumped, the transaction aborted
+with markers of the new epoch (the old epoch's writes are then refused by every partition,
+INVALID_PRODUCER_EPOCH), and the caller told CONCURRENT_TRANSACTIONS until that is done.  A
+transaction open past its ``transaction.timeout.ms`` is aborted the same way by a timer
+(``transaction.abort.timed.out.transaction.cleanup.interval.ms``), so the partitions' last
+stable offsets move on.
+
+Recovery: at start the log is replayed (last record of an id wins); a transaction found in
+PrepareCommit/PrepareAbort (the controller died while writing markers) has its markers written
+again once the workers are up, then completes.  Markers are idempotent enough for that: a second
+marker of an ended transaction ends nothing.  An Ongoing one stays open until its producer ends
+it or its timeout aborts it.
+
+``__transaction_state`` records (``TransactionLogKey.json`` / ``TransactionLogValue.json`` v0)::
+
+    key    int16 version 0 | string transactionalId
+    value  int16 version 0 | int64 producerId | int16 producerEpoch | int32 transactionTimeoutMs
+           | int8 transactionStatus | [string topic | [int32 partition]] (null when Empty)
+           | int64 lastUpdateTimestampMs | int64 transactionStartTimestampMs
+
+The coordinator epoch written into markers is the leader epoch of the id's ``__transaction_state``
+partition: 0, as node 0 leads it for good.  Not done: KIP-890 (transaction version 2, which
+needs EndTxn v5 for the client to learn the epoch bumped at every end) and AddPartitionsToTxn
+v4 (the batched form of ``verify``, which the workers reach over their control channel).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+from pathlib import Path
+from typing import Any
+
+from shmq.coordinator.offsets_log import OffsetsLog
+from shmq.coordinator.records import partition_for
+
+log = logging.getLogger("shmq.coordinator")
+
+TOPIC = "__transaction_state"
+OFFSETS_TOPIC = "__consumer_offsets"
+COORDINATOR_EPOCH = 0
+
+NONE = 0
+UNKNOWN_TOPIC_OR_PARTITION = 3
+COORDINATOR_NOT_AVAILABLE = 15
+INVALID_REQUEST = 42
+INVALID_PRODUCER_EPOCH = 47
+INVALID_TXN_STATE = 48
+INVALID_PRODUCER_ID_MAPPING = 49
+INVALID_TRANSACTION_TIMEOUT = 50
+CONCURRENT_TRANSACTIONS = 51
+OPERATION_NOT_ATTEMPTED = 55
+TRANSACTIONAL_ID_NOT_FOUND = 105
+PRODUCER_FENCED = 90
+MAX_EPOCH = 32767
+
+
+class TxnState(IntEnum):
+    EMPTY = 0
+    ONGOING = 1
+    PREPARE_COMMIT = 2
+    PREPARE_ABORT = 3
+    COMPLETE_COMMIT = 4
+    COMPLETE_ABORT = 5
+    DEAD = 6
+    PREPARE_EPOCH_FENCE = 7
+
+    @property
+    def kafka_name(self) -> str:
+        return "".join(w.title() for w in self.name.split("_"))
+
+
+@dataclass(frozen=True)
+class TxnConfig:
+    max_timeout_ms: int = 900_000              # transaction.max.timeout.ms
+    abort_check_interval_ms: int = 10_000      # transaction.abort.timed.out.transaction.cleanup.interval.ms
+    partitions: int = 50                       # transaction.state.log.num.partitions
+    segment_bytes: int = 16 << 20              # transaction.state.log.segment.bytes
+
+
+@dataclass
+class TxnMetadata:
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    timeout_ms: int
+    state: TxnState = TxnState.EMPTY
+    partitions: set[tuple[str, int]] = field(default_factory=set)
+    update_ms: int = -1
+    start_ms: int = -1
+    busy: bool = False           # a state change (markers) under way: CONCURRENT_TRANSACTIONS
+
+
+# -- records --------------------------------------------------------------------------------
+
+_H, _I, _Q, _B = struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">q"), struct.Struct(">b")
+
+
+def _str(s: str) -> bytes:
+    b = s.encode()
+    return _H.pack(len(b)) + b
+
+
+def txn_key(transactional_id: str) -> bytes:
+    return _H.pack(0) + _str(transactional_id)
+
+
+def txn_value(m: TxnMetadata) -> bytes:
+    out = bytearray(_H.pack(0))
+    out += struct.pack(">qhib", m.producer_id, m.producer_epoch, m.timeout_ms, int(m.state))
+    if m.state == TxnState.EMPTY:
+        out += _I.pack(-1)
+    else:
+        by_topic: dict[str, list[int]] = {}
+        for t, p in sorted(m.partitions):
+            by_topic.setdefault(t, []).append(p)
+        out += _I.pack(len(by_topic))
+        for t, parts in by_topic.items():
+            out += _str(t) + _I.pack(len(parts)) + b"".join(_I.pack(p) for p in parts)
+    out += _Q.pack(m.update_ms) + _Q.pack(m.start_ms)
+    return bytes(out)
+
+
+class _Reader:
+    def __init__(self, buf: bytes) -> None:
+        self.buf, self.pos = buf, 0
+
+    def take(self, s: struct.Struct) -> int:
+        if self.pos + s.size > len(self.buf):
+            raise ValueError("__transaction_state record is truncated")
+        v = s.unpack_from(self.buf, self.pos)[0]
+        self.pos += s.size
+        return int(v)
+
+    def string(self) -> str:
+        n = self.take(_H)
+        if n < 0 or self.pos + n > len(self.buf):
+            raise ValueError("bad string in a __transaction_state record")
+        s = self.buf[self.pos : self.pos + n].decode()
+        self.pos += n
+        return s
+
+
+def decode_key(key: bytes) -> str:
+    r = _Reader(key)
+    version = r.take(_H)
+    if version != 0:
+        raise ValueError(f"unknown __transaction_state key version {version}")
+    return r.string()
+
+
+def decode_value(transactional_id: str, value: bytes) -> TxnMetadata:
+    r = _Reader(value)
+    version = r.take(_H)
+    if version not in (0, 1):
+        raise ValueError(f"unknown __transaction_state value version {version}")
+    if version == 1:  # flexible: compact strings; shmq writes v0 and reads only that
+        raise ValueError("flexible __transaction_state values are not read")
+    pid, epoch, timeout, status = r.take(_Q), r.take(_H), r.take(_I), r.take(_B)
+    partitions: set[tuple[str, int]] = set()
+    n = r.take(_I)
+    for _ in range(max(n, 0)):
+        topic = r.string()
+        for _ in range(r.take(_I)):
+            partitions.add((topic, r.take(_I)))
+    update, start = r.take(_Q), r.take(_Q)
+    return TxnMetadata(transactional_id, pid, epoch, timeout, TxnState(status), partitions,
+                       update, start)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+Marker = tuple[str, int, int, int, bool]  # topic, partition, producer id, epoch, commit
+
+
+class TransactionCoordinator:
+    """``write_markers(markers)`` writes COMMIT/ABORT markers into worker partitions and returns
+    once each is written; ``offsets_markers(partition, pid, epoch, commit)`` writes one into the
+    group coordinator's ``__consumer_offsets`` partition; ``new_producer_id()`` allocates ids;
+    ``topic_partitions(topic)`` says how many partitions a topic has."""
+
+    def __init__(self, directory: Path, config: TxnConfig,
+                 new_producer_id: Callable[[], Awaitable[int]],
+                 write_markers: Callable[[list[Marker]], Awaitable[None]],
+                 offsets_marker: Callable[[int, int, int, bool], Awaitable[None]],
+                 topic_partitions: Callable[[str], int | None],
+                 offsets_partitions: Callable[[], int], *,
+                 registered_partitions: int | None = None) -> None:
+        """``registered_partitions``: the partition count ``__transaction_state`` has in the
+        cluster metadata (fixed once registered), else ``config.partitions``."""
+        self.config = config
+        self.log = OffsetsLog(directory, registered_partitions or config.partitions,
+                              config.segment_bytes, config.segment_bytes, topic=TOPIC)
+        self.txns: dict[str, TxnMetadata] = {}
+        self.new_producer_id = new_producer_id
+        self.write_markers = write_markers
+        self.offsets_marker = offsets_marker
+        self.topic_partitions = topic_partitions
+        self.offsets_partitions = offsets_partitions
+        self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self.closed = False
+
+    # -- life cycle -----------------------------------------------------------------------
+
+    def load(self) -> list[TxnMetadata]:
+        """Replay ``__transaction_state``; returns the transactions caught mid-marker."""
+        for p in self.log.partitions_on_disk():
+            for key, value in self.log.replay(p):
+                try:
+                    tid = decode_key(key)
+                    if value is None:
+                        self.txns.pop(tid, None)
+                    else:
+                        self.txns[tid] = decode_value(tid, value)
+                except (ValueError, IndexError, UnicodeDecodeError) as exc:
+                    log.error("skipping an unreadable __transaction_state record: %s", exc)
+        pending = [m for m in self.txns.values()
+                   if m.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)]
+        log.info("transaction coordinator loaded %d transactional ids (%d ending)",
+                 len(self.txns), len(pending))
+        return pending
+
+    def start(self, pending: Sequence[TxnMetadata] = ()) -> None:
+        """Finish the transactions recovery found mid-marker, and start the timeout timer."""
+        for m in pending:
+            m.busy = True
+            self._spawn(self._complete(m, m.state == TxnState.PREPARE_COMMIT))
+        self._schedule()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def close(self) -> None:
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        self.log.close()
+
+    def _schedule(self) -> None:
+        if self.closed:
+            return
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(self.config.abort_check_interval_ms / 1000,
+                                      self._abort_timed_out)
+
+    def _abort_timed_out(self) -> None:
+        """Kafka's ``abortTimedOutTransactions``: bump the epoch (fencing the producer) and
+        abort."""
+        now = _now_ms()
+        for m in list(self.txns.values()):
+            if (m.state == TxnState.ONGOING and not m.busy
+                    and m.start_ms + m.timeout_ms <= now):
+                log.info("transaction %s (producer %d epoch %d) timed out after %d ms: aborting",
+                         m.transactional_id, m.producer_id, m.producer_epoch, m.timeout_ms)
+                self._spawn(self._fence_and_abort(m))
+        self._schedule()
+
+    # -- persistence ----------------------------------------------------------------------
+
+    def partition_for(self, transactional_id: str) -> int:
+        return partition_for(transactional_id, self.log.partitions)
+
+    async def _persist(self, m: TxnMetadata, wait: bool = True) -> int:
+        """Append the id's record; with ``wait``, return once it is fsynced."""
+        m.update_ms = _now_ms()
+        p = self.partition_for(m.transactional_id)
+        try:
+            end = self.log.append(p, [(txn_key(m.transactional_id), txn_value(m))])
+            if wait:
+                await self.log.durable(p, end)
+            else:
+                self._spawn(self._durable_later(p, end))
+        except (OSError, ValueError) as exc:
+            log.error("cannot write __transaction_state-%d: %s", p, exc)
+            return COORDINATOR_NOT_AVAILABLE
+        return NONE
+
+    async def _durable_later(self, partition: int, end: int) -> None:
+        try:
+            await self.log.durable(partition, end)
+        except (OSError, ValueError) as exc:
+            log.error("cannot flush __transaction_state-%d: %s", partition, exc)
+
+    # -- InitProducerId -------------------------------------------------------------------
+
+    async def init_producer_id(self, transactional_id: str, timeout_ms: int,
+                               producer_id: int = -1, producer_epoch: int = -1
+                               ) -> tuple[int, int, int]:
+        """(error, producer id, epoch)."""
+        if not transactional_id:
+            return INVALID_REQUEST, -1, -1
+        if not 0 < timeout_ms <= self.config.max_timeout_ms:
+            return INVALID_TRANSACTION_TIMEOUT, -1, -1
+        m = self.txns.get(transactional_id)
+        if m is None:
+            pid = await self.new_producer_id()
+            m = self.txns.get(transactional_id)  # another request may have won meanwhile
+            if m is None:
+                m = TxnMetadata(transactional_id, pid, 0, timeout_ms, start_ms=-1)
+                self.txns[transactional_id] = m
+                m.busy = True
+                try:
+                    error = await self._persist(m)
+                finally:
+                    m.busy = False
+                if error:
+                    del self.txns[transactional_id]
+                    return error, -1, -1
+                return NONE, m.producer_id, m.producer_epoch
+        if m.busy or m.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT,
+                                 TxnState.PREPARE_EPOCH_FENCE):
+            return CONCURRENT_TRANSACTIONS, -1, -1
+        if producer_id >= 0 and (producer_id != m.producer_id
+                                 or producer_epoch != m.producer_epoch):
+            # KIP-360: the producer says who it was; a stale one is fenced
+            return PRODUCER_FENCED, -1, -1
+        if m.state == TxnState.ONGOING:
+            m.busy = True
+            self._spawn(self._fence_and_abort(m, already_busy=True))
+            return CONCURRENT_TRANSACTIONS, -1, -1
+        m.busy = True
+        try:
+            if m.producer_epoch >= MAX_EPOCH - 1:
+                m.producer_id, m.producer_epoch = await self.new_producer_id(), 0
+            else:
+                m.producer_epoch += 1
+            m.timeout_ms = timeout_ms
+            m.state = TxnState.EMPTY
+            m.partitions.clear()
+            m.start_ms = -1
+            error = await self._persist(m)
+        finally:
+            m.busy = False
+        if error:
+            return error, -1, -1
+        return NONE, m.producer_id, m.producer_epoch
+
+    # -- AddPartitionsToTxn / AddOffsetsToTxn ---------------------------------------------
+
+    def _check_producer(self, m: TxnMetadata | None, producer_id: int,
+                        producer_epoch: int) -> int:
+        if m is None or m.producer_id != producer_id:
+            return INVALID_PRODUCER_ID_MAPPING
+        if m.producer_epoch != producer_epoch:
+            return PRODUCER_FENCED
+        if m.busy or m.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT,
+                                 TxnState.PREPARE_EPOCH_FENCE):
+            return CONCURRENT_TRANSACTIONS
+        return NONE
+
+    async def add_partitions(self, transactional_id: str, producer_id: int,
+                             producer_epoch: int, partitions: Sequence[tuple[str, int]]
+                             ) -> dict[tuple[str, int], int]:
+        """One error per partition (Kafka: OPERATION_NOT_ATTEMPTED for the good ones when
+        some are unknown)."""
+        m = self.txns.get(transactional_id)
+        error = self._check_producer(m, producer_id, producer_epoch)
+        if error:
+            return {tp: error for tp in partitions}
+        assert m is not None
+        unknown = {tp for tp in partitions
+                   if (n := self.topic_partitions(tp[0])) is None or not 0 <= tp[1] < n}
+        if unknown:
+            return {tp: UNKNOWN_TOPIC_OR_PARTITION if tp in unknown else OPERATION_NOT_ATTEMPTED
+                    for tp in partitions}
+        new = set(partitions) - m.partitions
+        if m.state == TxnState.ONGOING and not new:
+            return {tp: NONE for tp in partitions}
+        m.busy = True
+        try:
+            if m.state != TxnState.ONGOING:
+                m.start_ms = _now_ms()
+                m.partitions.clear()
+            m.state = TxnState.ONGOING
+            m.partitions |= new
+            error = await self._persist(m)
+        finally:
+            m.busy = False
+        return {tp: error for tp in partitions}
+
+    async def add_offsets(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                          group_id: str) -> int:
+        p = partition_for(group_id, self.offsets_partitions())
+        errors = await self.add_partitions(transactional_id, producer_id, producer_epoch,
+                                           [(OFFSETS_TOPIC, p)])
+        return next(iter(errors.values()))
+
+    def check_txn_offset_commit(self, transactional_id: str, producer_id: int,
+                                producer_epoch: int) -> int:
+        m = self.txns.get(transactional_id)
+        if m is None or m.producer_id != producer_id:
+            return INVALID_PRODUCER_ID_MAPPING
+        if m.producer_epoch != producer_epoch:
+            return PRODUCER_FENCED
+        if m.state != TxnState.ONGOING or m.busy:
+            return INVALID_TXN_STATE if not m.busy else CONCURRENT_TRANSACTIONS
+        return NONE
+
+    def verify(self, transactional_id: str, producer_id: int, producer_epoch: int,
+               topic: str, partition: int) -> int:
+        """KIP-890 part 1: may this producer open a transaction in this partition?  Only when
+        its transaction is Ongoing with the partition added, at its current epoch: a write
+        arriving late (after its transaction ended, or from a fenced producer) is refused, so
+        it can never leave a transaction open that no marker will close (a hanging
+        transaction, which would hold the partition's LSO for good)."""
+        m = self.txns.get(transactional_id)
+        if m is None or m.producer_id != producer_id:
+            return INVALID_TXN_STATE
+        if producer_epoch < m.producer_epoch:
+            return INVALID_PRODUCER_EPOCH
+        if (m.state != TxnState.ONGOING or producer_epoch != m.producer_epoch
+                or (topic, partition) not in m.partitions):
+            return INVALID_TXN_STATE
+        return NONE
+
+    # -- EndTxn ---------------------------------------------------------------------------
+
+    async def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                      commit: bool) -> int:
+        m = self.txns.get(transactional_id)
+        if m is None or m.producer_id != producer_id:
+            return INVALID_PRODUCER_ID_MAPPING
+        if m.producer_epoch != producer_epoch:
+            return PRODUCER_FENCED
+        if m.busy:
+            return CONCURRENT_TRANSACTIONS
+        if m.state == TxnState.ONGOING:
+            m.busy = True
+            return await self._prepare_and_complete(m, commit)
+        if m.state == TxnState.COMPLETE_COMMIT:  # a retry of an EndTxn that succeeded
+            return NONE if commit else INVALID_TXN_STATE
+        if m.state == TxnState.COMPLETE_ABORT:
+            return NONE if not commit else INVALID_TXN_STATE
+        if m.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            return CONCURRENT_TRANSACTIONS
+        return INVALID_TXN_STATE  # Empty
+
+    async def _prepare_and_complete(self, m: TxnMetadata, commit: bool) -> int:
+        """Ongoing -> Prepare* (durable) -> markers -> Complete* (call with ``busy`` set)."""
+        old = (m.state, set(m.partitions))
+        m.state = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
+        error = await self._persist(m)
+        if error:
+            m.state, m.partitions = old
+            m.busy = False
+            return error
+        return await self._complete(m, commit)
+
+    async def _complete(self, m: TxnMetadata, commit: bool) -> int:
+        try:
+            offsets = [p for t, p in m.partitions if t == OFFSETS_TOPIC]
+            markers = [(t, p, m.producer_id, m.producer_epoch, commit)
+                       for t, p in sorted(m.partitions) if t != OFFSETS_TOPIC]
+            if markers:
+                await self.write_markers(markers)
+            for p in offsets:
+                await self.offsets_marker(p, m.producer_id, m.producer_epoch, commit)
+            m.state = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
+            m.partitions.clear()
+            # not waited for (Kafka does not either): were it lost, recovery would find the
+            # Prepare record and write the same markers again
+            return await self._persist(m, wait=False)
+        finally:
+            m.busy = False
+
+    async def _fence_and_abort(self, m: TxnMetadata, already_busy: bool = False) -> None:
+        """Bump the epoch (the producer is fenced) and abort its open transaction."""
+        if m.busy and not already_busy:
+            return
+        m.busy = True
+        if m.state != TxnState.ONGOING:
+            m.busy = False
+            return
+        if m.producer_epoch >= MAX_EPOCH - 1:
+            log.warning("transaction %s: epoch exhausted; aborting without a bump",
+                        m.transactional_id)
+        else:
+            m.producer_epoch += 1
+        try:
+            await self._prepare_and_complete(m, commit=False)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - logged, retried by the next timer round
+            log.exception("aborting transaction %s failed", m.transactional_id)
+            m.busy = False
+
+    # -- admin ----------------------------------------------------------------------------
+
+    def describe(self, transactional_id: str) -> TxnMetadata | None:
+        return self.txns.get(transactional_id)
+
+    def list(self, states: Sequence[str] = (), producer_ids: Sequence[int] = (),
+             duration_ms: int = -1) -> list[TxnMetadata]:
+        wanted = {s.lower() for s in states}
+        now = _now_ms()
+        return [m for m in self.txns.values()
+                if (not wanted or m.state.kafka_name.lower() in wanted)
+                and (not producer_ids or m.producer_id in producer_ids)
+                and (duration_ms < 0 or (m.state == TxnState.ONGOING
+                                         and now - m.start_ms >= duration_ms))]
