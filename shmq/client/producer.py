@@ -1,0 +1,580 @@
+"""``shmq.Producer``: confluent-kafka's ``Producer`` API, over shared memory when the broker is
+local, over confluent-kafka itself otherwise.
+
+    p = shmq.Producer({"bootstrap.servers": "127.0.0.1:9092"})
+    p.produce("events", b"value", key=b"key", on_delivery=lambda err, msg: ...)
+    p.flush()
+
+Theory of operation (shared memory)
+-----------------------------------
+* ``produce`` checks its arguments as confluent-kafka does (same exceptions), serializes, picks
+  the partition (explicit; a callable partitioner; else Java's murmur2 of the key; else sticky
+  for keyless records) and appends the record to its partition's open batch: a Python list,
+  encoded in one Cython pass into the worker's submit ring when the batch goes
+  (``shmq.ipc.client.LocalBroker.send_batch``: RecordBatch v2, producer id and sequence).
+* A batch goes when it reaches ``batch.num.messages`` / ``batch.size``, when ``linger.ms`` has
+  passed since its first record (a daemon thread watches the open batches, so records go out
+  without ``poll`` as librdkafka's do), or at once when its partition has nothing unanswered and
+  the batch is new (a lone record does not wait for the linger: the ring costs no round trip).
+* Answers come back on the completion ring; each batch's delivery reports (``(err, msg)`` with
+  the record's offset, timestamp and confluent-kafka's ``KafkaError``) wait in a queue that
+  ``poll`` / ``flush`` serve on the caller's thread, as confluent-kafka's do.
+* ``len(producer)`` counts records not yet reported; ``queue.buffering.max.messages`` /
+  ``.kbytes`` (or Java's ``buffer.memory``) bound it: a full buffer raises ``BufferError``.
+* Metadata (partition counts, ``list_topics``, topic auto-creation) and the validation of every
+  librdkafka key come from a confluent-kafka producer made with the same configuration, which
+  sends no records.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import confluent_kafka
+from confluent_kafka import KafkaError
+
+from shmq import _fast
+from shmq._fast._client_reference import (
+    PARTITIONERS,
+    RECORD_MAX_OVERHEAD,
+    TIMESTAMP_CREATE_TIME,
+    TIMESTAMP_LOG_APPEND_TIME,
+    as_bytes,
+    normalize_headers,
+    partition_for,
+)
+from shmq.client._common import Interceptors, Message, Serdes, kafka_exception
+from shmq.client.config import ClientConfig, invalid, resolve_callable
+from shmq.client.transport import local_data_dir
+
+ERR_PURGE_QUEUE = KafkaError._PURGE_QUEUE
+ERR_MSG_TIMED_OUT = KafkaError._MSG_TIMED_OUT
+METADATA_TIMEOUT_S = 10.0
+
+
+def _as_int(obj: Any) -> int:
+    return obj if type(obj) is int else operator.index(obj)
+
+
+def _check_topic(topic: Any) -> str:
+    if type(topic) is not str:
+        raise TypeError(f"argument 1 must be str, not {type(topic).__name__}")
+    return topic
+
+
+class Producer:
+    """A Kafka producer with confluent-kafka's API (see the module docstring).
+
+    ``shmq.transport`` chooses: ``auto`` (shared memory when the broker is on this host),
+    ``shm`` or ``kafka``.  The object is a ``ShmProducer`` or a ``KafkaProducer``."""
+
+    transport = "?"
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Producer:
+        if cls is not Producer:
+            return super().__new__(cls)
+        if len(args) > 1:
+            raise TypeError("expected configuration dict")
+        config = ClientConfig(args[0] if args else {}, "producer", kwargs)
+        data_dir = local_data_dir(config)
+        obj: Producer = super().__new__(ShmProducer if data_dir is not None else KafkaProducer)
+        obj._setup(config, data_dir)
+        return obj
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass  # set up by __new__ (_setup)
+
+    def _setup(self, config: ClientConfig, data_dir: Any) -> None:
+        raise NotImplementedError
+
+    def _common_setup(self, config: ClientConfig) -> None:
+        self.config = config
+        self.serdes = Serdes(config, "serializer")
+        self.interceptors = Interceptors(config)
+        spec = config.py.get("partitioner", config.py.get("partitioner.class"))
+        self.custom_partitioner: Callable[..., int] | None = resolve_callable(spec, "partitioner")
+        rd = config.rd
+        rd.setdefault("enable.idempotence", config.idempotence())
+        rd.setdefault("partitioner", "murmur2_random")  # Java's partitioner, not librdkafka's
+        self.closed = False
+
+    def _prepare(self, topic: Any, value: Any, key: Any, partition: Any, timestamp: Any,
+                 headers: Any) -> tuple[str, Any, Any, int, int, Any]:
+        """Interceptors' on_send and the serializers (the slow path of produce)."""
+        if self.interceptors:
+            msg = Message(topic, partition, -1, key, value, headers, None,
+                          (TIMESTAMP_CREATE_TIME, timestamp))
+            msg = self.interceptors.chain("on_send", msg)
+            topic, key, value, headers = msg.topic(), msg.key(), msg.value(), msg.headers()
+            partition = -1 if msg.partition() is None else msg.partition()
+            timestamp = msg.timestamp()[1]
+        if self.serdes.active:
+            key, value = self.serdes.apply(topic, key, value, headers)
+        return topic, value, key, partition, timestamp, headers
+
+    def _wrap_delivery(self, cb: Any) -> Any:
+        if not self.interceptors:
+            return cb
+        ack = self.interceptors
+
+        def delivered(err: Any, msg: Any) -> None:
+            ack.notify("on_acknowledgement", err, msg)
+            if cb is not None:
+                cb(err, msg)
+        return delivered
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self, timeout: float | None = None) -> int:
+        raise NotImplementedError
+
+
+class KafkaProducer(Producer):
+    """The remote transport: confluent-kafka's producer, with Java's partitioner and idempotence
+    defaults and shmq's Python-side keys (serializers, interceptors, a callable partitioner)."""
+
+    transport = "kafka"
+
+    def _setup(self, config: ClientConfig, data_dir: Any) -> None:
+        self._common_setup(config)
+        self._p = confluent_kafka.Producer(config.rd)
+        self._counts: dict[str, int] = {}
+
+    def produce(self, topic: Any, value: Any = None, key: Any = None, partition: int = -1,
+                on_delivery: Any = None, timestamp: int = 0, headers: Any = None, *,
+                callback: Any = None) -> None:
+        if self.closed:
+            raise RuntimeError("Producer has been closed")
+        _check_topic(topic)
+        partition, timestamp = _as_int(partition), _as_int(timestamp)
+        if self.interceptors or self.serdes.active:
+            topic, value, key, partition, timestamp, headers = self._prepare(
+                topic, value, key, partition, timestamp, headers)
+        if partition == -1 and self.custom_partitioner is not None:
+            n = self._partition_count(topic)
+            partition = self.custom_partitioner(as_bytes(key), list(range(n)), list(range(n)))
+        cb = on_delivery if on_delivery is not None else callback
+        cb = self._wrap_delivery(cb)
+        kw: dict[str, Any] = {}
+        if cb is not None:
+            kw["on_delivery"] = cb
+        if headers is not None:
+            kw["headers"] = headers
+        self._p.produce(topic, value, key, partition=partition, timestamp=timestamp, **kw)
+
+    def _partition_count(self, topic: str) -> int:
+        n = self._counts.get(topic)
+        if n is None:
+            md = self._p.list_topics(topic, timeout=METADATA_TIMEOUT_S).topics.get(topic)
+            if md is None or md.error is not None or not md.partitions:
+                raise kafka_exception(KafkaError._UNKNOWN_TOPIC)
+            n = self._counts[topic] = len(md.partitions)
+        return n
+
+    def poll(self, timeout: float | None = None) -> int:
+        if self.closed:
+            raise RuntimeError("Producer has been closed")
+        return self._p.poll(-1 if timeout is None else timeout)
+
+    def flush(self, timeout: float | None = None) -> int:
+        if self.closed:
+            raise RuntimeError("Producer has been closed")
+        return self._p.flush(-1 if timeout is None else timeout)
+
+    def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None:
+        self._p.purge(in_queue=in_queue, in_flight=in_flight, blocking=blocking)
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+        return self._p.list_topics(topic, timeout)
+
+    def __len__(self) -> int:
+        return len(self._p)
+
+    def __getattr__(self, name: str) -> Any:  # the rest of confluent-kafka's Producer
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._p, name)
+
+    def close(self, timeout: float | None = None) -> int:
+        if self.closed:
+            return 0
+        left = self._p.flush(-1 if timeout is None else timeout)
+        self.interceptors.close()
+        self.closed = True
+        return left
+
+
+class _Batch:
+    """A partition's open batch: records as ``send_batch`` takes them and, when asked for,
+    what each record's delivery report needs."""
+
+    __slots__ = ("records", "reports", "nbytes", "opened")
+
+    def __init__(self, opened: float) -> None:
+        self.records: list[tuple] = []
+        self.reports: list[tuple] | None = None
+        self.nbytes = 0
+        self.opened = opened
+
+
+class ShmProducer(Producer):
+    """The local transport (see the module docstring)."""
+
+    transport = "shm"
+
+    def _setup(self, config: ClientConfig, data_dir: Any) -> None:
+        from shmq.ipc.client import LocalBroker
+
+        self._common_setup(config)
+        self._meta = confluent_kafka.Producer(config.rd)  # validates every key; metadata
+        rd_partitioner = config.get_str("partitioner")
+        if rd_partitioner not in PARTITIONERS:
+            raise invalid("partitioner", rd_partitioner)
+        self._partitioner = PARTITIONERS[rd_partitioner]
+        self._linger = max(0.0, config.get_float("queue.buffering.max.ms")) / 1000.0
+        self._batch_records = max(1, config.get_int("batch.num.messages"))
+        self._batch_bytes = max(1, config.get_int("batch.size"))
+        self._max_messages = config.get_int("queue.buffering.max.messages")
+        self._max_bytes = config.get_int("queue.buffering.max.kbytes") * 1024
+        self._message_max = config.get_int("message.max.bytes")
+        self._acks = config.acks()
+        self._sticky_s = config.get_int("sticky.partitioning.linger.ms") / 1000.0
+        self._default_cb = config.rd.get("on_delivery", config.rd.get("delivery.report.callback"))
+        self._only_errors = config.get_bool("delivery.report.only.error")
+        idempotent = config.idempotence()
+        in_flight = config.get_int("max.in.flight.requests.per.connection")
+        self._broker = LocalBroker(
+            data_dir, idempotent=idempotent,
+            max_in_flight=max(1, min(in_flight, 5)) if idempotent else max(1, in_flight),
+            delivery_timeout=config.get_int("message.timeout.ms") / 1000.0,
+            retry_backoff=config.get_int("retry.backoff.ms") / 1000.0)
+        self._counts: dict[str, int] = {}
+        self._open: dict[tuple[str, int], _Batch] = {}
+        self._sticky: dict[str, tuple[int, float]] = {}
+        self._reports: deque[tuple[Any, Any]] = deque()
+        self._queued = 0          # records not yet reported (len())
+        self._queued_bytes = 0
+        self._lock = threading.RLock()
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread = threading.Thread(target=self._linger_loop, name="shmq-producer-linger",
+                                        daemon=True)
+        self._thread.start()
+
+    # -- metadata ---------------------------------------------------------------------------
+
+    def _partition_count(self, topic: str) -> int:
+        n = self._counts.get(topic)
+        if n is not None:
+            return n
+        broker = self._broker
+        prefix = topic + "/"
+        n = sum(1 for k in broker._info.get("slots", {}) if k.startswith(prefix))
+        if not n:  # unknown here: ask (auto-creates when the broker allows it), then reload
+            md = self._meta.list_topics(topic, timeout=METADATA_TIMEOUT_S).topics.get(topic)
+            if md is None or md.error is not None or not md.partitions:
+                code = md.error.code() if md is not None and md.error is not None else \
+                    KafkaError.UNKNOWN_TOPIC_OR_PART
+                raise kafka_exception(code)
+            n = len(md.partitions)
+            deadline = time.monotonic() + METADATA_TIMEOUT_S
+            while broker.slot_of(topic, n - 1) is None:  # broker.json catches up
+                if time.monotonic() > deadline:
+                    raise kafka_exception(KafkaError._UNKNOWN_TOPIC,
+                                          f"{topic} is not in the broker's slot directory")
+                time.sleep(0.01)
+        self._counts[topic] = n
+        return n
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+        """confluent-kafka's ``ClusterMetadata`` (from the broker, over the Kafka protocol)."""
+        md = self._meta.list_topics(topic, timeout)
+        for name, t in md.topics.items():
+            if t.error is None and t.partitions:
+                self._counts[name] = max(self._counts.get(name, 0), len(t.partitions))
+        return md
+
+    # -- produce ----------------------------------------------------------------------------
+
+    def produce(self, topic: Any, value: Any = None, key: Any = None, partition: int = -1,
+                on_delivery: Any = None, timestamp: int = 0, headers: Any = None, *,
+                callback: Any = None) -> None:
+        """Queue one record (confluent-kafka's ``Producer.produce``)."""
+        if self.closed:
+            raise RuntimeError("Producer has been closed")
+        if type(topic) is not str:
+            _check_topic(topic)
+        if type(partition) is not int:
+            partition = _as_int(partition)
+        if type(timestamp) is not int:
+            timestamp = _as_int(timestamp)
+        if self.interceptors or self.serdes.active:
+            topic, value, key, partition, timestamp, headers = self._prepare(
+                topic, value, key, partition, timestamp, headers)
+        if type(value) is not bytes:
+            value = as_bytes(value)
+        if type(key) is not bytes:
+            key = as_bytes(key)
+        size = RECORD_MAX_OVERHEAD + (0 if value is None else len(value)) + (
+            0 if key is None else len(key))
+        if headers is not None:
+            headers = [(k.decode("utf-8", "replace"), v) for k, v in normalize_headers(headers)]
+            size += sum(10 + len(k) + (0 if v is None else len(v)) for k, v in headers) \
+                if headers else 0
+            if not headers:
+                headers = None
+        if size > self._message_max:
+            raise kafka_exception(KafkaError.MSG_SIZE_TOO_LARGE,
+                                  "Unable to produce message: Broker: Message size too large")
+        n = self._counts.get(topic)
+        if n is None:
+            n = self._partition_count(topic)
+        if partition == -1:
+            if self.custom_partitioner is not None:
+                partition = self.custom_partitioner(key, list(range(n)), list(range(n)))
+                if type(partition) is not int or not 0 <= partition < n:
+                    raise kafka_exception(KafkaError._UNKNOWN_PARTITION,
+                                          f"partitioner returned {partition!r}")
+            elif key is not None and self._partitioner == 0:  # murmur2_random, the default
+                partition = _fast.murmur2_partition(key, n)
+            else:
+                partition = partition_for(self._partitioner, key, n)
+                if partition < 0:
+                    partition = self._sticky_partition(topic, n)
+        elif not 0 <= partition < n:
+            raise kafka_exception(KafkaError._UNKNOWN_PARTITION,
+                                  "Unable to produce message: Local: Unknown partition")
+        if self._queued >= self._max_messages or self._queued_bytes + size > self._max_bytes:
+            raise BufferError("Local: Queue full")
+        if timestamp == 0:
+            timestamp = time.time_ns() // 1_000_000
+        cb = on_delivery if on_delivery is not None else callback
+        if cb is None:
+            cb = self._default_cb
+        if self.interceptors:
+            cb = self._wrap_delivery(cb)
+        with self._lock:
+            k = (topic, partition)
+            batch = self._open.get(k)
+            fresh = batch is None
+            if fresh:
+                batch = self._open[k] = _Batch(time.monotonic())
+            elif (len(batch.records) >= self._batch_records
+                  or batch.nbytes + size > self._batch_bytes):
+                self._send(k, batch)
+                batch = self._open[k] = _Batch(time.monotonic())
+                fresh = True
+            batch.records.append((key, value, timestamp, headers))
+            batch.nbytes += size
+            if cb is not None:
+                if batch.reports is None:
+                    batch.reports = [None] * (len(batch.records) - 1)
+                batch.reports.append((cb, key, value, timestamp, headers))
+            elif batch.reports is not None:
+                batch.reports.append(None)
+            self._queued += 1
+            self._queued_bytes += size
+            if len(batch.records) >= self._batch_records or batch.nbytes >= self._batch_bytes:
+                self._send(k, batch)
+            elif fresh:
+                broker = self._broker
+                broker.poll(0)
+                if not broker.unanswered(topic, partition) and broker.can_send(topic, partition):
+                    self._send(k, batch)  # nothing in flight: a lone record does not linger
+                else:
+                    self._wake.set()
+
+    def _sticky_partition(self, topic: str, n: int) -> int:
+        """Keyless records stick to one partition until a batch of it goes (Java's
+        ``BuiltInPartitioner``, KIP-480) or ``sticky.partitioning.linger.ms`` passed."""
+        import random
+
+        now = time.monotonic()
+        cur = self._sticky.get(topic)
+        if cur is not None and now < cur[1] and cur[0] < n:
+            return cur[0]
+        p = random.randrange(n) if cur is None or n == 1 else \
+            (cur[0] + 1 + random.randrange(n - 1)) % n
+        self._sticky[topic] = (p, now + self._sticky_s)
+        return p
+
+    def _send(self, k: tuple[str, int], batch: _Batch) -> None:
+        """Seal the open batch of ``k`` and hand it to the ring (lock held)."""
+        if self._open.get(k) is batch:
+            del self._open[k]
+        topic, partition = k
+        records, reports = batch.records, batch.reports
+        nbytes = batch.nbytes
+
+        def answered(result: Any) -> None:
+            self._answered(result, records, reports, nbytes)
+
+        try:
+            self._broker.send_batch(topic, partition, records, acks=self._acks,
+                                    timeout=max(self._linger, 1.0), on_delivery=answered)
+        except BufferError:  # the ring stayed full: keep the batch open, it goes later
+            self._open.setdefault(k, batch)
+            self._wake.set()
+
+    def _answered(self, result: Any, records: list, reports: list | None, nbytes: int) -> None:
+        code = result.error_code
+        if reports is None:
+            self._queued -= len(records)
+            self._queued_bytes -= nbytes
+            return
+        err = None if not code else KafkaError(code, result.error_message or None) \
+            if result.error_message else KafkaError(code)
+        if result.log_append_time >= 0:
+            stamp_type, fixed = TIMESTAMP_LOG_APPEND_TIME, result.log_append_time
+        else:
+            stamp_type, fixed = TIMESTAMP_CREATE_TIME, -1
+        base = result.base_offset
+        topic, partition = result.topic, result.partition
+        out = self._reports
+        for i, r in enumerate(reports):
+            if r is None:
+                out.append((None, len(records[i][1] or b"")))
+                continue
+            cb, key, value, ts, hdrs = r
+            if err is None and self._only_errors:
+                out.append((None, 0))
+                continue
+            msg = Message(topic, partition, base + i if base >= 0 and not code else -1001,
+                          key, value, None, err,  # librdkafka's reports carry no headers
+                          (stamp_type, fixed if fixed >= 0 else ts))
+            out.append((cb, msg))
+        self._queued_bytes -= nbytes
+        # the records without reports are counted down when poll() reaches them (in order)
+
+    # -- reports ----------------------------------------------------------------------------
+
+    def _serve(self) -> int:
+        served = 0
+        while True:
+            with self._lock:
+                if not self._reports:
+                    return served
+                cb, msg = self._reports.popleft()
+                self._queued -= 1
+            if cb is not None:
+                cb(msg.error(), msg)
+                served += 1
+
+    def poll(self, timeout: float | None = None) -> int:
+        """Serve delivery reports; waits up to ``timeout`` seconds for one (None or negative:
+        without a limit).  Returns how many callbacks ran."""
+        if self.closed:
+            raise RuntimeError("Producer has been closed")
+        t = -1.0 if timeout is None else float(timeout)
+        deadline = time.monotonic() + t if t >= 0 else float("inf")
+        while True:
+            with self._lock:
+                self._broker.poll(0)
+            served = self._serve()
+            if served:
+                return served
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return 0
+            with self._lock:
+                if self._queued and self._broker.flush(0):
+                    self._broker.poll(min(left, 0.005))
+                    continue
+            time.sleep(min(left, 0.005) if self._queued else min(left, 0.05))
+
+    def flush(self, timeout: float | None = None) -> int:
+        """Send every open batch and wait for every report; returns how many records are still
+        unreported (confluent-kafka's ``flush``)."""
+        if self.closed:
+            raise RuntimeError("Producer has been closed")
+        t = -1.0 if timeout is None else float(timeout)
+        deadline = time.monotonic() + t if t >= 0 else float("inf")
+        with self._lock:
+            for k, batch in list(self._open.items()):
+                self._send(k, batch)
+        while True:
+            with self._lock:
+                self._broker.poll(0)
+                for k, batch in list(self._open.items()):  # refused by a full ring before
+                    if self._broker.can_send(*k):
+                        self._send(k, batch)
+            self._serve()
+            if not self._queued:
+                return 0
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return self._queued
+            with self._lock:
+                self._broker.poll(min(left, 0.005))
+
+    def __len__(self) -> int:
+        return self._queued
+
+    def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None:
+        """Records not yet sent are reported with ``_PURGE_QUEUE`` on the next ``poll``.
+        Batches already in the ring cannot be taken back: they are reported as the broker
+        answers them (librdkafka reports them ``_PURGE_INFLIGHT`` though they may be written)."""
+        if not in_queue:
+            return
+        with self._lock:
+            err = KafkaError(ERR_PURGE_QUEUE)
+            for (topic, partition), batch in list(self._open.items()):
+                for i, (key, value, ts, hdrs) in enumerate(batch.records):
+                    r = batch.reports[i] if batch.reports is not None else None
+                    cb = r[0] if r is not None else None
+                    self._reports.append((cb, Message(topic, partition, -1001, key, value, hdrs,
+                                                      err, (TIMESTAMP_CREATE_TIME, ts))))
+                self._queued_bytes -= batch.nbytes
+            self._open.clear()
+
+    # -- linger -----------------------------------------------------------------------------
+
+    def _linger_loop(self) -> None:
+        while not self._stop:
+            self._wake.wait(1.0)
+            if self._stop:
+                return
+            with self._lock:
+                self._broker.poll(0)
+                now = time.monotonic()
+                due = None
+                for k, batch in list(self._open.items()):
+                    ready = now - batch.opened >= self._linger
+                    if ready and self._broker.can_send(*k):
+                        self._send(k, batch)
+                    else:
+                        at = batch.opened + self._linger
+                        due = at if due is None else min(due, at)
+                if due is None:
+                    self._wake.clear()
+            wait = 0.0005 if due is None else max(0.0002, min(due - time.monotonic(), 0.1))
+            time.sleep(wait) if due is not None else None
+
+    def close(self, timeout: float | None = None) -> int:
+        """Flush (up to ``timeout``), stop the linger thread and detach; returns the records
+        left unreported."""
+        if self.closed:
+            return 0
+        left = self.flush(timeout)
+        self._stop = True
+        self._wake.set()
+        self._thread.join()
+        self.closed = True
+        with self._lock:
+            self._broker.close(timeout=0 if left else 5.0)
+        self.interceptors.close()
+        return left
+
+    def __del__(self) -> None:
+        if getattr(self, "closed", True) is False:
+            self._stop = True
+            self._wake.set()
