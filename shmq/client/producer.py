@@ -14,8 +14,10 @@ Theory of operation (shared memory)
   (``shmq.ipc.client.LocalBroker.send_batch``: RecordBatch v2, producer id and sequence).
 * A batch goes when it reaches ``batch.num.messages`` / ``batch.size``, when ``linger.ms`` has
   passed since its first record (a daemon thread watches the open batches, so records go out
-  without ``poll`` as librdkafka's do), or at once when its partition has nothing unanswered and
-  the batch is new (a lone record does not wait for the linger: the ring costs no round trip).
+  without ``poll`` as librdkafka's do), or -- unless the user set ``linger.ms`` -- at once when
+  its partition has nothing unanswered and the batch is new: a lone record does not wait for
+  the linger (the ring costs no round trip), and records produced while a batch is in flight
+  gather into the next one, so batches grow with the rate as Nagle's algorithm makes them.
 * Answers come back on the completion ring; each batch's delivery reports (``(err, msg)`` with
   the record's offset, timestamp and confluent-kafka's ``KafkaError``) wait in a queue that
   ``poll`` / ``flush`` serve on the caller's thread, as confluent-kafka's do.
@@ -55,6 +57,7 @@ from shmq.client.transport import local_data_dir
 ERR_PURGE_QUEUE = KafkaError._PURGE_QUEUE
 ERR_MSG_TIMED_OUT = KafkaError._MSG_TIMED_OUT
 METADATA_TIMEOUT_S = 10.0
+UNKNOWN_RETRY_S = 1.0      # how often metadata of an unknown topic is asked for again
 
 
 def _as_int(obj: Any) -> int:
@@ -99,7 +102,10 @@ class Producer:
         spec = config.py.get("partitioner", config.py.get("partitioner.class"))
         self.custom_partitioner: Callable[..., int] | None = resolve_callable(spec, "partitioner")
         rd = config.rd
-        rd.setdefault("enable.idempotence", config.idempotence())
+        try:
+            rd.setdefault("enable.idempotence", config.idempotence())
+        except confluent_kafka.KafkaException:
+            pass  # a bad acks / max.in.flight value: librdkafka names it below
         rd.setdefault("partitioner", "murmur2_random")  # Java's partitioner, not librdkafka's
         self.closed = False
 
@@ -134,7 +140,7 @@ class Producer:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def close(self, timeout: float | None = None) -> int:
+    def close(self, timeout: float | None = None) -> bool:
         raise NotImplementedError
 
 
@@ -204,13 +210,13 @@ class KafkaProducer(Producer):
             raise AttributeError(name)
         return getattr(self._p, name)
 
-    def close(self, timeout: float | None = None) -> int:
+    def close(self, timeout: float | None = None) -> bool:
         if self.closed:
-            return 0
-        left = self._p.flush(-1 if timeout is None else timeout)
-        self.interceptors.close()
+            return True
         self.closed = True
-        return left
+        done = self._p.close(-1 if timeout is None else timeout)
+        self.interceptors.close()
+        return done
 
 
 class _Batch:
@@ -241,6 +247,9 @@ class ShmProducer(Producer):
             raise invalid("partitioner", rd_partitioner)
         self._partitioner = PARTITIONERS[rd_partitioner]
         self._linger = max(0.0, config.get_float("queue.buffering.max.ms")) / 1000.0
+        # linger.ms as the user set it is kept to the letter; by default a new batch of a
+        # partition with nothing in flight goes at once (see the module docstring)
+        self._eager = not config.given("queue.buffering.max.ms")
         self._batch_records = max(1, config.get_int("batch.num.messages"))
         self._batch_bytes = max(1, config.get_int("batch.size"))
         self._max_messages = config.get_int("queue.buffering.max.messages")
@@ -258,6 +267,9 @@ class ShmProducer(Producer):
             delivery_timeout=config.get_int("message.timeout.ms") / 1000.0,
             retry_backoff=config.get_int("retry.backoff.ms") / 1000.0)
         self._counts: dict[str, int] = {}
+        self._unknown_until: dict[str, float] = {}
+        self._held: list[tuple] = []   # records to topics not known yet (deadline, args...)
+        self._message_timeout = config.get_int("message.timeout.ms") / 1000.0
         self._open: dict[tuple[str, int], _Batch] = {}
         self._sticky: dict[str, tuple[int, float]] = {}
         self._reports: deque[tuple[Any, Any]] = deque()
@@ -280,11 +292,12 @@ class ShmProducer(Producer):
         prefix = topic + "/"
         n = sum(1 for k in broker._info.get("slots", {}) if k.startswith(prefix))
         if not n:  # unknown here: ask (auto-creates when the broker allows it), then reload
+            if self._unknown_until.get(topic, 0.0) > time.monotonic():
+                return 0
             md = self._meta.list_topics(topic, timeout=METADATA_TIMEOUT_S).topics.get(topic)
             if md is None or md.error is not None or not md.partitions:
-                code = md.error.code() if md is not None and md.error is not None else \
-                    KafkaError.UNKNOWN_TOPIC_OR_PART
-                raise kafka_exception(code)
+                self._unknown_until[topic] = time.monotonic() + UNKNOWN_RETRY_S
+                return 0
             n = len(md.partitions)
             deadline = time.monotonic() + METADATA_TIMEOUT_S
             while broker.slot_of(topic, n - 1) is None:  # broker.json catches up
@@ -338,6 +351,11 @@ class ShmProducer(Producer):
         n = self._counts.get(topic)
         if n is None:
             n = self._partition_count(topic)
+            if n == 0:  # unknown: librdkafka keeps the record until message.timeout.ms
+                cb = on_delivery if on_delivery is not None else callback
+                self._hold_unknown(topic, partition, key, value, timestamp, headers, size,
+                                   self._wrap_delivery(cb if cb is not None else self._default_cb))
+                return
         if partition == -1:
             if self.custom_partitioner is not None:
                 partition = self.custom_partitioner(key, list(range(n)), list(range(n)))
@@ -385,13 +403,49 @@ class ShmProducer(Producer):
             self._queued_bytes += size
             if len(batch.records) >= self._batch_records or batch.nbytes >= self._batch_bytes:
                 self._send(k, batch)
-            elif fresh:
+            elif fresh and self._eager:
                 broker = self._broker
                 broker.poll(0)
                 if not broker.unanswered(topic, partition) and broker.can_send(topic, partition):
                     self._send(k, batch)  # nothing in flight: a lone record does not linger
                 else:
                     self._wake.set()
+            elif fresh:
+                self._wake.set()
+
+    def _hold_unknown(self, topic: str, partition: int, key: Any, value: Any, timestamp: int,
+                      headers: Any, size: int, cb: Any) -> None:
+        """A record to a topic the broker does not know: kept (counted by ``len``) until the
+        topic appears or ``message.timeout.ms`` passes, then reported ``_MSG_TIMED_OUT``, as
+        librdkafka does."""
+        if self._queued >= self._max_messages or self._queued_bytes + size > self._max_bytes:
+            raise BufferError("Local: Queue full")
+        with self._lock:
+            self._held.append((time.monotonic() + self._message_timeout, topic, partition, key,
+                               value, timestamp, headers, size, cb))
+            self._queued += 1
+            self._queued_bytes += size
+
+    def _retry_held(self) -> None:
+        if not self._held:
+            return
+        held, self._held = self._held, []
+        now = time.monotonic()
+        for item in held:
+            deadline, topic, partition, key, value, ts, hdrs, size, cb = item
+            if self._partition_count(topic) or self._counts.get(topic):
+                with self._lock:
+                    self._queued -= 1
+                    self._queued_bytes -= size
+                self.produce(topic, value, key, partition, cb, ts, hdrs)
+            elif now >= deadline:
+                with self._lock:
+                    self._queued_bytes -= size
+                    self._reports.append((cb, Message(topic, partition, -1001, key, value, None,
+                                                      KafkaError(ERR_MSG_TIMED_OUT),
+                                                      (TIMESTAMP_CREATE_TIME, ts))))
+            else:
+                self._held.append(item)
 
     def _sticky_partition(self, topic: str, n: int) -> int:
         """Keyless records stick to one partition until a batch of it goes (Java's
@@ -477,6 +531,7 @@ class ShmProducer(Producer):
         t = -1.0 if timeout is None else float(timeout)
         deadline = time.monotonic() + t if t >= 0 else float("inf")
         while True:
+            self._retry_held()
             with self._lock:
                 self._broker.poll(0)
             served = self._serve()
@@ -502,6 +557,7 @@ class ShmProducer(Producer):
             for k, batch in list(self._open.items()):
                 self._send(k, batch)
         while True:
+            self._retry_held()
             with self._lock:
                 self._broker.poll(0)
                 for k, batch in list(self._open.items()):  # refused by a full ring before
@@ -559,11 +615,11 @@ class ShmProducer(Producer):
             wait = 0.0005 if due is None else max(0.0002, min(due - time.monotonic(), 0.1))
             time.sleep(wait) if due is not None else None
 
-    def close(self, timeout: float | None = None) -> int:
-        """Flush (up to ``timeout``), stop the linger thread and detach; returns the records
-        left unreported."""
+    def close(self, timeout: float | None = None) -> bool:
+        """Flush (up to ``timeout``), stop the linger thread and detach; True when every
+        record was reported (confluent-kafka's ``close``)."""
         if self.closed:
-            return 0
+            return True
         left = self.flush(timeout)
         self._stop = True
         self._wake.set()
@@ -571,10 +627,12 @@ class ShmProducer(Producer):
         self.closed = True
         with self._lock:
             self._broker.close(timeout=0 if left else 5.0)
+        self._meta.close(0)
         self.interceptors.close()
-        return left
+        return not left
 
     def __del__(self) -> None:
-        if getattr(self, "closed", True) is False:
+        wake = getattr(self, "_wake", None)
+        if wake is not None and not self.closed:
             self._stop = True
-            self._wake.set()
+            wake.set()

@@ -1,0 +1,512 @@
+"""shmq.Producer / Consumer / AdminClient (issue 15): one test module, three clients.
+
+Every test runs against ``shmq.*`` over shared memory (``shm``), ``shmq.*`` over TCP
+(``kafka``: confluent-kafka underneath) and ``confluent_kafka.*`` itself (``confluent``), on a
+real broker, and asserts the same results for all three.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import confluent_kafka
+import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from conftest import RunningBroker, start_broker
+from kafka.partitioner.default import murmur2 as kafka_python_murmur2
+
+import shmq
+from shmq.client.consumer import ShmConsumer
+from shmq.client.producer import ShmProducer
+
+TRANSPORTS = ["shm", "kafka", "confluent"]
+PARTITIONS = 3
+
+
+@pytest.fixture(scope="module")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningBroker]:
+    b = start_broker(tmp_path_factory.mktemp("client") / "data", "--override",
+                     f"num.partitions={PARTITIONS}", "--override",
+                     "group.initial.rebalance.delay.ms=0")
+    try:
+        yield b
+    finally:
+        assert b.stop() == 0, b.log_path.read_text()
+
+
+class Clients:
+    """Makes producers and consumers of one transport, and closes them at the end."""
+
+    def __init__(self, transport: str, bootstrap: str) -> None:
+        self.transport = transport
+        self.bootstrap = bootstrap
+        self.made: list[Any] = []
+
+    def conf(self, extra: dict[str, Any]) -> dict[str, Any]:
+        conf = {"bootstrap.servers": self.bootstrap, **extra}
+        if self.transport == "confluent":
+            conf.setdefault("partitioner", "murmur2_random")  # Java's, as shmq's default
+        else:
+            conf["shmq.transport"] = self.transport
+        return conf
+
+    def producer(self, **extra: Any) -> Any:
+        cls = confluent_kafka.Producer if self.transport == "confluent" else shmq.Producer
+        p = cls(self.conf(extra))
+        if self.transport == "shm":
+            assert isinstance(p, ShmProducer)
+        self.made.append(p)
+        return p
+
+    def consumer(self, **extra: Any) -> Any:
+        extra.setdefault("auto.offset.reset", "earliest")
+        cls = confluent_kafka.Consumer if self.transport == "confluent" else shmq.Consumer
+        c = cls(self.conf(extra))
+        if self.transport == "shm":
+            assert isinstance(c, ShmConsumer)
+        self.made.append(c)
+        return c
+
+    def close(self) -> None:
+        for c in reversed(self.made):
+            try:
+                c.close()
+            except RuntimeError:
+                pass  # closed by the test
+
+
+@pytest.fixture(params=TRANSPORTS)
+def clients(request: pytest.FixtureRequest, kafka: RunningBroker) -> Iterator[Clients]:
+    c = Clients(request.param, kafka.bootstrap)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+_topic_seq = iter(range(1_000_000))
+
+
+def new_topic(clients: Clients, partitions: int = PARTITIONS) -> str:
+    name = f"t{next(_topic_seq)}-{clients.transport}"
+    admin = shmq.AdminClient({"bootstrap.servers": clients.bootstrap})
+    fut = admin.create_topics([confluent_kafka.admin.NewTopic(name, partitions, 1)])[name]
+    fut.result(10)
+    return name
+
+
+def drain(consumer: Any, want: int, timeout: float = 20.0) -> list[Any]:
+    out: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < want and time.monotonic() < deadline:
+        m = consumer.poll(0.5)
+        if m is None:
+            continue
+        assert m.error() is None, m.error()
+        out.append(m)
+    return out
+
+
+def view(m: Any) -> tuple:
+    return (m.topic(), m.partition(), m.offset(), m.key(), m.value(), m.headers(),
+            m.timestamp())
+
+
+# -- producing --------------------------------------------------------------------------------
+
+def test_round_trip_and_delivery_reports(clients: Clients) -> None:
+    topic = new_topic(clients)
+    p = clients.producer()
+    p.list_topics(topic, timeout=10)  # metadata known: keyless records go sticky at once
+    p.produce(topic, b"warm-up", partition=0)  # connections / rings attached
+    assert p.flush(10) == 0
+    reports: list[tuple] = []
+    sent = []
+    for i in range(30):
+        key = None if i % 3 == 0 else f"k{i}".encode()
+        headers = [("h", f"{i}".encode()), ("n", None)] if i % 2 else None
+        ts = 1_700_000_000_000 + i
+        p.produce(topic, f"v{i}".encode(), key, timestamp=ts, headers=headers,
+                  on_delivery=lambda e, m: reports.append((e, m)))
+        sent.append((key, f"v{i}".encode(), headers, ts))
+    assert 0 < len(p) <= 30
+    assert p.flush(10) == 0
+    assert len(p) == 0
+    assert len(reports) == 30
+    assert all(e is None for e, _ in reports)
+    by_value = {m.value(): m for _, m in reports}
+    for key, value, _, ts in sent:
+        m = by_value[value]
+        assert (m.topic(), m.key(), m.timestamp()) == (topic, key, (1, ts))
+        assert m.offset() is not None and m.offset() >= 0
+        if key is not None:
+            assert m.partition() == (kafka_python_murmur2(key) & 0x7FFFFFFF) % PARTITIONS
+    # keyless records stick to one partition (all 10 produced at once)
+    assert len({by_value[v].partition() for k, v, _, _ in sent if k is None}) == 1
+    # offsets are dense per partition
+    per: dict[int, list[int]] = {}
+    for _, m in reports:
+        per.setdefault(m.partition(), []).append(m.offset())
+    for part, offs in per.items():
+        first = 1 if part == 0 else 0  # after the warm-up record
+        assert sorted(offs) == list(range(first, first + len(offs)))
+
+    c = clients.consumer(**{"group.id": f"g-{topic}"})
+    c.subscribe([topic])
+    got = [m for m in drain(c, 31) if m.value() != b"warm-up"]
+    assert len(got) == 30
+    want = {(by_value[v].partition(), by_value[v].offset()): (key, v, h, ts)
+            for key, v, h, ts in sent}
+    for m in got:
+        key, v, h, ts = want[(m.partition(), m.offset())]
+        assert (m.key(), m.value(), m.timestamp()) == (key, v, (1, ts))
+        assert m.headers() == (h if h else None)
+
+
+def test_str_values_and_headers_forms(clients: Clients) -> None:
+    topic = new_topic(clients, 1)
+    p = clients.producer()
+    p.produce(topic, "unicode ✓", "ключ", headers={"a": "b", "c": b"\x00"})
+    p.produce(topic, None, b"")          # a tombstone with an empty key
+    p.produce(topic, b"", None)
+    assert p.flush(10) == 0
+    c = clients.consumer(**{"group.id": f"g-{topic}"})
+    c.assign([TopicPartition(topic, 0, 0)])
+    got = [(m.key(), m.value(), m.headers()) for m in drain(c, 3)]
+    assert got == [("ключ".encode(), "unicode ✓".encode(), [("a", b"b"), ("c", b"\x00")]),
+                   (b"", None, None), (None, b"", None)]
+
+
+def test_produce_argument_errors(clients: Clients) -> None:
+    topic = new_topic(clients, 2)
+    p = clients.producer()
+    p.list_topics(topic, timeout=10)  # librdkafka checks partitions of topics it knows
+    with pytest.raises(TypeError):
+        p.produce(123, b"x")
+    with pytest.raises(TypeError):
+        p.produce(topic, 12.5)
+    with pytest.raises(TypeError):
+        p.produce(topic, b"x", headers=5)
+    with pytest.raises(KafkaException) as exc:
+        p.produce(topic, b"x" * 2_000_000)
+    assert exc.value.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE
+    with pytest.raises(KafkaException) as exc:
+        p.produce(topic, b"x", partition=7)
+    assert exc.value.args[0].code() == KafkaError._UNKNOWN_PARTITION
+    assert p.flush(5) == 0 and len(p) == 0   # nothing half-sent
+
+
+def test_buffer_full_raises_buffer_error(clients: Clients) -> None:
+    topic = new_topic(clients, 1)
+    p = clients.producer(**{"queue.buffering.max.messages": 10, "linger.ms": 1000})
+    for i in range(10):
+        p.produce(topic, b"x%d" % i)
+    with pytest.raises(BufferError):
+        p.produce(topic, b"one too many")
+    assert p.flush(10) == 0
+    p.produce(topic, b"room again")
+    assert p.flush(10) == 0
+
+
+def test_closed_producer(clients: Clients) -> None:
+    topic = new_topic(clients, 1)
+    p = clients.producer()
+    p.produce(topic, b"x")
+    assert p.close() is True
+    with pytest.raises(RuntimeError):
+        p.produce(topic, b"y")
+    with pytest.raises(RuntimeError):
+        p.flush(1)
+
+
+def test_bad_config(clients: Clients) -> None:
+    for bad, needle in (({"foo.bar": 1}, 'No such configuration property: "foo.bar"'),
+                        ({"linger.ms": "abc"}, "queue.buffering.max.ms"),
+                        ({"acks": "x"}, "request.required.acks"),
+                        ({"enable.idempotence": "maybe"}, "enable.idempotence")):
+        with pytest.raises(KafkaException) as exc:
+            clients.producer(**bad)
+        assert exc.value.args[0].code() == KafkaError._INVALID_ARG
+        assert needle in exc.value.args[0].str()
+    with pytest.raises(KafkaException) as exc:
+        clients.consumer(**{"group.id": "g", "session.timeout.ms": "soon"})
+    assert exc.value.args[0].code() == KafkaError._INVALID_ARG
+    with pytest.raises(TypeError):
+        (shmq.Producer if clients.transport != "confluent" else confluent_kafka.Producer)(5)
+
+
+def test_purge(clients: Clients) -> None:
+    topic = new_topic(clients, 1)
+    p = clients.producer(**{"linger.ms": 60_000})
+    p.produce(topic, b"first")
+    p.flush(10)
+    errs: list[Any] = []
+    for i in range(5):
+        p.produce(topic, b"q%d" % i, on_delivery=lambda e, m: errs.append(e))
+    p.purge(in_flight=False)
+    p.poll(1)
+    assert p.flush(5) == 0
+    assert [e.code() for e in errs] == [KafkaError._PURGE_QUEUE] * 5
+
+
+def test_list_topics(clients: Clients) -> None:
+    topic = new_topic(clients, 2)
+    md = clients.producer().list_topics(topic, timeout=10)
+    assert sorted(md.topics[topic].partitions) == [0, 1]
+
+
+# -- consuming --------------------------------------------------------------------------------
+
+def produce_n(clients: Clients, topic: str, n: int, partition: int = 0) -> None:
+    p = clients.producer()
+    for i in range(n):
+        p.produce(topic, b"m%d" % i, partition=partition)
+    assert p.flush(10) == 0
+
+
+def test_commit_position_seek_committed(clients: Clients) -> None:
+    topic = new_topic(clients, 1)
+    produce_n(clients, topic, 20)
+    tp = TopicPartition(topic, 0)
+    c = clients.consumer(**{"group.id": f"g-{topic}", "enable.auto.commit": False})
+    c.assign([TopicPartition(topic, 0, 0)])
+    got = drain(c, 5)
+    assert [m.offset() for m in got] == [0, 1, 2, 3, 4]
+    assert c.position([tp])[0].offset == 5
+    c.commit(message=got[2], asynchronous=False)
+    assert c.committed([tp], timeout=10)[0].offset == 3
+    c.commit(asynchronous=False)
+    assert c.committed([tp], timeout=10)[0].offset == 5
+    c.seek(TopicPartition(topic, 0, 12))
+    assert [m.offset() for m in drain(c, 2)] == [12, 13]
+    c.commit(offsets=[TopicPartition(topic, 0, 17)], asynchronous=False)
+    assert c.committed([tp], timeout=10)[0].offset == 17
+    assert c.get_watermark_offsets(tp, timeout=10) == (0, 20)
+    c.close()
+    # a new member of the group resumes at the committed offset exactly
+    c2 = clients.consumer(**{"group.id": f"g-{topic}"})
+    c2.subscribe([topic])
+    assert [m.offset() for m in drain(c2, 3)] == [17, 18, 19]
+
+
+def test_consume_batch_and_pause(clients: Clients) -> None:
+    topic = new_topic(clients, 2)
+    produce_n(clients, topic, 10, partition=0)
+    produce_n(clients, topic, 10, partition=1)
+    c = clients.consumer(**{"group.id": f"g-{topic}"})
+    c.assign([TopicPartition(topic, 0, 0), TopicPartition(topic, 1, 0)])
+    c.pause([TopicPartition(topic, 1)])
+    got: list[Any] = []
+    deadline = time.monotonic() + 20
+    while len(got) < 10 and time.monotonic() < deadline:
+        got += [m for m in c.consume(10, 0.5) if m.error() is None]
+    assert [(m.partition(), m.offset()) for m in got] == [(0, i) for i in range(10)]
+    assert c.consume(5, 0.3) == []  # partition 1 paused, 0 drained
+    c.resume([TopicPartition(topic, 1)])
+    got = []
+    deadline = time.monotonic() + 20
+    while len(got) < 10 and time.monotonic() < deadline:
+        got += [m for m in c.consume(10, 0.5) if m.error() is None]
+    assert [(m.partition(), m.offset()) for m in got] == [(1, i) for i in range(10)]
+
+
+def test_auto_offset_reset_latest(clients: Clients) -> None:
+    topic = new_topic(clients, 1)
+    produce_n(clients, topic, 5)
+    c = clients.consumer(**{"group.id": f"g-{topic}", "auto.offset.reset": "latest"})
+    c.subscribe([topic])
+    assert drain(c, 1, timeout=3) == []
+    produce_n(clients, topic, 2)
+    assert [m.value() for m in drain(c, 2)] == [b"m0", b"m1"]
+
+
+def test_rebalance_callbacks_and_auto_commit(clients: Clients) -> None:
+    topic = new_topic(clients, 2)
+    produce_n(clients, topic, 6, partition=0)
+    produce_n(clients, topic, 6, partition=1)
+    group = f"g-{topic}"
+    events: list[tuple[str, str, list[int]]] = []
+
+    def cbs(name: str) -> dict[str, Any]:
+        def on_assign(consumer: Any, parts: list[TopicPartition]) -> None:
+            assert consumer is c1 or consumer is c2
+            events.append((name, "assign", sorted(p.partition for p in parts)))
+
+        def on_revoke(consumer: Any, parts: list[TopicPartition]) -> None:
+            events.append((name, "revoke", sorted(p.partition for p in parts)))
+        return {"on_assign": on_assign, "on_revoke": on_revoke}
+
+    c1 = clients.consumer(**{"group.id": group, "auto.commit.interval.ms": 100})
+    c2 = None
+    c1.subscribe([topic], **cbs("c1"))
+    assert len(drain(c1, 12)) == 12
+    assert ("c1", "assign", [0, 1]) in events
+    c1.poll(0.2)  # commit-on-the-next-poll: the last records are stored now
+    c2 = clients.consumer(**{"group.id": group})
+    c2.subscribe([topic], **cbs("c2"))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any(e[:2] == ("c2", "assign") and e[2]
+                                                  for e in events):
+        c1.poll(0.1)
+        c2.poll(0.1)
+    assert ("c1", "revoke", [0, 1]) in events
+    assert any(e[:2] == ("c2", "assign") and len(e[2]) == 1 for e in events)
+    # the revoked partitions were committed: the new owner starts after the consumed records
+    produce_n(clients, topic, 1, partition=0)
+    produce_n(clients, topic, 1, partition=1)
+    seen = []
+    deadline = time.monotonic() + 20
+    while len(seen) < 2 and time.monotonic() < deadline:
+        for c in (c1, c2):
+            m = c.poll(0.1)
+            if m is not None and m.error() is None:
+                seen.append((m.partition(), m.offset()))
+    assert sorted(seen) == [(0, 6), (1, 6)]
+
+
+def test_unknown_topic_without_auto_create(tmp_path: Path) -> None:
+    b = start_broker(tmp_path / "data", "--override", "auto.create.topics.enable=false")
+    try:
+        for transport in TRANSPORTS:
+            made = Clients(transport, b.bootstrap)
+            try:
+                p = made.producer(**{"message.timeout.ms": 1500})
+                errs: list[Any] = []
+                p.produce("absent", b"x", on_delivery=lambda e, m: errs.append(e))
+                assert len(p) == 1
+                assert p.flush(10) == 0
+                assert [e.code() for e in errs] == [KafkaError._MSG_TIMED_OUT], transport
+            finally:
+                made.close()
+    finally:
+        assert b.stop() == 0
+
+
+# -- partitioning -----------------------------------------------------------------------------
+
+KAFKA_MURMUR2_VECTORS = {  # Kafka's UtilsTest.testMurmur2
+    b"21": -973932308,
+    b"foobar": -790332482,
+    b"a-little-bit-long-string": -985981536,
+    b"a-little-bit-longer-string": -1486304829,
+    b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971,
+    b"abc": 479470107,
+}
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_murmur2_matches_kafka(pure: bool) -> None:
+    import random
+
+    from shmq import _fast
+    from shmq._fast import _client_reference
+
+    mod = _client_reference if pure else _fast
+    for key, want in KAFKA_MURMUR2_VECTORS.items():
+        assert mod.murmur2(key) == want
+    rng = random.Random(15)
+    n = 100_000 if not pure else 10_000
+    for i in range(n):
+        kind = i % 3
+        if kind == 0:
+            key = rng.randbytes(rng.randrange(0, 64))
+        elif kind == 1:
+            key = b""
+        else:
+            key = "".join(chr(rng.randrange(0x20, 0x2FFF)) for _ in range(rng.randrange(1, 12))
+                          ).encode("utf-8")
+        count = rng.randrange(1, 200)
+        want = (kafka_python_murmur2(key) & 0x7FFFFFFF) % count
+        assert mod.murmur2_partition(key, count) == want
+
+
+def test_custom_partitioner(clients: Clients) -> None:
+    if clients.transport == "confluent":
+        pytest.skip("confluent-kafka takes no Python partitioner")
+    topic = new_topic(clients)
+    calls: list[Any] = []
+
+    def last(key: bytes | None, all_partitions: list[int], available: list[int]) -> int:
+        calls.append(key)
+        return all_partitions[-1]
+
+    p = clients.producer(partitioner=last)
+    parts: list[int] = []
+    p.produce(topic, b"v", b"k", on_delivery=lambda e, m: parts.append(m.partition()))
+    assert p.flush(10) == 0
+    assert parts == [PARTITIONS - 1] and calls == [b"k"]
+
+
+# -- serializers, interceptors, admin ---------------------------------------------------------
+
+class CountingInterceptor:
+    def __init__(self) -> None:
+        self.sent = self.acked = self.consumed = self.closed = 0
+
+    def on_send(self, msg: Any) -> Any:
+        self.sent += 1
+        return msg
+
+    def on_acknowledgement(self, err: Any, msg: Any) -> None:
+        self.acked += 1
+
+    def on_consume(self, msgs: list[Any]) -> list[Any]:
+        self.consumed += len(msgs)
+        return msgs
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def test_serializers_and_interceptors(clients: Clients) -> None:
+    if clients.transport == "confluent":
+        pytest.skip("serializers and interceptors are shmq's Python-side keys")
+    from shmq.client.serialization import (
+        IntegerSerializer,
+        JSONDeserializer,
+        JSONSerializer,
+    )
+
+    topic = new_topic(clients, 1)
+    icp = CountingInterceptor()
+    p = clients.producer(**{"key.serializer": IntegerSerializer(),
+                            "value.serializer": JSONSerializer(),
+                            "interceptor.classes": [icp]})
+    p.produce(topic, {"a": [1, 2]}, 7)
+    p.produce(topic, None, 8)
+    assert p.flush(10) == 0
+    assert (icp.sent, icp.acked) == (2, 2)
+    c = clients.consumer(**{"group.id": f"g-{topic}",
+                            "key.deserializer":
+                                "org.apache.kafka.common.serialization.IntegerDeserializer",
+                            "value.deserializer": JSONDeserializer,
+                            "interceptor.classes": [icp]})
+    c.assign([TopicPartition(topic, 0, 0)])
+    got = [(m.key(), m.value()) for m in drain(c, 2)]
+    assert got == [(7, {"a": [1, 2]}), (8, None)]
+    assert icp.consumed == 2
+    with pytest.raises(confluent_kafka.error.ValueSerializationError):
+        p.produce(topic, {1, 2})  # a set is not JSON
+    with pytest.raises(KafkaException) as exc:
+        clients.producer(**{"value.serializer": "no.such.module.Serializer"})
+    assert "value.serializer" in exc.value.args[0].str()
+
+
+def test_admin_client(kafka: RunningBroker) -> None:
+    from confluent_kafka.admin import NewPartitions, NewTopic
+
+    admin = shmq.AdminClient({"bootstrap.servers": kafka.bootstrap, "shmq.transport": "shm"})
+    admin.create_topics([NewTopic("admin-t", 1, 1)])["admin-t"].result(10)
+    admin.create_partitions([NewPartitions("admin-t", 4)])["admin-t"].result(10)
+    md = admin.list_topics("admin-t", timeout=10)
+    assert len(md.topics["admin-t"].partitions) == 4
+    p = shmq.Producer({"bootstrap.servers": kafka.bootstrap})
+    assert isinstance(p, ShmProducer)
+    p.produce("admin-t", b"x", partition=3)
+    assert p.flush(10) == 0
+    p.close()
+    with pytest.raises(KafkaException):
+        shmq.AdminClient({"bootstrap.servers": kafka.bootstrap, "no.such.key": 1})
