@@ -375,7 +375,7 @@ def test_unknown_topic_without_auto_create(tmp_path: Path) -> None:
             try:
                 p = made.producer(**{"message.timeout.ms": 1500})
                 errs: list[Any] = []
-                p.produce("absent", b"x", on_delivery=lambda e, m: errs.append(e))
+                p.produce("absent", b"x", on_delivery=lambda e, m, errs=errs: errs.append(e))
                 assert len(p) == 1
                 assert p.flush(10) == 0
                 assert [e.code() for e in errs] == [KafkaError._MSG_TIMED_OUT], transport
