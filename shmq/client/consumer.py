@@ -35,10 +35,13 @@ from typing import Any
 import confluent_kafka
 from confluent_kafka import KafkaError, TopicPartition
 
+from shmq._fast import decode_sections
 from shmq._fast._client_reference import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME
 from shmq.client._common import Interceptors, Message, Serdes, kafka_exception
 from shmq.client.config import RESET, ClientConfig, invalid, parse_bool
 from shmq.client.transport import local_data_dir
+from shmq.protocol.compression import DEFAULT_MAX_DECOMPRESSED_BYTES as MAX_DECOMPRESSED
+from shmq.protocol.records import _records_sections
 
 OFFSET_BEGINNING, OFFSET_END, OFFSET_STORED, OFFSET_INVALID = -2, -1, -1000, -1001
 SERVICE_S = 0.1          # the slow path runs at least this often while messages are buffered
@@ -146,6 +149,73 @@ class KafkaConsumer(Consumer):
         if name.startswith("_"):
             raise AttributeError(name)
         return getattr(self._c, name)
+
+
+class PartitionMessage(tuple):
+    """A consumed record with confluent-kafka's ``Message`` accessors, built in C by
+    ``_fast.decode_sections`` straight from the mapped log (a 5-field tuple: offset, timestamp,
+    key, value, headers).  Topic and partition are attributes of a subclass made once per
+    partition (``message_type``), so a record costs one tuple.  ``set_key`` / ``set_value``
+    (deserializers) turn it into a ``Message``, which the consumer hands out instead."""
+
+    __slots__ = ()
+    _fields = ("offset", "timestamp", "key", "value", "headers")
+    _topic: str = ""
+    _partition: int = -1
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self[0]
+
+    def timestamp(self) -> tuple[int, int]:
+        return (TIMESTAMP_CREATE_TIME, self[1])
+
+    def key(self) -> Any:
+        return self[2]
+
+    def value(self) -> Any:
+        return self[3]
+
+    def headers(self) -> list[tuple[str, bytes | None]] | None:
+        h = self[4]
+        return list(h) if h else None
+
+    def error(self) -> None:
+        return None
+
+    def latency(self) -> None:
+        return None
+
+    def leader_epoch(self) -> None:
+        return None
+
+    def __len__(self) -> int:
+        v = self[3]
+        return 0 if v is None else len(v)
+
+    def __repr__(self) -> str:
+        return f"<Message {self._topic}[{self._partition}]@{self[0]}>"
+
+    def as_message(self) -> Message:
+        return Message(self._topic, self._partition, self[0], self[2], self[3], self.headers(),
+                       None, (TIMESTAMP_CREATE_TIME, self[1]))
+
+
+_message_types: dict[tuple[str, int], type] = {}
+
+
+def message_type(topic: str, partition: int) -> type:
+    t = _message_types.get((topic, partition))
+    if t is None:
+        t = _message_types[(topic, partition)] = type(
+            "Message", (PartitionMessage,), {"__slots__": (), "_topic": topic,
+                                             "_partition": partition})
+    return t
 
 
 class _Part:
@@ -527,19 +597,26 @@ class ShmConsumer(Consumer):
                                                 error=KafkaError(KafkaError._PARTITION_EOF)))
                 continue
             part.eof_sent = False
-            topic, partition = part.topic, part.partition
             start = len(buf)
-            buf.extend([Message(topic, partition, r.offset, r.key, r.value,
-                                list(r.headers) if r.headers else None, None,
-                                (TIMESTAMP_CREATE_TIME, r.timestamp))
-                        for r in got.records()])
+            bodies, meta = _records_sections(got.buffer, verify_crc=False,
+                                             max_decompressed=MAX_DECOMPRESSED,
+                                             skip_control=True)
+            recs = decode_sections(bodies, meta, message_type(part.topic, part.partition))
+            lo, hi, nxt = 0, len(recs), got.next_offset
+            while lo < hi and recs[lo][0] < part.fetch:
+                lo += 1
+            while hi > lo and recs[hi - 1][0] >= nxt:
+                hi -= 1
+            buf.extend(recs if lo == 0 and hi == len(recs) else recs[lo:hi])
             end = len(buf)
             if end > start:
                 self._runs.append((start, end, part, got.next_offset))
                 added += end - start
             part.fetch = got.next_offset
         if added and (self.serdes.active or self.interceptors):
-            self._buffer[self._index:] = self._deliver(self._buffer[self._index:])
+            msgs = [m.as_message() if type(m) is not Message else m
+                    for m in self._buffer[self._index:]]
+            self._buffer[self._index:] = self._deliver(msgs)
         return added
 
     def _wait(self, timeout: float) -> None:

@@ -64,6 +64,26 @@ def _as_int(obj: Any) -> int:
     return obj if type(obj) is int else operator.index(obj)
 
 
+def as_record_list(obj: Any, what: str) -> list[Any]:
+    """A list, a numpy array (fixed-width ``S`` bytes kept whole, trailing NULs included;
+    object arrays as they are) or a pyarrow array / chunked array, as a list."""
+    if type(obj) is list:
+        return obj
+    mod = type(obj).__module__
+    if mod.startswith("pyarrow"):
+        return obj.to_pylist()
+    if mod.startswith("numpy"):
+        if obj.ndim != 1:
+            raise ValueError(f"{what} must be one-dimensional")
+        if obj.dtype.kind == "S":
+            raw, w = obj.tobytes(), obj.itemsize
+            return [raw[i : i + w] for i in range(0, len(raw), w)]
+        return obj.tolist()
+    if isinstance(obj, (bytes, str)):
+        raise TypeError(f"{what} must be a sequence of records, not {type(obj).__name__}")
+    return list(obj)
+
+
 def _check_topic(topic: Any) -> str:
     if type(topic) is not str:
         raise TypeError(f"argument 1 must be str, not {type(topic).__name__}")
@@ -134,6 +154,33 @@ class Producer:
                 cb(err, msg)
         return delivered
 
+    def produce_batch(self, topic: str, values: Any = None, keys: Any = None,
+                      partition: int | None = None, headers: Any = None,
+                      on_delivery: Any = None) -> int:
+        """Queue many records at once; returns how many were queued.
+
+        ``values`` (and ``keys``, the same length) are lists, numpy arrays or Arrow arrays;
+        ``partition`` sends them all to one partition (else each key's murmur2 partition, or one
+        sticky partition for keyless records); ``headers`` is one list of ``(key, value)`` for
+        every record.  confluent-kafka's form -- a list of dicts with ``value`` / ``key`` /
+        ``partition`` / ``timestamp`` / ``callback`` -- is accepted as well."""
+        if type(values) is list and values and type(values[0]) is dict:
+            n = 0
+            for m in values:
+                part = m.get("partition", -1 if partition is None else partition)
+                self.produce(topic, m.get("value"), m.get("key"), part,
+                             m.get("callback", on_delivery), m.get("timestamp", 0))
+                n += 1
+            return n
+        vals = as_record_list(values, "values")
+        ks = None if keys is None else as_record_list(keys, "keys")
+        if ks is not None and len(ks) != len(vals):
+            raise ValueError(f"{len(ks)} keys for {len(vals)} values")
+        part = -1 if partition is None else partition
+        for i, v in enumerate(vals):
+            self.produce(topic, v, None if ks is None else ks[i], part, on_delivery, 0, headers)
+        return len(vals)
+
     def __enter__(self) -> Producer:
         return self
 
@@ -176,6 +223,19 @@ class KafkaProducer(Producer):
         if headers is not None:
             kw["headers"] = headers
         self._p.produce(topic, value, key, partition=partition, timestamp=timestamp, **kw)
+
+    def produce_batch(self, topic: str, values: Any = None, keys: Any = None,
+                      partition: int | None = None, headers: Any = None,
+                      on_delivery: Any = None) -> int:
+        if (type(values) is list and values and type(values[0]) is dict
+                and not (self.interceptors or self.serdes.active or self.custom_partitioner)):
+            kw: dict[str, Any] = {}
+            if partition is not None:
+                kw["partition"] = partition
+            if on_delivery is not None:
+                kw["on_delivery"] = on_delivery
+            return self._p.produce_batch(topic, values, **kw)
+        return super().produce_batch(topic, values, keys, partition, headers, on_delivery)
 
     def _partition_count(self, topic: str) -> int:
         n = self._counts.get(topic)
@@ -256,7 +316,6 @@ class ShmProducer(Producer):
         self._max_bytes = config.get_int("queue.buffering.max.kbytes") * 1024
         self._message_max = config.get_int("message.max.bytes")
         self._acks = config.acks()
-        self._sticky_s = config.get_int("sticky.partitioning.linger.ms") / 1000.0
         self._default_cb = config.rd.get("on_delivery", config.rd.get("delivery.report.callback"))
         self._only_errors = config.get_bool("delivery.report.only.error")
         idempotent = config.idempotence()
@@ -266,12 +325,13 @@ class ShmProducer(Producer):
             max_in_flight=max(1, min(in_flight, 5)) if idempotent else max(1, in_flight),
             delivery_timeout=config.get_int("message.timeout.ms") / 1000.0,
             retry_backoff=config.get_int("retry.backoff.ms") / 1000.0)
+        self._plain = not (self.interceptors or self.serdes.active)
         self._counts: dict[str, int] = {}
         self._unknown_until: dict[str, float] = {}
         self._held: list[tuple] = []   # records to topics not known yet (deadline, args...)
         self._message_timeout = config.get_int("message.timeout.ms") / 1000.0
         self._open: dict[tuple[str, int], _Batch] = {}
-        self._sticky: dict[str, tuple[int, float]] = {}
+        self._sticky: dict[str, tuple[int, int]] = {}  # partition, bytes left
         self._reports: deque[tuple[Any, Any]] = deque()
         self._queued = 0          # records not yet reported (len())
         self._queued_bytes = 0
@@ -330,12 +390,12 @@ class ShmProducer(Producer):
             partition = _as_int(partition)
         if type(timestamp) is not int:
             timestamp = _as_int(timestamp)
-        if self.interceptors or self.serdes.active:
+        if not self._plain:
             topic, value, key, partition, timestamp, headers = self._prepare(
                 topic, value, key, partition, timestamp, headers)
-        if type(value) is not bytes:
+        if type(value) is not bytes and value is not None:
             value = as_bytes(value)
-        if type(key) is not bytes:
+        if type(key) is not bytes and key is not None:
             key = as_bytes(key)
         size = RECORD_MAX_OVERHEAD + (0 if value is None else len(value)) + (
             0 if key is None else len(key))
@@ -367,7 +427,7 @@ class ShmProducer(Producer):
             else:
                 partition = partition_for(self._partitioner, key, n)
                 if partition < 0:
-                    partition = self._sticky_partition(topic, n)
+                    partition = self._sticky_partition(topic, n, size)
         elif not 0 <= partition < n:
             raise kafka_exception(KafkaError._UNKNOWN_PARTITION,
                                   "Unable to produce message: Local: Unknown partition")
@@ -378,7 +438,7 @@ class ShmProducer(Producer):
         cb = on_delivery if on_delivery is not None else callback
         if cb is None:
             cb = self._default_cb
-        if self.interceptors:
+        if not self._plain and self.interceptors:
             cb = self._wrap_delivery(cb)
         with self._lock:
             k = (topic, partition)
@@ -447,18 +507,19 @@ class ShmProducer(Producer):
             else:
                 self._held.append(item)
 
-    def _sticky_partition(self, topic: str, n: int) -> int:
-        """Keyless records stick to one partition until a batch of it goes (Java's
-        ``BuiltInPartitioner``, KIP-480) or ``sticky.partitioning.linger.ms`` passed."""
+    def _sticky_partition(self, topic: str, n: int, size: int) -> int:
+        """Keyless records stick to one partition until ``batch.size`` bytes went to it, then
+        move to another (Java's ``BuiltInPartitioner``, KIP-794; librdkafka switches on a timer,
+        ``sticky.partitioning.linger.ms``, which a busy machine makes erratic)."""
         import random
 
-        now = time.monotonic()
         cur = self._sticky.get(topic)
-        if cur is not None and now < cur[1] and cur[0] < n:
+        if cur is not None and cur[1] > 0 and cur[0] < n:
+            self._sticky[topic] = (cur[0], cur[1] - size)
             return cur[0]
         p = random.randrange(n) if cur is None or n == 1 else \
             (cur[0] + 1 + random.randrange(n - 1)) % n
-        self._sticky[topic] = (p, now + self._sticky_s)
+        self._sticky[topic] = (p, self._batch_bytes - size)
         return p
 
     def _send(self, k: tuple[str, int], batch: _Batch) -> None:
@@ -508,6 +569,88 @@ class ShmProducer(Producer):
             out.append((cb, msg))
         self._queued_bytes -= nbytes
         # the records without reports are counted down when poll() reaches them (in order)
+
+    def produce_batch(self, topic: str, values: Any = None, keys: Any = None,
+                      partition: int | None = None, headers: Any = None,
+                      on_delivery: Any = None) -> int:
+        if (self.closed or (type(values) is list and values and type(values[0]) is dict)
+                or self.interceptors or self.serdes.active or on_delivery is not None
+                or self._default_cb is not None or headers is not None):
+            return super().produce_batch(topic, values, keys, partition, headers, on_delivery)
+        _check_topic(topic)
+        vals = as_record_list(values, "values")
+        ks = None if keys is None else as_record_list(keys, "keys")
+        count = len(vals)
+        if not count:
+            return 0
+        if ks is not None and len(ks) != count:
+            raise ValueError(f"{len(ks)} keys for {count} values")
+        if not all(type(v) is bytes or v is None for v in vals) or (
+                ks is not None and not all(type(k) is bytes or k is None for k in ks)):
+            return super().produce_batch(topic, vals, ks, partition, headers, on_delivery)
+        longest = max(len(v) for v in vals if v is not None) if any(
+            v is not None for v in vals) else 0
+        if ks is not None:
+            longest += max((len(k) for k in ks if k is not None), default=0)
+        if RECORD_MAX_OVERHEAD + longest > self._message_max:
+            raise kafka_exception(KafkaError.MSG_SIZE_TOO_LARGE,
+                                  "Unable to produce message: Broker: Message size too large")
+        n = self._counts.get(topic) or self._partition_count(topic)
+        if not n:
+            raise kafka_exception(KafkaError._UNKNOWN_TOPIC,
+                                  f"Unable to produce messages: {topic} is unknown")
+        nbytes = RECORD_MAX_OVERHEAD * count + sum(len(v) for v in vals if v is not None)
+        if (self._queued + count > self._max_messages
+                or self._queued_bytes + nbytes > self._max_bytes):
+            raise BufferError("Local: Queue full")
+        groups: dict[int, list[int]] | None = None
+        if partition is not None and partition != -1:
+            part = _as_int(partition)
+            if not 0 <= part < n:
+                raise kafka_exception(KafkaError._UNKNOWN_PARTITION,
+                                      "Unable to produce message: Local: Unknown partition")
+        elif ks is not None and self.custom_partitioner is None:
+            murmur = _fast.murmur2_partition
+            sticky = -1
+            groups = {}
+            for i, k in enumerate(ks):
+                if k is None:
+                    if sticky < 0:
+                        sticky = self._sticky_partition(topic, n, nbytes // count)
+                    p = sticky
+                else:
+                    p = murmur(k, n)
+                groups.setdefault(p, []).append(i)
+            part = -1
+        elif ks is not None:
+            return super().produce_batch(topic, vals, ks, partition, headers, on_delivery)
+        else:
+            part = self._sticky_partition(topic, n, nbytes)
+        now = time.time_ns() // 1_000_000
+        step = self._batch_records
+        with self._lock:
+            plan: list[tuple[int, list[Any]]] = []
+            if groups is None:
+                recs = vals if ks is None else [(ks[i], vals[i]) for i in range(count)]
+                plan.append((part, recs))
+            else:
+                for p, idx in groups.items():
+                    plan.append((p, [(ks[i], vals[i], now) for i in idx]))
+            self._queued += count
+            self._queued_bytes += nbytes
+            for p, recs in plan:
+                k = (topic, p)
+                open_batch = self._open.get(k)
+                if open_batch is not None:  # earlier records go first
+                    self._send(k, open_batch)
+                per = nbytes // count if count else 0
+                for at in range(0, len(recs), step):
+                    chunk = recs[at : at + step]
+                    batch = _Batch(time.monotonic())
+                    batch.records = chunk if type(chunk[0]) is not bytes else chunk
+                    batch.nbytes = per * len(chunk)
+                    self._send(k, batch)
+        return count
 
     # -- reports ----------------------------------------------------------------------------
 

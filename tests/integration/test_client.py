@@ -144,8 +144,10 @@ def test_round_trip_and_delivery_reports(clients: Clients) -> None:
         assert m.offset() is not None and m.offset() >= 0
         if key is not None:
             assert m.partition() == (kafka_python_murmur2(key) & 0x7FFFFFFF) % PARTITIONS
-    # keyless records stick to one partition (all 10 produced at once)
-    assert len({by_value[v].partition() for k, v, _, _ in sent if k is None}) == 1
+    # keyless records stick to one partition (librdkafka's stickiness is timed: 10 ms, which a
+    # busy machine can cross; shmq's moves after batch.size bytes, as Java's)
+    keyless = {by_value[v].partition() for k, v, _, _ in sent if k is None}
+    assert len(keyless) == 1 if clients.transport == "shm" else len(keyless) <= 2
     # offsets are dense per partition
     per: dict[int, list[int]] = {}
     for _, m in reports:
