@@ -512,3 +512,205 @@ def test_admin_client(kafka: RunningBroker) -> None:
     p.close()
     with pytest.raises(KafkaException):
         shmq.AdminClient({"bootstrap.servers": kafka.bootstrap, "no.such.key": 1})
+
+
+# -- a group over the fast path, one member killed ---------------------------------------------
+
+GROUP_MEMBER = r"""
+import json, sys, time
+import shmq
+from shmq.client.consumer import ShmConsumer
+bootstrap, topic, group = sys.argv[1:4]
+c = shmq.Consumer({"bootstrap.servers": bootstrap, "group.id": group, "shmq.transport": "shm",
+                   "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                   "session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+assert isinstance(c, ShmConsumer)
+def say(**kw):
+    sys.stdout.write(json.dumps(kw) + "\n"); sys.stdout.flush()
+c.subscribe([topic], on_assign=lambda _c, ps: say(assigned=[p.partition for p in ps]),
+            on_revoke=lambda _c, ps: say(revoked=[p.partition for p in ps]))
+deadline = time.monotonic() + 90
+while time.monotonic() < deadline:
+    m = c.poll(0.2)
+    if m is None or m.error() is not None:
+        continue
+    say(rec=[m.partition(), m.offset()])      # processed ...
+    c.commit(message=m, asynchronous=False)   # ... then committed: a kill in between repeats it
+    time.sleep(0.02)
+c.close()
+"""
+
+
+def test_group_member_killed_over_fast_path(kafka: RunningBroker, tmp_path: Path) -> None:
+    import json
+    import queue
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    topic, partitions, per_partition = "group-kill", 6, 40
+    admin = shmq.AdminClient({"bootstrap.servers": kafka.bootstrap})
+    admin.create_topics([confluent_kafka.admin.NewTopic(topic, partitions, 1)])[topic].result(10)
+    p = shmq.Producer({"bootstrap.servers": kafka.bootstrap})
+    for part in range(partitions):
+        for i in range(per_partition):
+            p.produce(topic, b"%d-%d" % (part, i), partition=part)
+    assert p.flush(10) == 0
+    p.close()
+
+    script = tmp_path / "member.py"
+    script.write_text(GROUP_MEMBER)
+    lines: queue.Queue[tuple[int, dict, float]] = queue.Queue()
+    procs = []
+
+    def reader(idx: int, proc: subprocess.Popen) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put((idx, json.loads(line), time.monotonic()))
+
+    try:
+        for idx in range(3):
+            proc = subprocess.Popen([sys.executable, str(script), kafka.bootstrap, topic, "gk"],
+                                    stdout=subprocess.PIPE, text=True)
+            procs.append(proc)
+            threading.Thread(target=reader, args=(idx, proc), daemon=True).start()
+        owner: dict[int, int] = {}
+        seen: list[tuple[int, int, int]] = []
+        killed_at = None
+        victim = 0
+        taken_over_at = None
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                idx, msg, at = lines.get(timeout=0.5)
+            except queue.Empty:
+                if killed_at is not None and len({(p_, o) for _, p_, o in seen}) == \
+                        partitions * per_partition:
+                    break
+                continue
+            if "assigned" in msg:
+                for part in msg["assigned"]:
+                    owner[part] = idx
+                if killed_at is not None and taken_over_at is None and all(
+                        owner.get(part) != victim for part in range(partitions)):
+                    taken_over_at = at
+            elif "revoked" in msg:
+                for part in msg["revoked"]:
+                    owner.pop(part, None)
+            elif "rec" in msg:
+                seen.append((idx, msg["rec"][0], msg["rec"][1]))
+            if (killed_at is None and len(set(owner.values())) == 3
+                    and sum(1 for s in seen if s[0] == victim) >= 5):
+                procs[victim].send_signal(signal.SIGKILL)
+                killed_at = time.monotonic()
+        assert killed_at is not None, "the three members never shared the partitions"
+        assert taken_over_at is not None, "the survivors never took the victim's partitions"
+        # the coordinator notices at session.timeout.ms (6 s), then one rebalance
+        assert taken_over_at - killed_at < 6.0 + 4.0, taken_over_at - killed_at
+        got = [(p_, o) for _, p_, o in seen]
+        assert set(got) == {(p_, o) for p_ in range(partitions) for o in range(per_partition)}
+        dups = len(got) - len(set(got))
+        victim_parts = {p_ for i, p_, _ in seen if i == victim}
+        assert dups <= len(victim_parts)  # at most the one record each had not committed
+        # per partition and member, offsets strictly increase (no skip back, no gap)
+        for part in range(partitions):
+            offs = [o for _, p_, o in seen if p_ == part]
+            assert sorted(set(offs)) == list(range(per_partition))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+# -- the other clients read what shmq.Producer wrote, and the other way round ---------------------
+
+INTEROP = [(None if i % 4 == 0 else b"k%d" % i, b"v%d \xc3\xa9" % i,
+            [("h", b"%d" % i)] if i % 2 else [], 1_700_000_000_000 + i) for i in range(40)]
+
+
+def _read_kafka_python(bootstrap: str, topic: str) -> list[tuple]:
+    from kafka import KafkaConsumer
+    from kafka import TopicPartition as KTP
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                      consumer_timeout_ms=3000)
+    try:
+        c.assign([KTP(topic, 0)])
+        c.seek(KTP(topic, 0), 0)
+        return [(r.key, r.value, list(r.headers), r.timestamp) for r in c][:len(INTEROP)]
+    finally:
+        c.close()
+
+
+async def _read_aiokafka(bootstrap: str, topic: str) -> list[tuple]:
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.structs import TopicPartition as ATP
+
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    await c.start()
+    out: list[tuple] = []
+    try:
+        c.assign([ATP(topic, 0)])
+        c.seek(ATP(topic, 0), 0)
+        deadline = time.monotonic() + 20
+        while len(out) < len(INTEROP) and time.monotonic() < deadline:
+            for recs in (await c.getmany(timeout_ms=500)).values():
+                out += [(r.key, r.value, list(r.headers or ()), r.timestamp) for r in recs]
+    finally:
+        await c.stop()
+    return out
+
+
+def test_interop_with_other_clients(kafka: RunningBroker) -> None:
+    import asyncio
+    import shutil
+    import subprocess
+
+    admin = shmq.AdminClient({"bootstrap.servers": kafka.bootstrap})
+    for t in ("interop-out", "interop-in"):
+        admin.create_topics([confluent_kafka.admin.NewTopic(t, 1, 1)])[t].result(10)
+    p = shmq.Producer({"bootstrap.servers": kafka.bootstrap})
+    assert isinstance(p, ShmProducer)
+    for key, value, headers, ts in INTEROP:
+        p.produce("interop-out", value, key, partition=0, timestamp=ts, headers=headers or None)
+    assert p.flush(10) == 0
+    p.close()
+    want = [(k, v, h, ts) for k, v, h, ts in INTEROP]
+    assert _read_kafka_python(kafka.bootstrap, "interop-out") == want
+    assert asyncio.run(_read_aiokafka(kafka.bootstrap, "interop-out")) == want
+    c = confluent_kafka.Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": "io"})
+    c.assign([TopicPartition("interop-out", 0, 0)])
+    got = drain(c, len(INTEROP))
+    c.close()
+    assert [(m.key(), m.value(), m.headers() or [], m.timestamp()[1]) for m in got] == want
+    kcat = shutil.which("kcat")
+    if kcat is not None:
+        out = subprocess.run([kcat, "-b", kafka.bootstrap, "-C", "-t", "interop-out", "-p", "0",
+                              "-o", "beginning", "-e", "-f", "%o|%k|%s\\n"],
+                             capture_output=True, timeout=60, check=True).stdout
+        assert out.splitlines() == [b"%d|%s|%s" % (i, k or b"", v)
+                                    for i, (k, v, _, _) in enumerate(INTEROP)]
+
+    # the other way round: kafka-python writes, shmq.Consumer (mapped log) reads
+    from kafka import KafkaProducer
+
+    kp = KafkaProducer(bootstrap_servers=kafka.bootstrap)
+    for key, value, headers, ts in INTEROP:
+        kp.send("interop-in", value, key, headers, partition=0, timestamp_ms=ts)
+    kp.flush(10)
+    kp.close()
+    sc = shmq.Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": "io-in",
+                        "auto.offset.reset": "earliest"})
+    assert isinstance(sc, ShmConsumer)
+    sc.subscribe(["interop-in"])
+    got = drain(sc, len(INTEROP))
+    sc.close()
+    assert [(m.key(), m.value(), m.headers() or [], m.timestamp()[1]) for m in got] == want
