@@ -64,6 +64,8 @@ if HAVE_FAST:
     ProducerTable = _producers.ProducerTable
     murmur2 = _client.murmur2
     murmur2_partition = _client.murmur2_partition
+    Batch = _client.Batch
+    ProducerCore = _client.ProducerCore
 else:
     crc32c = _reference.crc32c
     crc32c_software = _reference.crc32c_software
@@ -93,6 +95,8 @@ else:
     ProducerTable = _producers_reference.ProducerTable  # type: ignore[misc,assignment]
     murmur2 = _client_reference.murmur2
     murmur2_partition = _client_reference.murmur2_partition
+    Batch = _client_reference.Batch  # type: ignore[misc,assignment]
+    ProducerCore = _client_reference.ProducerCore  # type: ignore[misc,assignment]
 
 from shmq._fast._reference import (  # noqa: E402  (constants are shared)
     COL_ATTRIBUTES,
@@ -126,6 +130,6 @@ __all__ = [
     "HEADER_SIZE", "MappedFile", "ProducerTable", "NO_LOG_APPEND_TIME", "SCAN_COLUMNS", "SCAN_CORRUPT", "SCAN_END", "SCAN_FULL", "SCAN_PARTIAL",
     "batch_header", "build_batch", "check_timestamps", "crc32c", "crc32c_software",
     "decode_records", "decode_sections", "encode_records", "fill_columns", "fill_headers", "murmur2_partitions", "encode_arrow_batch_into", "have_hardware", "largest_lower_bound",
-    "murmur2", "murmur2_partition",
+    "Batch", "ProducerCore", "murmur2", "murmur2_partition",
     "scan_batches", "smallest_upper_bound", "stamp_batch", "validate_batch",
 ]

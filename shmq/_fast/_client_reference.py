@@ -6,6 +6,7 @@
 * **Message**: confluent-kafka's ``Message`` accessors (methods, not attributes), for consumed
   records and delivery reports.
 * **as_bytes / normalize_headers**: confluent-kafka's argument checks of ``produce``.
+* **Batch / ProducerCore**: the producer's open batches and ``produce``'s common case.
 
 The compiled module has the same names and behaviour; the parity tests hold them to it.
 """
@@ -220,3 +221,69 @@ def normalize_headers(headers: Any) -> list[tuple[bytes, bytes | None]]:
                             f"{type(v).__name__}")
         out.append((kb, vb))
     return out
+
+
+# --- the producer's per-record path ------------------------------------------------------------
+
+class Batch:
+    """A partition's open batch as parallel lists (see ``shmq._fast.client.Batch``)."""
+
+    __slots__ = ("keys", "values", "stamps", "headers", "cbs", "prebuilt", "nbytes", "opened")
+
+    def __init__(self, opened: float) -> None:
+        self.keys: list[Any] = []
+        self.values: list[Any] = []
+        self.stamps: list[int] = []
+        self.headers: list[Any] | None = None
+        self.cbs: list[Any] | None = None
+        self.prebuilt: list[Any] | None = None
+        self.nbytes = 0
+        self.opened = opened
+
+    def count(self) -> int:
+        return len(self.prebuilt) if self.prebuilt is not None else len(self.values)
+
+    def append(self, key: Any, value: Any, ts: int, headers: Any, cb: Any) -> None:
+        before = len(self.values)
+        self.keys.append(key)
+        self.values.append(value)
+        self.stamps.append(ts)
+        if headers is not None:
+            if self.headers is None:
+                self.headers = [None] * before
+            self.headers.append(headers)
+        elif self.headers is not None:
+            self.headers.append(None)
+        if cb is not None:
+            if self.cbs is None:
+                self.cbs = [None] * before
+            self.cbs.append(cb)
+        elif self.cbs is not None:
+            self.cbs.append(None)
+
+    def records(self) -> list[Any]:
+        if self.prebuilt is not None:
+            return self.prebuilt
+        if self.headers is None:
+            return list(zip(self.keys, self.values, self.stamps, strict=True))
+        return list(zip(self.keys, self.values, self.stamps, self.headers, strict=True))
+
+    def reports(self) -> list[Any] | None:
+        if self.cbs is None:
+            return None
+        hs = self.headers if self.headers is not None else [None] * len(self.values)
+        return [None if cb is None else (cb, k, v, t, h)
+                for cb, k, v, t, h in zip(self.cbs, self.keys, self.values, self.stamps, hs,
+                                          strict=True)]
+
+
+class ProducerCore:
+    """The twin of the compiled ``ProducerCore``: ``produce`` is the subclass's
+    ``_produce_slow`` for every record (it handles every case the compiled fast path does)."""
+
+    def produce(self, topic: Any, value: Any = None, key: Any = None, partition: int = -1,
+                on_delivery: Any = None, timestamp: int = 0, headers: Any = None, *,
+                callback: Any = None) -> None:
+        """Queue one record (confluent-kafka's ``Producer.produce``)."""
+        return self._produce_slow(topic, value, key, partition,  # type: ignore[attr-defined]
+                                  on_delivery, timestamp, headers, callback)

@@ -163,6 +163,10 @@ class PartitionMessage(tuple):
     _topic: str = ""
     _partition: int = -1
 
+    def __new__(cls, offset: int, timestamp: int, key: Any, value: Any, headers: Any
+                ) -> PartitionMessage:  # the pure-Python decoder builds them this way
+        return tuple.__new__(cls, (offset, timestamp, key, value, headers))
+
     def topic(self) -> str:
         return self._topic
 

@@ -41,6 +41,7 @@ import confluent_kafka
 from confluent_kafka import KafkaError
 
 from shmq import _fast
+from shmq._fast import Batch, ProducerCore
 from shmq._fast._client_reference import (
     PARTITIONERS,
     RECORD_MAX_OVERHEAD,
@@ -57,6 +58,7 @@ from shmq.client.transport import local_data_dir
 ERR_PURGE_QUEUE = KafkaError._PURGE_QUEUE
 ERR_MSG_TIMED_OUT = KafkaError._MSG_TIMED_OUT
 METADATA_TIMEOUT_S = 10.0
+MAX_BATCH_BYTES = 2 << 20
 UNKNOWN_RETRY_S = 1.0      # how often metadata of an unknown topic is asked for again
 
 
@@ -105,7 +107,8 @@ class Producer:
             raise TypeError("expected configuration dict")
         config = ClientConfig(args[0] if args else {}, "producer", kwargs)
         data_dir = local_data_dir(config)
-        obj: Producer = super().__new__(ShmProducer if data_dir is not None else KafkaProducer)
+        impl = ShmProducer if data_dir is not None else KafkaProducer
+        obj: Producer = impl.__new__(impl)
         obj._setup(config, data_dir)
         return obj
 
@@ -279,20 +282,7 @@ class KafkaProducer(Producer):
         return done
 
 
-class _Batch:
-    """A partition's open batch: records as ``send_batch`` takes them and, when asked for,
-    what each record's delivery report needs."""
-
-    __slots__ = ("records", "reports", "nbytes", "opened")
-
-    def __init__(self, opened: float) -> None:
-        self.records: list[tuple] = []
-        self.reports: list[tuple] | None = None
-        self.nbytes = 0
-        self.opened = opened
-
-
-class ShmProducer(Producer):
+class ShmProducer(Producer, ProducerCore):
     """The local transport (see the module docstring)."""
 
     transport = "shm"
@@ -311,7 +301,8 @@ class ShmProducer(Producer):
         # partition with nothing in flight goes at once (see the module docstring)
         self._eager = not config.given("queue.buffering.max.ms")
         self._batch_records = max(1, config.get_int("batch.num.messages"))
-        self._batch_bytes = max(1, config.get_int("batch.size"))
+        # a batch is one ring entry: at most half the submit ring (4 MiB entries of 8 MiB)
+        self._batch_bytes = max(1, min(config.get_int("batch.size"), MAX_BATCH_BYTES))
         self._max_messages = config.get_int("queue.buffering.max.messages")
         self._max_bytes = config.get_int("queue.buffering.max.kbytes") * 1024
         self._message_max = config.get_int("message.max.bytes")
@@ -330,7 +321,7 @@ class ShmProducer(Producer):
         self._unknown_until: dict[str, float] = {}
         self._held: list[tuple] = []   # records to topics not known yet (deadline, args...)
         self._message_timeout = config.get_int("message.timeout.ms") / 1000.0
-        self._open: dict[tuple[str, int], _Batch] = {}
+        self._open: dict[tuple[str, int], Batch] = {}
         self._sticky: dict[str, tuple[int, int]] = {}  # partition, bytes left
         self._reports: deque[tuple[Any, Any]] = deque()
         self._queued = 0          # records not yet reported (len())
@@ -378,10 +369,10 @@ class ShmProducer(Producer):
 
     # -- produce ----------------------------------------------------------------------------
 
-    def produce(self, topic: Any, value: Any = None, key: Any = None, partition: int = -1,
-                on_delivery: Any = None, timestamp: int = 0, headers: Any = None, *,
-                callback: Any = None) -> None:
-        """Queue one record (confluent-kafka's ``Producer.produce``)."""
+    def _produce_slow(self, topic: Any, value: Any = None, key: Any = None,
+                      partition: int = -1, on_delivery: Any = None, timestamp: int = 0,
+                      headers: Any = None, callback: Any = None) -> None:
+        """``produce`` in full (``ProducerCore.produce`` takes the common case in C)."""
         if self.closed:
             raise RuntimeError("Producer has been closed")
         if type(topic) is not str:
@@ -441,37 +432,36 @@ class ShmProducer(Producer):
         if not self._plain and self.interceptors:
             cb = self._wrap_delivery(cb)
         with self._lock:
-            k = (topic, partition)
-            batch = self._open.get(k)
-            fresh = batch is None
-            if fresh:
-                batch = self._open[k] = _Batch(time.monotonic())
-            elif (len(batch.records) >= self._batch_records
-                  or batch.nbytes + size > self._batch_bytes):
-                self._send(k, batch)
-                batch = self._open[k] = _Batch(time.monotonic())
-                fresh = True
-            batch.records.append((key, value, timestamp, headers))
-            batch.nbytes += size
-            if cb is not None:
-                if batch.reports is None:
-                    batch.reports = [None] * (len(batch.records) - 1)
-                batch.reports.append((cb, key, value, timestamp, headers))
-            elif batch.reports is not None:
-                batch.reports.append(None)
-            self._queued += 1
-            self._queued_bytes += size
-            if len(batch.records) >= self._batch_records or batch.nbytes >= self._batch_bytes:
-                self._send(k, batch)
-            elif fresh and self._eager:
-                broker = self._broker
-                broker.poll(0)
-                if not broker.unanswered(topic, partition) and broker.can_send(topic, partition):
-                    self._send(k, batch)  # nothing in flight: a lone record does not linger
-                else:
-                    self._wake.set()
-            elif fresh:
+            self._append((topic, partition), key, value, timestamp, size, cb, headers)
+
+    def _append(self, k: tuple[str, int], key: Any, value: Any, timestamp: int, size: int,
+                cb: Any, headers: Any = None) -> None:
+        """The record into its partition's open batch, which may go at once (lock held)."""
+        topic, partition = k
+        batch = self._open.get(k)
+        fresh = batch is None
+        if fresh:
+            batch = self._open[k] = Batch(time.monotonic())
+        elif (batch.prebuilt is not None or batch.count() >= self._batch_records
+              or batch.nbytes + size > self._batch_bytes):
+            self._send(k, batch)
+            batch = self._open[k] = Batch(time.monotonic())
+            fresh = True
+        batch.append(key, value, timestamp, headers, cb)
+        batch.nbytes += size
+        self._queued += 1
+        self._queued_bytes += size
+        if batch.count() >= self._batch_records or batch.nbytes >= self._batch_bytes:
+            self._send(k, batch)
+        elif fresh and self._eager:
+            broker = self._broker
+            broker.poll(0)
+            if not broker.unanswered(topic, partition) and broker.can_send(topic, partition):
+                self._send(k, batch)  # nothing in flight: a lone record does not linger
+            else:
                 self._wake.set()
+        elif fresh:
+            self._wake.set()
 
     def _hold_unknown(self, topic: str, partition: int, key: Any, value: Any, timestamp: int,
                       headers: Any, size: int, cb: Any) -> None:
@@ -522,12 +512,12 @@ class ShmProducer(Producer):
         self._sticky[topic] = (p, self._batch_bytes - size)
         return p
 
-    def _send(self, k: tuple[str, int], batch: _Batch) -> None:
+    def _send(self, k: tuple[str, int], batch: Batch) -> None:
         """Seal the open batch of ``k`` and hand it to the ring (lock held)."""
         if self._open.get(k) is batch:
             del self._open[k]
         topic, partition = k
-        records, reports = batch.records, batch.reports
+        records, reports = batch.records(), batch.reports()
         nbytes = batch.nbytes
 
         def answered(result: Any) -> None:
@@ -646,8 +636,8 @@ class ShmProducer(Producer):
                 per = nbytes // count if count else 0
                 for at in range(0, len(recs), step):
                     chunk = recs[at : at + step]
-                    batch = _Batch(time.monotonic())
-                    batch.records = chunk if type(chunk[0]) is not bytes else chunk
+                    batch = Batch(time.monotonic())
+                    batch.prebuilt = chunk
                     batch.nbytes = per * len(chunk)
                     self._send(k, batch)
         return count
@@ -727,8 +717,11 @@ class ShmProducer(Producer):
         with self._lock:
             err = KafkaError(ERR_PURGE_QUEUE)
             for (topic, partition), batch in list(self._open.items()):
-                for i, (key, value, ts, hdrs) in enumerate(batch.records):
-                    r = batch.reports[i] if batch.reports is not None else None
+                reports = batch.reports()
+                for i, rec in enumerate(batch.records()):
+                    key, value, ts = (None, rec, 0) if type(rec) is bytes else rec[:3]
+                    hdrs = rec[3] if type(rec) is tuple and len(rec) > 3 else None
+                    r = reports[i] if reports is not None else None
                     cb = r[0] if r is not None else None
                     self._reports.append((cb, Message(topic, partition, -1001, key, value, hdrs,
                                                       err, (TIMESTAMP_CREATE_TIME, ts))))
