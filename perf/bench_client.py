@@ -79,11 +79,12 @@ def produce_role(bootstrap: str, topic: str, n: int, kind: str, ready, go, out) 
     else:
         produce = p.produce
         for _ in range(n):
-            try:
-                produce(topic, v, partition=0)
-            except BufferError:
-                p.poll(0.001)
-                produce(topic, v, partition=0)
+            while True:
+                try:
+                    produce(topic, v, partition=0)
+                    break
+                except BufferError:  # librdkafka's back-pressure: serve reports, then again
+                    p.poll(0.001)
     left = p.flush(120)
     t1 = time.monotonic()
     out.put(("producer", t0, t1, left, time.process_time() - c0))
@@ -167,7 +168,8 @@ def lat_consumer(bootstrap: str, topic: str, expect: int, ready, go, out) -> Non
         m = c.poll(0.1)
         if m is not None and m.error() is None:
             sent = struct.unpack_from("=d", m.value())[0]
-            lat.append(time.monotonic() - sent)
+            if sent:  # not the warm-up record
+                lat.append(time.monotonic() - sent)
     out.put(("consumer", 0, 0, lat, 0))
     c.close()
 

@@ -714,3 +714,46 @@ def test_interop_with_other_clients(kafka: RunningBroker) -> None:
     got = drain(sc, len(INTEROP))
     sc.close()
     assert [(m.key(), m.value(), m.headers() or [], m.timestamp()[1]) for m in got] == want
+
+
+# -- asyncio ----------------------------------------------------------------------------------
+
+async def _aio_round_trip(clients: Clients, topic: str) -> list[tuple]:
+    import shmq.aio
+
+    p = shmq.aio.Producer(clients.conf({}))
+    futs = [await p.produce(topic, b"a%d" % i, b"k", partition=0) for i in range(5)]
+    delivered = [await f for f in futs]
+    assert [m.offset() for m in delivered] == list(range(5))
+    with pytest.raises(KafkaException):
+        await p.produce(topic, b"x", partition=9)
+    await p.close()
+    assigned: list[int] = []
+
+    async def on_assign(consumer: Any, parts: list[TopicPartition]) -> None:
+        assigned.extend(tp.partition for tp in parts)
+
+    c = shmq.aio.Consumer(clients.conf({"group.id": f"g-{topic}",
+                                        "auto.offset.reset": "earliest"}))
+    await c.subscribe([topic], on_assign=on_assign)
+    got: list[tuple] = []
+    deadline = time.monotonic() + 20
+    while len(got) < 5 and time.monotonic() < deadline:
+        m = await c.poll(0.5)
+        if m is not None and m.error() is None:
+            got.append((m.offset(), m.key(), m.value()))
+    await c.commit(asynchronous=False)
+    committed = await c.committed([TopicPartition(topic, 0)], timeout=10)
+    await c.close()
+    assert assigned == [0] and committed[0].offset == 5
+    return got
+
+
+def test_asyncio_clients(clients: Clients) -> None:
+    import asyncio
+
+    if clients.transport == "confluent":
+        pytest.skip("shmq.aio only")
+    topic = new_topic(clients, 1)
+    got = asyncio.run(_aio_round_trip(clients, topic))
+    assert got == [(i, b"k", b"a%d" % i) for i in range(5)]
