@@ -14,10 +14,10 @@ Theory of operation (shared memory)
   (``shmq.ipc.client.LocalBroker.send_batch``: RecordBatch v2, producer id and sequence).
 * A batch goes when it reaches ``batch.num.messages`` / ``batch.size``, when ``linger.ms`` has
   passed since its first record (a daemon thread watches the open batches, so records go out
-  without ``poll`` as librdkafka's do), or -- unless the user set ``linger.ms`` -- at once when
-  its partition has nothing unanswered and the batch is new: a lone record does not wait for
-  the linger (the ring costs no round trip), and records produced while a batch is in flight
-  gather into the next one, so batches grow with the rate as Nagle's algorithm makes them.
+  without ``poll`` as librdkafka's do), or -- unless the user set ``linger.ms`` -- as soon as
+  its partition has fewer than ``max.in.flight`` (5) batches unanswered: a lone record does not
+  wait for the linger (the ring costs no round trip), and records produced while five batches
+  are in flight gather into the next one, so batches grow with the rate.
 * Answers come back on the completion ring; each batch's delivery reports (``(err, msg)`` with
   the record's offset, timestamp and confluent-kafka's ``KafkaError``) wait in a queue that
   ``poll`` / ``flush`` serve on the caller's thread, as confluent-kafka's do.
@@ -59,6 +59,7 @@ ERR_PURGE_QUEUE = KafkaError._PURGE_QUEUE
 ERR_MSG_TIMED_OUT = KafkaError._MSG_TIMED_OUT
 METADATA_TIMEOUT_S = 10.0
 MAX_BATCH_BYTES = 2 << 20
+EAGER_CHECK_S = 0.0002     # how often the linger thread looks for room in flight (default linger)
 UNKNOWN_RETRY_S = 1.0      # how often metadata of an unknown topic is asked for again
 
 
@@ -456,8 +457,8 @@ class ShmProducer(Producer, ProducerCore):
         elif fresh and self._eager:
             broker = self._broker
             broker.poll(0)
-            if not broker.unanswered(topic, partition) and broker.can_send(topic, partition):
-                self._send(k, batch)  # nothing in flight: a lone record does not linger
+            if broker.can_send(topic, partition):
+                self._send(k, batch)  # room in flight: a lone record does not linger
             else:
                 self._wake.set()
         elif fresh:
@@ -731,25 +732,27 @@ class ShmProducer(Producer, ProducerCore):
     # -- linger -----------------------------------------------------------------------------
 
     def _linger_loop(self) -> None:
+        """Send open batches whose linger passed (and, by default, any as soon as its partition
+        may send: fewer than max.in.flight unanswered) while the caller is busy elsewhere."""
         while not self._stop:
             self._wake.wait(1.0)
-            if self._stop:
-                return
-            with self._lock:
-                self._broker.poll(0)
-                now = time.monotonic()
-                due = None
-                for k, batch in list(self._open.items()):
-                    ready = now - batch.opened >= self._linger
-                    if ready and self._broker.can_send(*k):
-                        self._send(k, batch)
-                    else:
-                        at = batch.opened + self._linger
-                        due = at if due is None else min(due, at)
+            self._wake.clear()  # before looking: a batch opened from now on sets it again
+            while not self._stop:
+                with self._lock:
+                    self._broker.poll(0)
+                    now = time.monotonic()
+                    due = None
+                    for k, batch in list(self._open.items()):
+                        ready = self._eager or now - batch.opened >= self._linger
+                        if ready and self._broker.can_send(*k):
+                            self._send(k, batch)
+                        else:
+                            at = now + EAGER_CHECK_S if self._eager else \
+                                batch.opened + self._linger
+                            due = at if due is None else min(due, at)
                 if due is None:
-                    self._wake.clear()
-            wait = 0.0005 if due is None else max(0.0002, min(due - time.monotonic(), 0.1))
-            time.sleep(wait) if due is not None else None
+                    break
+                time.sleep(max(0.0001, min(due - time.monotonic(), 0.1)))
 
     def close(self, timeout: float | None = None) -> bool:
         """Flush (up to ``timeout``), stop the linger thread and detach; True when every
