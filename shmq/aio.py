@@ -68,8 +68,8 @@ class Producer:
         ``Producer.produce``'s do."""
         fut = self._loop.create_future()
         user_cb = kwargs.pop("on_delivery", None) or kwargs.pop("callback", None)
-        self._p.produce(topic, value, key, *args, on_delivery=self._delivered(fut, user_cb),
-                        **kwargs)
+        kwargs["on_delivery"] = self._delivered(fut, user_cb)
+        self._p.produce(topic, value, key, *args, **kwargs)
         self._pending += 1
         if self._poller is None or self._poller.done():
             self._poller = asyncio.ensure_future(self._serve())

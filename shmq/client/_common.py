@@ -32,6 +32,8 @@ class Serdes:
                                       f"value.{direction}", JAVA_SERDES)
         from confluent_kafka import error as ck_error
 
+        self.key_error: type[Exception]
+        self.value_error: type[Exception]
         if direction == "serializer":
             self.key_error, self.value_error = (ck_error.KeySerializationError,
                                                 ck_error.ValueSerializationError)
@@ -48,13 +50,13 @@ class Serdes:
             try:
                 key = self.key(key, SerializationContext(topic, MessageField.KEY, headers))
             except Exception as exc:  # noqa: BLE001  (confluent-kafka wraps any failure)
-                raise self.key_error(exception=exc) from exc
+                raise self.key_error(exception=exc) from exc  # type: ignore[call-arg]
         if self.value is not None:
             try:
                 value = self.value(value, SerializationContext(topic, MessageField.VALUE,
                                                                headers))
             except Exception as exc:  # noqa: BLE001
-                raise self.value_error(exception=exc) from exc
+                raise self.value_error(exception=exc) from exc  # type: ignore[call-arg]
         return key, value
 
 

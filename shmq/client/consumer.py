@@ -72,6 +72,20 @@ class Consumer:
     def _setup(self, config: ClientConfig, data_dir: Any) -> None:
         raise NotImplementedError
 
+    # the API, as each transport provides it (the rest comes from confluent-kafka's Consumer)
+    def subscribe(self, topics: Any, on_assign: Any = None, on_revoke: Any = None,
+                  on_lost: Any = None) -> None:
+        raise NotImplementedError
+
+    def poll(self, timeout: float | None = None) -> Any:
+        raise NotImplementedError
+
+    def consume(self, num_messages: int = 1, timeout: float | None = -1) -> list[Any]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
     def _common_setup(self, config: ClientConfig) -> None:
         self.config = config
         self.serdes = Serdes(config, "deserializer")
@@ -297,7 +311,8 @@ class ShmConsumer(Consumer):
 
     def _cooperative(self) -> bool:
         try:
-            return self._c.rebalance_protocol() == "COOPERATIVE"
+            return bool(self._c.rebalance_protocol()  # type: ignore[attr-defined]
+                        == "COOPERATIVE")
         except Exception:  # noqa: BLE001  (not in a group)
             return False
 
@@ -536,7 +551,8 @@ class ShmConsumer(Consumer):
                        for p in self._parts.values() if p.position is not None]
             if not offsets:
                 raise kafka_exception(KafkaError._NO_OFFSET)
-        got = self._c.commit(offsets=offsets, asynchronous=asynchronous)
+        got = self._c.commit(offsets=offsets,  # type: ignore[call-overload]
+                             asynchronous=asynchronous)
         if self.interceptors:
             self.interceptors.notify("on_commit", got if got is not None else offsets)
         return got
@@ -582,13 +598,15 @@ class ShmConsumer(Consumer):
         buf = self._buffer
         for i in range(n):
             part = parts[(self._rr + i) % n]
+            fetch = part.fetch
+            assert fetch is not None
             try:
-                got = self._broker.read(part.topic, part.partition, part.fetch,
+                got = self._broker.read(part.topic, part.partition, fetch,
                                         self._max_records, max_bytes=self._max_bytes,
                                         isolation=self._isolation)
             except OffsetOutOfRangeError:
                 if self._reset == "error":
-                    self._events.append(Message(part.topic, part.partition, part.fetch,
+                    self._events.append(Message(part.topic, part.partition, fetch,
                                                 error=KafkaError(KafkaError._AUTO_OFFSET_RESET)))
                     part.fetch = None
                     continue
@@ -630,6 +648,7 @@ class ShmConsumer(Consumer):
             return
         if len(parts) == 1:
             p = parts[0]
+            assert p.fetch is not None
             self._broker.reader(p.topic, p.partition).wait(p.fetch, timeout, self._isolation)
             return
         time.sleep(min(timeout, 0.001))
@@ -695,6 +714,7 @@ class ShmConsumer(Consumer):
             parts = [p for p in self._parts.values() if not p.paused and p.fetch is not None]
             for i in range(len(parts)):
                 part = parts[(self._rr + i) % len(parts)]
+                assert part.fetch is not None
                 batch, nxt = self._broker.read_arrow(part.topic, part.partition, part.fetch,
                                                      max_records, isolation=self._isolation)
                 if batch.num_rows:

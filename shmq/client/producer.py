@@ -119,6 +119,27 @@ class Producer:
     def _setup(self, config: ClientConfig, data_dir: Any) -> None:
         raise NotImplementedError
 
+    # the API, as each transport provides it
+    def produce(self, topic: Any, value: Any = None, key: Any = None, partition: int = -1,
+                on_delivery: Any = None, timestamp: int = 0, headers: Any = None, *,
+                callback: Any = None) -> None:
+        raise NotImplementedError
+
+    def poll(self, timeout: float | None = None) -> int:
+        raise NotImplementedError
+
+    def flush(self, timeout: float | None = None) -> int:
+        raise NotImplementedError
+
+    def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None:
+        raise NotImplementedError
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
     def _common_setup(self, config: ClientConfig) -> None:
         self.config = config
         self.serdes = Serdes(config, "serializer")
@@ -278,7 +299,7 @@ class KafkaProducer(Producer):
         if self.closed:
             return True
         self.closed = True
-        done = self._p.close(-1 if timeout is None else timeout)
+        done = self._p.close(-1 if timeout is None else timeout)  # type: ignore[call-arg]
         self.interceptors.close()
         return done
 
@@ -439,15 +460,18 @@ class ShmProducer(Producer, ProducerCore):
                 cb: Any, headers: Any = None) -> None:
         """The record into its partition's open batch, which may go at once (lock held)."""
         topic, partition = k
-        batch = self._open.get(k)
-        fresh = batch is None
-        if fresh:
+        got = self._open.get(k)
+        fresh = got is None
+        if got is None:
             batch = self._open[k] = Batch(time.monotonic())
-        elif (batch.prebuilt is not None or batch.count() >= self._batch_records
-              or batch.nbytes + size > self._batch_bytes):
+        elif (got.prebuilt is not None or got.count() >= self._batch_records
+              or got.nbytes + size > self._batch_bytes):
+            batch = got
             self._send(k, batch)
             batch = self._open[k] = Batch(time.monotonic())
             fresh = True
+        else:
+            batch = got
         batch.append(key, value, timestamp, headers, cb)
         batch.nbytes += size
         self._queued += 1
@@ -625,6 +649,7 @@ class ShmProducer(Producer, ProducerCore):
                 recs = vals if ks is None else [(ks[i], vals[i]) for i in range(count)]
                 plan.append((part, recs))
             else:
+                assert ks is not None
                 for p, idx in groups.items():
                     plan.append((p, [(ks[i], vals[i], now) for i in idx]))
             self._queued += count
@@ -766,7 +791,7 @@ class ShmProducer(Producer, ProducerCore):
         self.closed = True
         with self._lock:
             self._broker.close(timeout=0 if left else 5.0)
-        self._meta.close(0)
+        self._meta.close(0)  # type: ignore[call-arg]
         self.interceptors.close()
         return not left
 
