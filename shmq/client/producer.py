@@ -308,6 +308,7 @@ class ShmProducer(Producer, ProducerCore):
     """The local transport (see the module docstring)."""
 
     transport = "shm"
+    produce = ProducerCore.produce  # the compiled common case, not the base's declaration
 
     def _setup(self, config: ClientConfig, data_dir: Any) -> None:
         from shmq.ipc.client import LocalBroker
