@@ -59,7 +59,8 @@ ERR_PURGE_QUEUE = KafkaError._PURGE_QUEUE
 ERR_MSG_TIMED_OUT = KafkaError._MSG_TIMED_OUT
 METADATA_TIMEOUT_S = 10.0
 MAX_BATCH_BYTES = 2 << 20
-EAGER_CHECK_S = 0.0002     # how often the linger thread looks for room in flight (default linger)
+EAGER_CHECK_S = 0.001      # how often the linger thread looks for room in flight (linger.ms unset):
+#                            often enough for latency, seldom enough that batches amortise a send
 UNKNOWN_RETRY_S = 1.0      # how often metadata of an unknown topic is asked for again
 
 
