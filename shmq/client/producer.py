@@ -250,19 +250,6 @@ class KafkaProducer(Producer):
             kw["headers"] = headers
         self._p.produce(topic, value, key, partition=partition, timestamp=timestamp, **kw)
 
-    def produce_batch(self, topic: str, values: Any = None, keys: Any = None,
-                      partition: int | None = None, headers: Any = None,
-                      on_delivery: Any = None) -> int:
-        if (type(values) is list and values and type(values[0]) is dict
-                and not (self.interceptors or self.serdes.active or self.custom_partitioner)):
-            kw: dict[str, Any] = {}
-            if partition is not None:
-                kw["partition"] = partition
-            if on_delivery is not None:
-                kw["on_delivery"] = on_delivery
-            return self._p.produce_batch(topic, values, **kw)
-        return super().produce_batch(topic, values, keys, partition, headers, on_delivery)
-
     def _partition_count(self, topic: str) -> int:
         n = self._counts.get(topic)
         if n is None:
@@ -556,6 +543,10 @@ class ShmProducer(Producer, ProducerCore):
         except BufferError:  # the ring stayed full: keep the batch open, it goes later
             self._open.setdefault(k, batch)
             self._wake.set()
+        except Exception:  # not sent and never to be answered: not queued any more
+            self._queued -= len(records)
+            self._queued_bytes -= nbytes
+            raise
 
     def _answered(self, result: Any, records: list, reports: list | None, nbytes: int) -> None:
         code = result.error_code
@@ -648,7 +639,12 @@ class ShmProducer(Producer, ProducerCore):
         with self._lock:
             plan: list[tuple[int, list[Any]]] = []
             if groups is None:
-                recs = vals if ks is None else [(ks[i], vals[i]) for i in range(count)]
+                if ks is not None:
+                    recs = [(ks[i], vals[i]) for i in range(count)]
+                elif any(v is None for v in vals):  # a bare record is bytes; None needs a tuple
+                    recs = [(None, v) for v in vals]
+                else:
+                    recs = vals
                 plan.append((part, recs))
             else:
                 assert ks is not None

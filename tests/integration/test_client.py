@@ -563,6 +563,7 @@ def test_group_member_killed_over_fast_path(kafka: RunningBroker, tmp_path: Path
     script.write_text(GROUP_MEMBER)
     lines: queue.Queue[tuple[int, dict, float]] = queue.Queue()
     procs = []
+    readers = []
 
     def reader(idx: int, proc: subprocess.Popen) -> None:
         assert proc.stdout is not None
@@ -574,7 +575,9 @@ def test_group_member_killed_over_fast_path(kafka: RunningBroker, tmp_path: Path
             proc = subprocess.Popen([sys.executable, str(script), kafka.bootstrap, topic, "gk"],
                                     stdout=subprocess.PIPE, text=True)
             procs.append(proc)
-            threading.Thread(target=reader, args=(idx, proc), daemon=True).start()
+            t = threading.Thread(target=reader, args=(idx, proc), daemon=True)
+            t.start()
+            readers.append(t)
         owner: dict[int, int] = {}
         seen: list[tuple[int, int, int]] = []
         killed_at = None
@@ -626,6 +629,9 @@ def test_group_member_killed_over_fast_path(kafka: RunningBroker, tmp_path: Path
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        for t in readers:  # at end of file once its process is gone
+            t.join(10)
+        for proc in procs:
             if proc.stdout is not None:
                 proc.stdout.close()
 
@@ -757,3 +763,45 @@ def test_asyncio_clients(clients: Clients) -> None:
     topic = new_topic(clients, 1)
     got = asyncio.run(_aio_round_trip(clients, topic))
     assert got == [(i, b"k", b"a%d" % i) for i in range(5)]
+
+
+# -- batch APIs -------------------------------------------------------------------------------
+
+def test_produce_batch_and_consume_arrow(clients: Clients) -> None:
+    if clients.transport == "confluent":
+        pytest.skip("the array forms of produce_batch and consume_arrow are shmq's")
+    import numpy as np
+    import pyarrow as pa
+
+    topic = new_topic(clients, 2)
+    p = clients.producer()
+    assert p.produce_batch(topic, [b"l0", b"l1", b"l2"], partition=0) == 3
+    assert p.produce_batch(topic, np.array([b"n0\x00", b"n1\x00"], dtype="S3"),
+                           partition=0) == 2  # fixed width kept whole, NULs included
+    assert p.produce_batch(topic, pa.array([b"a0", None]), partition=0) == 2
+    keys = [b"k%d" % i for i in range(20)]
+    assert p.produce_batch(topic, [b"v"] * 20, keys) == 20
+    assert p.produce_batch(topic, [{"value": b"d0", "key": b"x", "partition": 1}]) == 1
+    with pytest.raises(ValueError):
+        p.produce_batch(topic, [b"a", b"b"], [b"only one key"])
+    assert p.flush(10) == 0
+    c = clients.consumer(**{"group.id": f"g-{topic}"})
+    c.assign([TopicPartition(topic, 0, 0)])
+    first = [m.value() for m in drain(c, 7)]
+    assert first == [b"l0", b"l1", b"l2", b"n0\x00", b"n1\x00", b"a0", None]
+    c.close()
+    got = []
+    for part in (0, 1):
+        c = clients.consumer(**{"group.id": f"g2-{topic}"})
+        c.assign([TopicPartition(topic, part, 0)])
+        got += [(part, m.key()) for m in drain(c, 30, timeout=3) if m.key() is not None]
+        c.close()
+    want = [((kafka_python_murmur2(k) & 0x7FFFFFFF) % 2, k) for k in keys] + [(1, b"x")]
+    assert sorted(got) == sorted(want)
+    if clients.transport == "shm":
+        c = clients.consumer(**{"group.id": f"g3-{topic}"})
+        c.assign([TopicPartition(topic, 0, 0)])
+        rb = c.consume_arrow(1000, 10.0)
+        assert rb is not None and rb.num_rows >= 7
+        assert rb.column("value").to_pylist()[:7] == first
+        assert rb.schema.names[:4] == ["key", "value", "topic", "partition"]
