@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 from shmq._fast import (
+    _client_reference,
     _metrics_reference,
     _producers_reference,
     _reference,
@@ -20,6 +21,7 @@ HAVE_FAST = False
 if not os.environ.get("SHMQ_PURE"):
     try:
         from shmq._fast import batch as _batch
+        from shmq._fast import client as _client
         from shmq._fast import crc32c as _crc
         from shmq._fast import index as _index
         from shmq._fast import mapping as _mapping
@@ -60,6 +62,10 @@ if HAVE_FAST:
     wait_slot = _seqlock.wait_slot
     ring = _ring
     ProducerTable = _producers.ProducerTable
+    murmur2 = _client.murmur2
+    murmur2_partition = _client.murmur2_partition
+    Batch = _client.Batch
+    ProducerCore = _client.ProducerCore
 else:
     crc32c = _reference.crc32c
     crc32c_software = _reference.crc32c_software
@@ -87,6 +93,10 @@ else:
     wait_slot = _seqlock_reference.wait_slot
     ring = _ring_reference  # type: ignore[misc,assignment]
     ProducerTable = _producers_reference.ProducerTable  # type: ignore[misc,assignment]
+    murmur2 = _client_reference.murmur2
+    murmur2_partition = _client_reference.murmur2_partition
+    Batch = _client_reference.Batch  # type: ignore[misc,assignment]
+    ProducerCore = _client_reference.ProducerCore  # type: ignore[misc,assignment]
 
 from shmq._fast._reference import (  # noqa: E402  (constants are shared)
     COL_ATTRIBUTES,
@@ -120,5 +130,6 @@ __all__ = [
     "HEADER_SIZE", "MappedFile", "ProducerTable", "NO_LOG_APPEND_TIME", "SCAN_COLUMNS", "SCAN_CORRUPT", "SCAN_END", "SCAN_FULL", "SCAN_PARTIAL",
     "batch_header", "build_batch", "check_timestamps", "crc32c", "crc32c_software",
     "decode_records", "decode_sections", "encode_records", "fill_columns", "fill_headers", "murmur2_partitions", "encode_arrow_batch_into", "have_hardware", "largest_lower_bound",
+    "Batch", "ProducerCore", "murmur2", "murmur2_partition",
     "scan_batches", "smallest_upper_bound", "stamp_batch", "validate_batch",
 ]

@@ -38,6 +38,7 @@ import json
 import os
 import select
 import socket
+import struct
 import time
 from collections import deque
 from collections.abc import Callable
@@ -73,6 +74,30 @@ SPIN_S = 0.00005
 PEEK_EVERY_S = 0.02
 ACKS = {0: 0, 1: 1, -1: -1, "all": -1}
 NOT_LEADER, UNKNOWN_TOPIC_OR_PARTITION, NETWORK_EXCEPTION = 6, 3, 13
+OUT_OF_ORDER_SEQUENCE, DUPLICATE_SEQUENCE, REQUEST_TIMED_OUT = 45, 46, 7
+# Kafka's retriable produce errors that a resend can cure (RetriableException subclasses the
+# Java producer retries until delivery.timeout.ms): the leader moved or is briefly unavailable,
+# the fsync failed (the resend is a duplicate when the append had happened: answered with its
+# original offsets).  CORRUPT_MESSAGE is retriable in Java for bits flipped on a network; a
+# batch corrupt in shared memory would be corrupt again.
+RETRIABLE = frozenset({NOT_LEADER, 5, REQUEST_TIMED_OUT, 19, 20, 56})
+# Answers after which the broker's state of this producer is unknown to us: take a new id
+# (KIP-360's fallback without epoch bumps) once nothing is in flight.
+UNKNOWN_PRODUCER_STATE = frozenset({NETWORK_EXCEPTION, OUT_OF_ORDER_SEQUENCE, 47, 59})
+DEFAULT_DELIVERY_TIMEOUT_S = 120.0   # Java's delivery.timeout.ms
+RETRY_BACKOFF_S = 0.1                # retry.backoff.ms of Java and librdkafka
+
+
+def _restamp(batch: bytearray, producer_id: int, producer_epoch: int, sequence: int) -> None:
+    """Give a RecordBatch v2 another producer id, epoch and base sequence (all inside the CRC,
+    which is computed again)."""
+    struct.pack_into(">qhi", batch, 43, producer_id, producer_epoch, sequence)
+    struct.pack_into(">I", batch, 17, _fast.crc32c(memoryview(batch)[21:]))
+
+
+def _seq_order(sequence: int, origin: int) -> int:
+    """Where ``sequence`` lies after ``origin`` in the wrapping 31-bit sequence space."""
+    return (sequence - origin) & 0x7FFFFFFF
 
 
 class NotLocalError(ShmqError):
@@ -98,7 +123,7 @@ class BatchFuture:
     """The answer to one ``send_batch``; ``result()`` polls the rings until it is there."""
 
     __slots__ = ("broker", "topic", "partition", "count", "acks", "value", "callback",
-                 "_sequence")
+                 "_sequence", "_sequenced", "_deadline", "_attempts")
 
     def __init__(self, broker: LocalBroker, topic: str, partition: int, count: int, acks: int,
                  callback: Callable[[BatchResult], Any] | None) -> None:
@@ -109,7 +134,10 @@ class BatchFuture:
         self.acks = acks
         self.value: BatchResult | None = None
         self.callback = callback
-        self._sequence = -1
+        self._sequence = -1        # the batch's base sequence (idempotent batches)
+        self._sequenced = False
+        self._deadline = 0.0       # monotonic time after which it is not retried
+        self._attempts = 0
 
     def done(self) -> bool:
         return self.value is not None
@@ -326,8 +354,12 @@ class LocalBroker:
                  submit_bytes: int = DEFAULT_SUBMIT_BYTES,
                  completion_bytes: int = DEFAULT_COMPLETION_BYTES,
                  max_in_flight: int = MAX_IN_FLIGHT,
-                 reattach_timeout: float = REATTACH_TIMEOUT_S) -> None:
+                 reattach_timeout: float = REATTACH_TIMEOUT_S,
+                 delivery_timeout: float = DEFAULT_DELIVERY_TIMEOUT_S,
+                 retry_backoff: float = RETRY_BACKOFF_S) -> None:
         self.data_dir = data_dir
+        self.delivery_timeout = delivery_timeout
+        self.retry_backoff = retry_backoff
         self.idempotent = idempotent
         self.submit_bytes = rings.check_capacity(submit_bytes)
         self.completion_bytes = rings.check_capacity(completion_bytes)
@@ -345,6 +377,13 @@ class LocalBroker:
         self._sequences: dict[tuple[str, int], int] = {}
         self._unanswered: dict[tuple[str, int], int] = {}
         self._reset_producer = False
+        # Resends (see "Failed batches" in the module docstring), per partition: the next
+        # sequence the broker expects (after the last batch it appended), the failed batches to
+        # send again once every batch of the partition is answered, and when.
+        self._confirmed: dict[tuple[str, int], int] = {}
+        self._resend: dict[tuple[str, int], list[tuple[BatchFuture, bytearray]]] = {}
+        self._resend_at: dict[tuple[str, int], float] = {}
+        self._rewinding: set[tuple[str, int]] = set()
         self._corr = 0
         self.reattached = 0
         self.losses: list[tuple[int, float]] = []  # (node id, when its death was noticed)
@@ -397,8 +436,9 @@ class LocalBroker:
         if not self.idempotent:
             return
         if self._reset_producer and not any(self._unanswered.values()):
-            self.producer_id = -1  # after a failed batch: a new id, sequences from 0 (KIP-360's
+            self.producer_id = -1  # state unknown: a new id, sequences from 0 (KIP-360's
             self._sequences.clear()  # fallback without epoch bumps)
+            self._confirmed.clear()
             self._reset_producer = False
         if self.producer_id < 0:
             reply = session.request({"op": "init_producer_id"}, 30)
@@ -530,12 +570,7 @@ class LocalBroker:
         deadline = time.monotonic() + timeout
         ack = ACKS[acks]
         key = (topic, partition)
-        node = self.leader_of(topic, partition)
-        if node is None:  # unknown here: any worker answers UNKNOWN_TOPIC_OR_PARTITION
-            nodes = self._nodes()
-            if not nodes:
-                raise NotLocalError("the broker lists no workers")
-            node = nodes[0]
+        node = self._node_for(topic, partition)
         session = self._session(node)
         sequenced = sequenced and self.idempotent
         if sequenced:
@@ -544,23 +579,65 @@ class LocalBroker:
             except SessionLostError:  # the worker died under the request: once more
                 session = self._session(node)
                 self._ensure_producer(session)
-        while self._unanswered.get(key, 0) >= self.max_in_flight:
-            self._poll_session(session)
-            if self._unanswered.get(key, 0) < self.max_in_flight:
+        # at most max_in_flight unanswered batches a partition, and none while the partition's
+        # failed batches wait to be sent again with their sequences renumbered
+        while not self.can_send(topic, partition):
+            self.poll(0)
+            if self.can_send(topic, partition):
                 break
-            session = self._session(node)
             left = deadline - time.monotonic()
             if left <= 0:
                 raise BufferError(f"{self.max_in_flight} batches to {topic}-{partition} are "
                                   f"unanswered: the batch was not sent")
+            session = self._session(node)
             self._await_answer(session, min(left, 0.05))
-        name = topic.encode("utf-8")
-        if len(name) > 0xFFFF:
-            raise ValueError("topic name too long")
+        if sequenced and self._reset_producer and not any(self._unanswered.values()):
+            self._ensure_producer(session)
         seq = self._sequences.get(key, 0) if sequenced else -1
         pid = self.producer_id if sequenced else -1
         epoch = self.producer_epoch if sequenced else -1
-        size = write(session.view, 0, -1, pid, epoch, seq)
+        future = BatchFuture(self, topic, partition, count, ack, on_delivery)
+        future._deadline = time.monotonic() + self.delivery_timeout
+        if sequenced:
+            future._sequence = seq
+            future._sequenced = True
+
+        def stamped(view: Any, at: int, size: int) -> int:
+            return write(view, at, size, pid, epoch, seq)
+
+        self._enqueue(topic, partition, stamped, future, deadline)
+        if sequenced:
+            self._sequences[key] = (seq + count) & 0x7FFFFFFF
+        return future
+
+    def can_send(self, topic: str, partition: int) -> bool:
+        """Whether a batch to the partition would go out now (fewer than ``max_in_flight``
+        unanswered and no failed batch waiting to be sent again)."""
+        key = (topic, partition)
+        return self._unanswered.get(key, 0) < self.max_in_flight and key not in self._resend
+
+    def unanswered(self, topic: str, partition: int) -> int:
+        return self._unanswered.get((topic, partition), 0)
+
+    def _node_for(self, topic: str, partition: int) -> int:
+        node = self.leader_of(topic, partition)
+        if node is None:  # unknown here: any worker answers UNKNOWN_TOPIC_OR_PARTITION
+            nodes = self._nodes()
+            if not nodes:
+                raise NotLocalError("the broker lists no workers")
+            node = nodes[0]
+        return node
+
+    def _enqueue(self, topic: str, partition: int, write: Callable[[Any, int, int], int],
+                 future: BatchFuture, deadline: float) -> None:
+        """One PRODUCE entry written by ``write(view, at, size)`` (``size`` < 0: only return
+        the batch's size) into the ring of the partition's leader, answered to ``future``."""
+        name = topic.encode("utf-8")
+        if len(name) > 0xFFFF:
+            raise ValueError("topic name too long")
+        node = self._node_for(topic, partition)
+        session = self._session(node)
+        size = write(session.view, 0, -1)
         entry_size = rings.PRODUCE_HEADER_SIZE + len(name) + size
         if entry_size > session.max_entry:
             raise ValueError(f"a batch of {entry_size} bytes does not fit the ring "
@@ -574,23 +651,20 @@ class LocalBroker:
         view = session.view
         assert view is not None
         rings.PRODUCE_HEADER.pack_into(view, at, entry_size, rings.PRODUCE, 0, self._next_corr(),
-                                       partition, len(name), ack, 0, 0)
+                                       partition, len(name), future.acks, 0, 0)
         body = at + rings.PRODUCE_HEADER_SIZE
         view[body : body + len(name)] = name
-        written = write(view, body + len(name), size, pid, epoch, seq)
+        written = write(view, body + len(name), size)
         assert written == size
-        future = BatchFuture(self, topic, partition, count, ack, on_delivery)
-        if sequenced:
-            future._sequence = seq
-            self._sequences[key] = (seq + count) & 0x7FFFFFFF
+        future._attempts += 1
         if session.submit.commit(entry_size, at):
             session.kick()
         entry = _InFlight(self._corr, at, entry_size, session.submit.tail, future)
         session.inflight.append(entry)
-        if ack != 0:
+        if future.acks != 0:
             session.by_corr[self._corr] = entry
+            key = (topic, partition)
             self._unanswered[key] = self._unanswered.get(key, 0) + 1
-        return future
 
     def _next_corr(self) -> int:
         self._corr = (self._corr + 1) & 0xFFFFFFFF
@@ -606,10 +680,14 @@ class LocalBroker:
             handled = 0
             for session in list(self.sessions.values()):
                 handled += self._poll_session(session)
+            self._due_resends()
             left = deadline - time.monotonic()
             waiting = [s for s in self.sessions.values() if s.by_corr or not s.alive]
-            if handled or left <= 0 or not waiting:
+            if handled or left <= 0 or not (waiting or self._resend):
                 return handled
+            if not waiting:  # only resends waiting for their backoff
+                time.sleep(min(left, 0.01))
+                continue
             session = waiting[0]
             if not session.alive:
                 continue
@@ -670,11 +748,23 @@ class LocalBroker:
                     f = inflight.future
                     key = (f.topic, f.partition)
                     self._unanswered[key] -= 1
-                    if code and self.idempotent and code not in (NOT_LEADER,):
-                        self._reset_producer = True
-                    f._set(BatchResult(f.topic, f.partition, base, f.count, code, message, lat,
-                                       start))
-                    handled += 1
+                    if code and code != DUPLICATE_SEQUENCE and self._retry(
+                            f, code, view, inflight.at, inflight.length):
+                        pass  # sent again once the partition's batches are all answered
+                    else:
+                        if f._sequenced and (not code or code == DUPLICATE_SEQUENCE):
+                            self._confirmed[key] = (f._sequence + f.count) & 0x7FFFFFFF
+                        elif f._sequenced:
+                            if code in UNKNOWN_PRODUCER_STATE:
+                                self._reset_producer = True
+                            else:  # refused before its sequence counted: later batches
+                                self._rewinding.add(key)  # come back OUT_OF_ORDER; renumber
+                        f._set(BatchResult(f.topic, f.partition, base, f.count, code, message,
+                                           lat, start))
+                        handled += 1
+                    if not self._unanswered[key] and (key in self._resend
+                                                      or key in self._rewinding):
+                        self._schedule_resend(key)
             completion.advance(length)
         if handled:
             if completion.release():
@@ -690,11 +780,92 @@ class LocalBroker:
                 f._set(BatchResult(f.topic, f.partition, -1, f.count, 0, None, -1, -1))
         return handled
 
+    # -- failed batches ---------------------------------------------------------------------
+
+    def _retry(self, f: BatchFuture, code: int, view: Any, at: int, length: int) -> bool:
+        """Keep a failed batch to send again (True), or let its error stand (False).
+
+        Retriable errors are retried until the delivery timeout.  An idempotent partition whose
+        batch was refused for good (MESSAGE_TOO_LARGE, say) has its later in-flight batches
+        answered OUT_OF_ORDER_SEQUENCE_NUMBER (the broker still expects the refused batch's
+        sequence): those are sent again with their sequences moved down, as the Java producer's
+        ``adjustSequencesDueToFailedBatch`` does, instead of failing them."""
+        key = (f.topic, f.partition)
+        if time.monotonic() >= f._deadline:
+            return False
+        if not (code in RETRIABLE or (code == OUT_OF_ORDER_SEQUENCE and f._sequenced
+                                      and (key in self._rewinding or key in self._resend))):
+            return False
+        # the entry's bytes are intact until the ring reuses its space, which only our next
+        # reserve does: copy the batch (after the entry header and the topic name) now
+        name_len = rings.PRODUCE_HEADER.unpack_from(view, at)[5]
+        body = at + rings.PRODUCE_HEADER_SIZE + name_len
+        batch = bytearray(view[body : at + length])
+        self._resend.setdefault(key, []).append((f, batch))
+        if code != OUT_OF_ORDER_SEQUENCE:
+            self._resend_at[key] = time.monotonic() + self.retry_backoff
+        return True
+
+    def _schedule_resend(self, key: tuple[str, int]) -> None:
+        """Every batch of the partition is answered: the next batch takes the sequence the
+        broker expects, and the kept ones are sent again, now or after the retry backoff
+        (``poll`` sends those whose time came)."""
+        if key not in self._resend:
+            self._rewinding.discard(key)
+            if key in self._sequences:
+                self._sequences[key] = self._confirmed.get(key, 0)
+        elif time.monotonic() >= self._resend_at.get(key, 0.0):
+            self._send_again(key)
+
+    def _send_again(self, key: tuple[str, int]) -> None:
+        todo = self._resend.pop(key)
+        origin = self._confirmed.get(key, 0)
+        todo.sort(key=lambda item: _seq_order(item[0]._sequence, origin))  # stable: unsequenced
+        self._resend_at.pop(key, None)
+        self._rewinding.discard(key)
+        topic, partition = key
+        now = time.monotonic()
+        if self._reset_producer and not any(self._unanswered.values()):
+            node = self._node_for(topic, partition)
+            self._ensure_producer(self._session(node))
+        seq = self._confirmed.get(key, 0)
+        for f, batch in todo:
+            if now >= f._deadline:
+                f._set(BatchResult(f.topic, f.partition, -1, f.count, REQUEST_TIMED_OUT,
+                                   "delivery timeout passed while retrying", -1, -1))
+                continue
+            if f._sequenced:
+                _restamp(batch, self.producer_id, self.producer_epoch, seq)
+                f._sequence = seq
+                seq = (seq + f.count) & 0x7FFFFFFF
+
+            def write(view: Any, at: int, size: int, data: bytearray = batch) -> int:
+                if size >= 0:
+                    view[at : at + len(data)] = data
+                return len(data)
+
+            try:
+                self._enqueue(topic, partition, write, f, now + 30.0)
+            except (BufferError, SessionLostError, NotLocalError) as exc:
+                f._set(BatchResult(f.topic, f.partition, -1, f.count, NETWORK_EXCEPTION,
+                                   f"could not send the batch again: {exc}", -1, -1))
+        if any(f._sequenced for f, _ in todo):
+            self._sequences[key] = seq
+
+    def _due_resends(self) -> None:
+        if not self._resend_at:
+            return
+        now = time.monotonic()
+        for key in [k for k, t in self._resend_at.items()
+                    if t <= now and not self._unanswered.get(k, 0)]:
+            self._send_again(key)
+
     def flush(self, timeout: float = 30.0) -> int:
         """Wait until every batch sent has its answer; returns how many are still unanswered."""
         deadline = time.monotonic() + timeout
         while True:
-            pending = sum(len(s.inflight) for s in self.sessions.values())
+            pending = sum(len(s.inflight) for s in self.sessions.values()) + sum(
+                len(v) for v in self._resend.values())
             left = deadline - time.monotonic()
             if not pending or left <= 0:
                 return pending

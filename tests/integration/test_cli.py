@@ -319,6 +319,10 @@ def test_ctrl_c_stops_the_consumer_cleanly(cluster: RunningBroker) -> None:
         out, err = consumer.communicate(timeout=30)
     finally:
         consumer.kill()
+        consumer.wait()  # reaped and its pipes closed even when the test failed: a leaked
+        for pipe in (consumer.stdout, consumer.stderr):  # Popen's ResourceWarnings fail
+            if pipe is not None:                         # whichever test the GC runs in
+                pipe.close()
     assert (consumer.returncode, out, err) == (130, "", "Processed a total of 2 messages\n")
 
 

@@ -350,8 +350,8 @@ def test_attach_by_bootstrap_address(shm_broker: RunningBroker, monkeypatch) -> 
 
 
 def test_a_failed_batch_does_not_wedge_the_idempotent_producer(shm_broker: RunningBroker) -> None:
-    """A batch the broker refuses before it checks sequences (too large) leaves the partition's
-    sequence unused: the client starts over with a new producer id once nothing is in flight."""
+    """A batch the broker refuses before it checks sequences (too large) leaves its sequence
+    unused: the next batch takes it, with the same producer id."""
     with attach(shm_broker.data_dir) as local:
         ok = local.send_batch("sem-ring", 0, [b"before"]).result(10)
         with pytest.raises(Exception) as err:
@@ -360,4 +360,50 @@ def test_a_failed_batch_does_not_wedge_the_idempotent_producer(shm_broker: Runni
         pid = local.producer_id
         after = local.send_batch("sem-ring", 0, [b"after"]).result(10)
         assert after.base_offset == ok.base_offset + 1
-        assert local.producer_id != pid
+        assert local.producer_id == pid
+
+
+def test_batches_in_flight_behind_a_refused_one_are_renumbered(shm_broker: RunningBroker) -> None:
+    """Batches sent behind a refused one (still unanswered when it failed) come back
+    OUT_OF_ORDER_SEQUENCE_NUMBER from the broker; the client sends them again with their
+    sequences moved down (Java's adjustSequencesDueToFailedBatch): all are stored, in order."""
+    with attach(shm_broker.data_dir) as local:
+        first = local.send_batch("sem-ring", 1, [b"first"]).result(10)
+        pid = local.producer_id
+        refused = local.send_batch("sem-ring", 1, [b"x" * (MAX_MESSAGE + 10)])
+        later = [local.send_batch("sem-ring", 1, [b"later-%d" % i, b"more-%d" % i])
+                 for i in range(3)]
+        with pytest.raises(Exception) as err:
+            refused.result(10)
+        assert getattr(err.value, "code", None) == 10
+        offsets = [f.result(10).base_offset for f in later]
+        assert offsets == [first.base_offset + 1 + 2 * i for i in range(3)]
+        assert local.producer_id == pid
+        got = _read_all(local, "sem-ring", 1)
+        assert [r[3] for r in got][-7:] == [b"first"] + [
+            v for i in range(3) for v in (b"later-%d" % i, b"more-%d" % i)]
+
+
+def test_not_leader_is_retried_at_the_leader(shm_broker: RunningBroker) -> None:
+    """A batch sent to a worker that does not lead the partition (a stale leader) is answered
+    NOT_LEADER_OR_FOLLOWER by that worker and sent again, after the retry backoff, to the
+    leader the state table names: stored once, in order, with the same producer id."""
+    with attach(shm_broker.data_dir) as local:
+        first = local.send_batch("sem-ring", 0, [b"first"]).result(10)
+        leader = local.leader_of("sem-ring", 0)
+        wrong = next(n for n in local._nodes() if n != leader)
+        real = local.leader_of
+        stale = {"left": 1}
+
+        def leader_of(topic: str, partition: int) -> int | None:
+            if stale["left"] and (topic, partition) == ("sem-ring", 0):
+                stale["left"] -= 1
+                return wrong
+            return real(topic, partition)
+
+        local.leader_of = leader_of  # type: ignore[method-assign]
+        moved = local.send_batch("sem-ring", 0, [b"moved"]).result(10)
+        assert moved.base_offset == first.base_offset + 1
+        assert moved.error_code == 0 and stale["left"] == 0
+        got = _read_all(local, "sem-ring", 0)
+        assert [r[3] for r in got][-2:] == [b"first", b"moved"]

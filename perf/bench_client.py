@@ -1,0 +1,291 @@
+"""shmq's Python client (``shmq.Producer`` / ``Consumer``) against confluent-kafka, same broker.
+
+    python perf/bench_client.py [--records 1000000] [--batch-records 2000000] [--repeat 3]
+                                [--latency-seconds 3] [--dir /tmp] [--only produce,batch,poll,
+                                arrow,latency]
+
+Every row moves 100 B records (no key) through a real ``shmq broker`` (one worker, a fresh data
+dir under ``--dir``); each client runs in its own process (spawn; start-up and connections are
+not timed: a warm-up record goes first).  Default client settings everywhere.
+
+* ``produce + flush``: ``produce()`` per record, then ``flush()`` (every record acknowledged,
+  acks=all: in the log).  ``shmq.Producer`` over shared memory vs confluent-kafka's Producer
+  over loopback TCP to the same broker (the anchor).
+* ``produce_batch``: ``shmq.Producer.produce_batch(topic, values)`` with lists of 100,000
+  values, then ``flush()``.
+* ``poll``: ``Consumer.poll()`` per record from offset 0 of a partition holding the records
+  (``assign``), until all were returned; shmq over the mapped log vs confluent-kafka.
+* ``consume_arrow``: ``shmq.Consumer.consume_arrow(1,000,000)`` (the spark_bridge schema).
+* ``latency``: one record per ``produce`` at 10,000 records/s (paced; ``poll(0)`` after each),
+  read by a ``shmq.Consumer`` in another process (``poll(0.1)``); the send time travels in the
+  value; p50 / p99 / max over ``--latency-seconds``.
+
+Targets (issue 15): produce + flush >= 2 M records/s and >= 2x confluent-kafka; poll >= 2 M/s;
+produce_batch >= 10 M/s; consume_arrow >= 20 M/s; latency p99 <= 200 us at 10 k/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import struct
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+SIZE = 100
+
+
+def _conf(bootstrap: str, shm: bool, **extra: Any) -> dict[str, Any]:
+    conf = {"bootstrap.servers": bootstrap, **extra}
+    if shm:
+        conf["shmq.transport"] = "shm"
+    return conf
+
+
+def produce_role(bootstrap: str, topic: str, n: int, kind: str, ready, go, out) -> None:
+    import confluent_kafka
+
+    import shmq
+
+    shm = kind != "confluent"
+    p = shmq.Producer(_conf(bootstrap, True)) if shm else confluent_kafka.Producer(
+        _conf(bootstrap, False))
+    p.produce(topic, b"w", partition=0)
+    p.flush(30)
+    ready.set()
+    go.wait()
+    v = b"x" * SIZE
+    c0 = time.process_time()
+    t0 = time.monotonic()
+    if kind == "batch":
+        values = [v] * 100_000
+        sent = 0
+        while sent < n:
+            k = min(len(values), n - sent)
+            while True:
+                try:
+                    p.produce_batch(topic, values if k == len(values) else values[:k],
+                                    partition=0)
+                    break
+                except BufferError:
+                    p.poll(0.001)
+            sent += k
+    else:
+        produce = p.produce
+        for _ in range(n):
+            while True:
+                try:
+                    produce(topic, v, partition=0)
+                    break
+                except BufferError:  # librdkafka's back-pressure: serve reports, then again
+                    p.poll(0.001)
+    left = p.flush(120)
+    t1 = time.monotonic()
+    out.put(("producer", t0, t1, left, time.process_time() - c0))
+    p.close() if shm else p.flush(1)
+
+
+def poll_role(bootstrap: str, topic: str, n: int, kind: str, ready, go, out) -> None:
+    import confluent_kafka
+    from confluent_kafka import TopicPartition
+
+    import shmq
+
+    conf = {"group.id": f"bench-{kind}", "enable.auto.commit": False}
+    shm = kind != "confluent"
+    c = shmq.Consumer(_conf(bootstrap, True, **conf)) if shm else confluent_kafka.Consumer(
+        _conf(bootstrap, False, **conf))
+    c.assign([TopicPartition(topic, 0, 1)])
+    ready.set()
+    go.wait()
+    c0 = time.process_time()
+    t0 = time.monotonic()
+    got = 0
+    deadline = t0 + 300
+    if kind == "arrow":
+        while got < n and time.monotonic() < deadline:
+            rb = c.consume_arrow(1_000_000, 1.0)
+            if rb is not None:
+                got += rb.num_rows
+    else:
+        poll = c.poll
+        while got < n and time.monotonic() < deadline:
+            m = poll(1.0)
+            if m is not None and m.error() is None:
+                got += 1
+    t1 = time.monotonic()
+    out.put(("consumer", t0, t1, got, time.process_time() - c0))
+    c.close()
+
+
+def _pace(due: float) -> None:
+    left = due - time.monotonic()
+    if left > 0.00012:
+        time.sleep(left - 0.00008)
+    while time.monotonic() < due:
+        pass
+
+
+def lat_producer(bootstrap: str, topic: str, rate: int, seconds: float, ready, go, out) -> None:
+    import shmq
+
+    p = shmq.Producer(_conf(bootstrap, True))
+    p.produce(topic, struct.pack("=d", 0.0) + b"x" * (SIZE - 8), partition=0)
+    p.flush(30)
+    ready.set()
+    go.wait()
+    n = int(rate * seconds)
+    pad = b"x" * (SIZE - 8)
+    t0 = time.monotonic()
+    for i in range(n):
+        _pace(t0 + i / rate)
+        p.produce(topic, struct.pack("=d", time.monotonic()) + pad, partition=0)
+        p.poll(0)
+    p.flush(30)
+    out.put(("producer", t0, time.monotonic(), n, 0))
+    p.close()
+
+
+def lat_consumer(bootstrap: str, topic: str, expect: int, ready, go, out) -> None:
+    from confluent_kafka import TopicPartition
+
+    import shmq
+
+    c = shmq.Consumer(_conf(bootstrap, True, **{"group.id": "bench-lat",
+                                                "enable.auto.commit": False}))
+    c.assign([TopicPartition(topic, 0, 1)])
+    c.poll(0.01)
+    ready.set()
+    lat: list[float] = []
+    deadline = time.monotonic() + 120
+    while len(lat) < expect and time.monotonic() < deadline:
+        m = c.poll(0.1)
+        if m is not None and m.error() is None:
+            sent = struct.unpack_from("=d", m.value())[0]
+            if sent:  # not the warm-up record
+                lat.append(time.monotonic() - sent)
+    out.put(("consumer", 0, 0, lat, 0))
+    c.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--batch-records", type=int, default=2_000_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--latency-seconds", type=float, default=3.0)
+    ap.add_argument("--phase-timeout", type=float, default=300.0)
+    ap.add_argument("--only", default="produce,batch,poll,arrow,latency")
+    ap.add_argument("--dir", default=tempfile.gettempdir())
+    args = ap.parse_args(argv)
+    only = set(args.only.split(","))
+
+    from _common import print_environment
+    from bench_broker import start_shmq
+    from bench_shm import Harness
+
+    print_environment("shmq Python client vs confluent-kafka")
+    print(f"  records     {args.records:,} x {SIZE} B per-record rows, {args.batch_records:,} "
+          f"produce_batch, repeat {args.repeat}; wall time in the client processes\n")
+    work = Path(tempfile.mkdtemp(prefix="bench-client-", dir=args.dir))
+    broker = start_shmq(1, work / "data", work)
+    h = Harness(args)
+    rows: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}
+    lat_rows: list[list[float]] = []
+    try:
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        seq = [0]
+
+        def topic() -> str:
+            seq[0] += 1
+            name = f"bench-client-{seq[0]}"
+            admin.create_topics([NewTopic(name, 1, 1)])[name].result(30)
+            time.sleep(0.2)
+            return name
+
+        def run(name: str, role: Any, rargs: tuple, n: int) -> None:
+            r = h.run_one(role, rargs, args.phase_timeout)
+            _, t0, t1, info, cpu_s = r
+            rate = n / (t1 - t0)
+            rows.setdefault(name, []).append(rate)
+            cpu.setdefault(name, []).append(cpu_s / (t1 - t0))
+            print(f"   {name:<44} {rate:>13,.0f} rec/s  client CPU {cpu_s / (t1 - t0):.2f}",
+                  flush=True)
+
+        n = args.records
+        for rep in range(args.repeat):
+            print(f"-- repeat {rep + 1}/{args.repeat}", flush=True)
+            filled = None
+            if "produce" in only or "poll" in only:
+                filled = topic()
+                run("shmq produce + flush", produce_role, (broker.bootstrap, filled, n, "shm"),
+                    n)
+                if "produce" in only:
+                    t = topic()
+                    run("confluent-kafka produce + flush (anchor)", produce_role,
+                        (broker.bootstrap, t, n, "confluent"), n)
+            if "batch" in only:
+                t = topic()
+                run("shmq produce_batch + flush", produce_role,
+                    (broker.bootstrap, t, args.batch_records, "batch"), args.batch_records)
+            if filled is not None and "poll" in only:
+                run("shmq poll", poll_role, (broker.bootstrap, filled, n, "shm"), n)
+                run("confluent-kafka poll (anchor)", poll_role,
+                    (broker.bootstrap, filled, n, "confluent"), n)
+            if filled is not None and "arrow" in only:
+                run("shmq consume_arrow", poll_role, (broker.bootstrap, filled, n, "arrow"), n)
+            if "latency" in only:
+                t = topic()
+                expect = int(10_000 * args.latency_seconds)
+                res = h.run_pair(lat_producer, (broker.bootstrap, t, 10_000,
+                                                args.latency_seconds),
+                                 lat_consumer, (broker.bootstrap, t, expect),
+                                 args.phase_timeout)
+                lat = sorted(res["consumer"][3])
+                if lat:
+                    q = [lat[len(lat) // 2], lat[int(len(lat) * 0.99)], lat[-1]]
+                    lat_rows.append(q)
+                    print(f"   latency at 10k/s: p50 {q[0] * 1e6:.0f} us  p99 "
+                          f"{q[1] * 1e6:.0f} us  max {q[2] * 1e6:.0f} us ({len(lat)} records)",
+                          flush=True)
+    finally:
+        broker.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+    def med(xs: list[float]) -> tuple[float, float]:
+        m = statistics.median(xs)
+        return m, (max(xs) - min(xs)) / m if m else 0.0
+
+    print("\n| row | records/s (median) | spread | client CPU (cores) | vs anchor | target |")
+    print("|---|---:|---:|---:|---:|---|")
+    anchors = {"shmq produce + flush": "confluent-kafka produce + flush (anchor)",
+               "shmq poll": "confluent-kafka poll (anchor)"}
+    targets = {"shmq produce + flush": ">= 2 M/s and >= 2x", "shmq poll": ">= 2 M/s",
+               "shmq produce_batch + flush": ">= 10 M/s", "shmq consume_arrow": ">= 20 M/s"}
+    for name, xs in rows.items():
+        m, sp = med(xs)
+        a = anchors.get(name)
+        ratio = f"{m / med(rows[a])[0]:.2f}x" if a in rows else "-"
+        print(f"| {name} | {m:,.0f} | {sp:.0%} | {statistics.median(cpu[name]):.2f} | {ratio} "
+              f"| {targets.get(name, '')} |")
+    if lat_rows:
+        p50 = statistics.median(r[0] for r in lat_rows) * 1e6
+        p99 = statistics.median(r[1] for r in lat_rows) * 1e6
+        mx = statistics.median(r[2] for r in lat_rows) * 1e6
+        print(f"| latency 10k/s p50 / p99 / max (us) | {p50:.0f} / {p99:.0f} / {mx:.0f} | | | "
+              f"| p99 <= 200 us |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

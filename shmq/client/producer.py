@@ -1,0 +1,800 @@
+"""``shmq.Producer``: confluent-kafka's ``Producer`` API, over shared memory when the broker is
+local, over confluent-kafka itself otherwise.
+
+    p = shmq.Producer({"bootstrap.servers": "127.0.0.1:9092"})
+    p.produce("events", b"value", key=b"key", on_delivery=lambda err, msg: ...)
+    p.flush()
+
+Theory of operation (shared memory)
+-----------------------------------
+* ``produce`` checks its arguments as confluent-kafka does (same exceptions), serializes, picks
+  the partition (explicit; a callable partitioner; else Java's murmur2 of the key; else sticky
+  for keyless records) and appends the record to its partition's open batch: a Python list,
+  encoded in one Cython pass into the worker's submit ring when the batch goes
+  (``shmq.ipc.client.LocalBroker.send_batch``: RecordBatch v2, producer id and sequence).
+* A batch goes when it reaches ``batch.num.messages`` / ``batch.size``, when ``linger.ms`` has
+  passed since its first record (a daemon thread watches the open batches, so records go out
+  without ``poll`` as librdkafka's do), or -- unless the user set ``linger.ms`` -- as soon as
+  its partition has fewer than ``max.in.flight`` (5) batches unanswered: a lone record does not
+  wait for the linger (the ring costs no round trip), and records produced while five batches
+  are in flight gather into the next one, so batches grow with the rate.
+* Answers come back on the completion ring; each batch's delivery reports (``(err, msg)`` with
+  the record's offset, timestamp and confluent-kafka's ``KafkaError``) wait in a queue that
+  ``poll`` / ``flush`` serve on the caller's thread, as confluent-kafka's do.
+* ``len(producer)`` counts records not yet reported; ``queue.buffering.max.messages`` /
+  ``.kbytes`` (or Java's ``buffer.memory``) bound it: a full buffer raises ``BufferError``.
+* Metadata (partition counts, ``list_topics``, topic auto-creation) and the validation of every
+  librdkafka key come from a confluent-kafka producer made with the same configuration, which
+  sends no records.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import confluent_kafka
+from confluent_kafka import KafkaError
+
+from shmq import _fast
+from shmq._fast import Batch, ProducerCore
+from shmq._fast._client_reference import (
+    PARTITIONERS,
+    RECORD_MAX_OVERHEAD,
+    TIMESTAMP_CREATE_TIME,
+    TIMESTAMP_LOG_APPEND_TIME,
+    as_bytes,
+    normalize_headers,
+    partition_for,
+)
+from shmq.client._common import Interceptors, Message, Serdes, kafka_exception
+from shmq.client.config import ClientConfig, invalid, resolve_callable
+from shmq.client.transport import local_data_dir
+
+ERR_PURGE_QUEUE = KafkaError._PURGE_QUEUE
+ERR_MSG_TIMED_OUT = KafkaError._MSG_TIMED_OUT
+METADATA_TIMEOUT_S = 10.0
+MAX_BATCH_BYTES = 2 << 20
+EAGER_CHECK_S = 0.001      # how often the linger thread looks for room in flight (linger.ms unset):
+#                            often enough for latency, seldom enough that batches amortise a send
+UNKNOWN_RETRY_S = 1.0      # how often metadata of an unknown topic is asked for again
+
+
+def _as_int(obj: Any) -> int:
+    return obj if type(obj) is int else operator.index(obj)
+
+
+def as_record_list(obj: Any, what: str) -> list[Any]:
+    """A list, a numpy array (fixed-width ``S`` bytes kept whole, trailing NULs included;
+    object arrays as they are) or a pyarrow array / chunked array, as a list."""
+    if type(obj) is list:
+        return obj
+    mod = type(obj).__module__
+    if mod.startswith("pyarrow"):
+        return obj.to_pylist()
+    if mod.startswith("numpy"):
+        if obj.ndim != 1:
+            raise ValueError(f"{what} must be one-dimensional")
+        if obj.dtype.kind == "S":
+            raw, w = obj.tobytes(), obj.itemsize
+            return [raw[i : i + w] for i in range(0, len(raw), w)]
+        return obj.tolist()
+    if isinstance(obj, (bytes, str)):
+        raise TypeError(f"{what} must be a sequence of records, not {type(obj).__name__}")
+    return list(obj)
+
+
+def _check_topic(topic: Any) -> str:
+    if type(topic) is not str:
+        raise TypeError(f"argument 1 must be str, not {type(topic).__name__}")
+    return topic
+
+
+class Producer:
+    """A Kafka producer with confluent-kafka's API (see the module docstring).
+
+    ``shmq.transport`` chooses: ``auto`` (shared memory when the broker is on this host),
+    ``shm`` or ``kafka``.  The object is a ``ShmProducer`` or a ``KafkaProducer``."""
+
+    transport = "?"
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Producer:
+        if cls is not Producer:
+            return super().__new__(cls)
+        if len(args) > 1:
+            raise TypeError("expected configuration dict")
+        config = ClientConfig(args[0] if args else {}, "producer", kwargs)
+        data_dir = local_data_dir(config)
+        impl = ShmProducer if data_dir is not None else KafkaProducer
+        obj: Producer = impl.__new__(impl)
+        obj._setup(config, data_dir)
+        return obj
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass  # set up by __new__ (_setup)
+
+    def _setup(self, config: ClientConfig, data_dir: Any) -> None:
+        raise NotImplementedError
+
+    # the API, as each transport provides it
+    def produce(self, topic: Any, value: Any = None, key: Any = None, partition: int = -1,
+                on_delivery: Any = None, timestamp: int = 0, headers: Any = None, *,
+                callback: Any = None) -> None:
+        raise NotImplementedError
+
+    def poll(self, timeout: float | None = None) -> int:
+        raise NotImplementedError
+
+    def flush(self, timeout: float | None = None) -> int:
+        raise NotImplementedError
+
+    def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None:
+        raise NotImplementedError
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def _common_setup(self, config: ClientConfig) -> None:
+        self.config = config
+        self.serdes = Serdes(config, "serializer")
+        self.interceptors = Interceptors(config)
+        spec = config.py.get("partitioner", config.py.get("partitioner.class"))
+        self.custom_partitioner: Callable[..., int] | None = resolve_callable(spec, "partitioner")
+        rd = config.rd
+        try:
+            rd.setdefault("enable.idempotence", config.idempotence())
+        except confluent_kafka.KafkaException:
+            pass  # a bad acks / max.in.flight value: librdkafka names it below
+        rd.setdefault("partitioner", "murmur2_random")  # Java's partitioner, not librdkafka's
+        self.closed = False
+
+    def _prepare(self, topic: Any, value: Any, key: Any, partition: Any, timestamp: Any,
+                 headers: Any) -> tuple[str, Any, Any, int, int, Any]:
+        """Interceptors' on_send and the serializers (the slow path of produce)."""
+        if self.interceptors:
+            msg = Message(topic, partition, -1, key, value, headers, None,
+                          (TIMESTAMP_CREATE_TIME, timestamp))
+            msg = self.interceptors.chain("on_send", msg)
+            topic, key, value, headers = msg.topic(), msg.key(), msg.value(), msg.headers()
+            partition = -1 if msg.partition() is None else msg.partition()
+            timestamp = msg.timestamp()[1]
+        if self.serdes.active:
+            key, value = self.serdes.apply(topic, key, value, headers)
+        return topic, value, key, partition, timestamp, headers
+
+    def _wrap_delivery(self, cb: Any) -> Any:
+        if not self.interceptors:
+            return cb
+        ack = self.interceptors
+
+        def delivered(err: Any, msg: Any) -> None:
+            ack.notify("on_acknowledgement", err, msg)
+            if cb is not None:
+                cb(err, msg)
+        return delivered
+
+    def produce_batch(self, topic: str, values: Any = None, keys: Any = None,
+                      partition: int | None = None, headers: Any = None,
+                      on_delivery: Any = None) -> int:
+        """Queue many records at once; returns how many were queued.
+
+        ``values`` (and ``keys``, the same length) are lists, numpy arrays or Arrow arrays;
+        ``partition`` sends them all to one partition (else each key's murmur2 partition, or one
+        sticky partition for keyless records); ``headers`` is one list of ``(key, value)`` for
+        every record.  confluent-kafka's form -- a list of dicts with ``value`` / ``key`` /
+        ``partition`` / ``timestamp`` / ``callback`` -- is accepted as well."""
+        if type(values) is list and values and type(values[0]) is dict:
+            n = 0
+            for m in values:
+                part = m.get("partition", -1 if partition is None else partition)
+                self.produce(topic, m.get("value"), m.get("key"), part,
+                             m.get("callback", on_delivery), m.get("timestamp", 0))
+                n += 1
+            return n
+        vals = as_record_list(values, "values")
+        ks = None if keys is None else as_record_list(keys, "keys")
+        if ks is not None and len(ks) != len(vals):
+            raise ValueError(f"{len(ks)} keys for {len(vals)} values")
+        part = -1 if partition is None else partition
+        for i, v in enumerate(vals):
+            self.produce(topic, v, None if ks is None else ks[i], part, on_delivery, 0, headers)
+        return len(vals)
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self, timeout: float | None = None) -> bool:
+        raise NotImplementedError
+
+
+class KafkaProducer(Producer):
+    """The remote transport: confluent-kafka's producer, with Java's partitioner and idempotence
+    defaults and shmq's Python-side keys (serializers, interceptors, a callable partitioner)."""
+
+    transport = "kafka"
+
+    def _setup(self, config: ClientConfig, data_dir: Any) -> None:
+        self._common_setup(config)
+        self._p = confluent_kafka.Producer(config.rd)
+        self._counts: dict[str, int] = {}
+
+    def produce(self, topic: Any, value: Any = None, key: Any = None, partition: int = -1,
+                on_delivery: Any = None, timestamp: int = 0, headers: Any = None, *,
+                callback: Any = None) -> None:
+        if self.closed:
+            raise RuntimeError("Producer has been closed")
+        _check_topic(topic)
+        partition, timestamp = _as_int(partition), _as_int(timestamp)
+        if self.interceptors or self.serdes.active:
+            topic, value, key, partition, timestamp, headers = self._prepare(
+                topic, value, key, partition, timestamp, headers)
+        if partition == -1 and self.custom_partitioner is not None:
+            n = self._partition_count(topic)
+            partition = self.custom_partitioner(as_bytes(key), list(range(n)), list(range(n)))
+        cb = on_delivery if on_delivery is not None else callback
+        cb = self._wrap_delivery(cb)
+        kw: dict[str, Any] = {}
+        if cb is not None:
+            kw["on_delivery"] = cb
+        if headers is not None:
+            kw["headers"] = headers
+        self._p.produce(topic, value, key, partition=partition, timestamp=timestamp, **kw)
+
+    def _partition_count(self, topic: str) -> int:
+        n = self._counts.get(topic)
+        if n is None:
+            md = self._p.list_topics(topic, timeout=METADATA_TIMEOUT_S).topics.get(topic)
+            if md is None or md.error is not None or not md.partitions:
+                raise kafka_exception(KafkaError._UNKNOWN_TOPIC)
+            n = self._counts[topic] = len(md.partitions)
+        return n
+
+    def poll(self, timeout: float | None = None) -> int:
+        if self.closed:
+            raise RuntimeError("Producer has been closed")
+        return self._p.poll(-1 if timeout is None else timeout)
+
+    def flush(self, timeout: float | None = None) -> int:
+        if self.closed:
+            raise RuntimeError("Producer has been closed")
+        return self._p.flush(-1 if timeout is None else timeout)
+
+    def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None:
+        self._p.purge(in_queue=in_queue, in_flight=in_flight, blocking=blocking)
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+        return self._p.list_topics(topic, timeout)
+
+    def __len__(self) -> int:
+        return len(self._p)
+
+    def __getattr__(self, name: str) -> Any:  # the rest of confluent-kafka's Producer
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._p, name)
+
+    def close(self, timeout: float | None = None) -> bool:
+        if self.closed:
+            return True
+        self.closed = True
+        done = self._p.close(-1 if timeout is None else timeout)  # type: ignore[call-arg]
+        self.interceptors.close()
+        return done
+
+
+class ShmProducer(Producer, ProducerCore):
+    """The local transport (see the module docstring)."""
+
+    transport = "shm"
+    produce = ProducerCore.produce  # the compiled common case, not the base's declaration
+
+    def _setup(self, config: ClientConfig, data_dir: Any) -> None:
+        from shmq.ipc.client import LocalBroker
+
+        self._common_setup(config)
+        self._meta = confluent_kafka.Producer(config.rd)  # validates every key; metadata
+        rd_partitioner = config.get_str("partitioner")
+        if rd_partitioner not in PARTITIONERS:
+            raise invalid("partitioner", rd_partitioner)
+        self._partitioner = PARTITIONERS[rd_partitioner]
+        self._linger = max(0.0, config.get_float("queue.buffering.max.ms")) / 1000.0
+        # linger.ms as the user set it is kept to the letter; by default a new batch of a
+        # partition with nothing in flight goes at once (see the module docstring)
+        self._eager = not config.given("queue.buffering.max.ms")
+        self._batch_records = max(1, config.get_int("batch.num.messages"))
+        # a batch is one ring entry: at most half the submit ring (4 MiB entries of 8 MiB)
+        self._batch_bytes = max(1, min(config.get_int("batch.size"), MAX_BATCH_BYTES))
+        self._max_messages = config.get_int("queue.buffering.max.messages")
+        self._max_bytes = config.get_int("queue.buffering.max.kbytes") * 1024
+        self._message_max = config.get_int("message.max.bytes")
+        self._acks = config.acks()
+        self._default_cb = config.rd.get("on_delivery", config.rd.get("delivery.report.callback"))
+        self._only_errors = config.get_bool("delivery.report.only.error")
+        idempotent = config.idempotence()
+        in_flight = config.get_int("max.in.flight.requests.per.connection")
+        self._broker = LocalBroker(
+            data_dir, idempotent=idempotent,
+            max_in_flight=max(1, min(in_flight, 5)) if idempotent else max(1, in_flight),
+            delivery_timeout=config.get_int("message.timeout.ms") / 1000.0,
+            retry_backoff=config.get_int("retry.backoff.ms") / 1000.0)
+        self._plain = not (self.interceptors or self.serdes.active)
+        self._counts: dict[str, int] = {}
+        self._unknown_until: dict[str, float] = {}
+        self._held: list[tuple] = []   # records to topics not known yet (deadline, args...)
+        self._message_timeout = config.get_int("message.timeout.ms") / 1000.0
+        self._open: dict[tuple[str, int], Batch] = {}
+        self._sticky: dict[str, tuple[int, int]] = {}  # partition, bytes left
+        self._reports: deque[tuple[Any, Any]] = deque()
+        self._queued = 0          # records not yet reported (len())
+        self._queued_bytes = 0
+        self._lock = threading.RLock()
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread = threading.Thread(target=self._linger_loop, name="shmq-producer-linger",
+                                        daemon=True)
+        self._thread.start()
+
+    # -- metadata ---------------------------------------------------------------------------
+
+    def _partition_count(self, topic: str) -> int:
+        n = self._counts.get(topic)
+        if n is not None:
+            return n
+        broker = self._broker
+        prefix = topic + "/"
+        n = sum(1 for k in broker._info.get("slots", {}) if k.startswith(prefix))
+        if not n:  # unknown here: ask (auto-creates when the broker allows it), then reload
+            if self._unknown_until.get(topic, 0.0) > time.monotonic():
+                return 0
+            md = self._meta.list_topics(topic, timeout=METADATA_TIMEOUT_S).topics.get(topic)
+            if md is None or md.error is not None or not md.partitions:
+                self._unknown_until[topic] = time.monotonic() + UNKNOWN_RETRY_S
+                return 0
+            n = len(md.partitions)
+            deadline = time.monotonic() + METADATA_TIMEOUT_S
+            while broker.slot_of(topic, n - 1) is None:  # broker.json catches up
+                if time.monotonic() > deadline:
+                    raise kafka_exception(KafkaError._UNKNOWN_TOPIC,
+                                          f"{topic} is not in the broker's slot directory")
+                time.sleep(0.01)
+        self._counts[topic] = n
+        return n
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+        """confluent-kafka's ``ClusterMetadata`` (from the broker, over the Kafka protocol)."""
+        md = self._meta.list_topics(topic, timeout)
+        for name, t in md.topics.items():
+            if t.error is None and t.partitions:
+                self._counts[name] = max(self._counts.get(name, 0), len(t.partitions))
+        return md
+
+    # -- produce ----------------------------------------------------------------------------
+
+    def _produce_slow(self, topic: Any, value: Any = None, key: Any = None,
+                      partition: int = -1, on_delivery: Any = None, timestamp: int = 0,
+                      headers: Any = None, callback: Any = None) -> None:
+        """``produce`` in full (``ProducerCore.produce`` takes the common case in C)."""
+        if self.closed:
+            raise RuntimeError("Producer has been closed")
+        if type(topic) is not str:
+            _check_topic(topic)
+        if type(partition) is not int:
+            partition = _as_int(partition)
+        if type(timestamp) is not int:
+            timestamp = _as_int(timestamp)
+        if not self._plain:
+            topic, value, key, partition, timestamp, headers = self._prepare(
+                topic, value, key, partition, timestamp, headers)
+        if type(value) is not bytes and value is not None:
+            value = as_bytes(value)
+        if type(key) is not bytes and key is not None:
+            key = as_bytes(key)
+        size = RECORD_MAX_OVERHEAD + (0 if value is None else len(value)) + (
+            0 if key is None else len(key))
+        if headers is not None:
+            headers = [(k.decode("utf-8", "replace"), v) for k, v in normalize_headers(headers)]
+            size += sum(10 + len(k) + (0 if v is None else len(v)) for k, v in headers) \
+                if headers else 0
+            if not headers:
+                headers = None
+        if size > self._message_max:
+            raise kafka_exception(KafkaError.MSG_SIZE_TOO_LARGE,
+                                  "Unable to produce message: Broker: Message size too large")
+        n = self._counts.get(topic)
+        if n is None:
+            n = self._partition_count(topic)
+            if n == 0:  # unknown: librdkafka keeps the record until message.timeout.ms
+                cb = on_delivery if on_delivery is not None else callback
+                self._hold_unknown(topic, partition, key, value, timestamp, headers, size,
+                                   self._wrap_delivery(cb if cb is not None else self._default_cb))
+                return
+        if partition == -1:
+            if self.custom_partitioner is not None:
+                partition = self.custom_partitioner(key, list(range(n)), list(range(n)))
+                if type(partition) is not int or not 0 <= partition < n:
+                    raise kafka_exception(KafkaError._UNKNOWN_PARTITION,
+                                          f"partitioner returned {partition!r}")
+            elif key is not None and self._partitioner == 0:  # murmur2_random, the default
+                partition = _fast.murmur2_partition(key, n)
+            else:
+                partition = partition_for(self._partitioner, key, n)
+                if partition < 0:
+                    partition = self._sticky_partition(topic, n, size)
+        elif not 0 <= partition < n:
+            raise kafka_exception(KafkaError._UNKNOWN_PARTITION,
+                                  "Unable to produce message: Local: Unknown partition")
+        if self._queued >= self._max_messages or self._queued_bytes + size > self._max_bytes:
+            raise BufferError("Local: Queue full")
+        if timestamp == 0:
+            timestamp = time.time_ns() // 1_000_000
+        cb = on_delivery if on_delivery is not None else callback
+        if cb is None:
+            cb = self._default_cb
+        if not self._plain and self.interceptors:
+            cb = self._wrap_delivery(cb)
+        with self._lock:
+            self._append((topic, partition), key, value, timestamp, size, cb, headers)
+
+    def _append(self, k: tuple[str, int], key: Any, value: Any, timestamp: int, size: int,
+                cb: Any, headers: Any = None) -> None:
+        """The record into its partition's open batch, which may go at once (lock held)."""
+        topic, partition = k
+        got = self._open.get(k)
+        fresh = got is None
+        if got is None:
+            batch = self._open[k] = Batch(time.monotonic())
+        elif (got.prebuilt is not None or got.count() >= self._batch_records
+              or got.nbytes + size > self._batch_bytes):
+            batch = got
+            self._send(k, batch)
+            batch = self._open[k] = Batch(time.monotonic())
+            fresh = True
+        else:
+            batch = got
+        batch.append(key, value, timestamp, headers, cb)
+        batch.nbytes += size
+        self._queued += 1
+        self._queued_bytes += size
+        if batch.count() >= self._batch_records or batch.nbytes >= self._batch_bytes:
+            self._send(k, batch)
+        elif fresh and self._eager:
+            broker = self._broker
+            broker.poll(0)
+            if broker.can_send(topic, partition):
+                self._send(k, batch)  # room in flight: a lone record does not linger
+            else:
+                self._wake.set()
+        elif fresh:
+            self._wake.set()
+
+    def _hold_unknown(self, topic: str, partition: int, key: Any, value: Any, timestamp: int,
+                      headers: Any, size: int, cb: Any) -> None:
+        """A record to a topic the broker does not know: kept (counted by ``len``) until the
+        topic appears or ``message.timeout.ms`` passes, then reported ``_MSG_TIMED_OUT``, as
+        librdkafka does."""
+        if self._queued >= self._max_messages or self._queued_bytes + size > self._max_bytes:
+            raise BufferError("Local: Queue full")
+        with self._lock:
+            self._held.append((time.monotonic() + self._message_timeout, topic, partition, key,
+                               value, timestamp, headers, size, cb))
+            self._queued += 1
+            self._queued_bytes += size
+
+    def _retry_held(self) -> None:
+        if not self._held:
+            return
+        held, self._held = self._held, []
+        now = time.monotonic()
+        for item in held:
+            deadline, topic, partition, key, value, ts, hdrs, size, cb = item
+            if self._partition_count(topic) or self._counts.get(topic):
+                with self._lock:
+                    self._queued -= 1
+                    self._queued_bytes -= size
+                self.produce(topic, value, key, partition, cb, ts, hdrs)
+            elif now >= deadline:
+                with self._lock:
+                    self._queued_bytes -= size
+                    self._reports.append((cb, Message(topic, partition, -1001, key, value, None,
+                                                      KafkaError(ERR_MSG_TIMED_OUT),
+                                                      (TIMESTAMP_CREATE_TIME, ts))))
+            else:
+                self._held.append(item)
+
+    def _sticky_partition(self, topic: str, n: int, size: int) -> int:
+        """Keyless records stick to one partition until ``batch.size`` bytes went to it, then
+        move to another (Java's ``BuiltInPartitioner``, KIP-794; librdkafka switches on a timer,
+        ``sticky.partitioning.linger.ms``, which a busy machine makes erratic)."""
+        import random
+
+        cur = self._sticky.get(topic)
+        if cur is not None and cur[1] > 0 and cur[0] < n:
+            self._sticky[topic] = (cur[0], cur[1] - size)
+            return cur[0]
+        p = random.randrange(n) if cur is None or n == 1 else \
+            (cur[0] + 1 + random.randrange(n - 1)) % n
+        self._sticky[topic] = (p, self._batch_bytes - size)
+        return p
+
+    def _send(self, k: tuple[str, int], batch: Batch) -> None:
+        """Seal the open batch of ``k`` and hand it to the ring (lock held)."""
+        if self._open.get(k) is batch:
+            del self._open[k]
+        topic, partition = k
+        records, reports = batch.records(), batch.reports()
+        nbytes = batch.nbytes
+
+        def answered(result: Any) -> None:
+            self._answered(result, records, reports, nbytes)
+
+        try:
+            self._broker.send_batch(topic, partition, records, acks=self._acks,
+                                    timeout=max(self._linger, 1.0), on_delivery=answered)
+        except BufferError:  # the ring stayed full: keep the batch open, it goes later
+            self._open.setdefault(k, batch)
+            self._wake.set()
+        except Exception:  # not sent and never to be answered: not queued any more
+            self._queued -= len(records)
+            self._queued_bytes -= nbytes
+            raise
+
+    def _answered(self, result: Any, records: list, reports: list | None, nbytes: int) -> None:
+        code = result.error_code
+        if reports is None:
+            self._queued -= len(records)
+            self._queued_bytes -= nbytes
+            return
+        err = None if not code else KafkaError(code, result.error_message or None) \
+            if result.error_message else KafkaError(code)
+        if result.log_append_time >= 0:
+            stamp_type, fixed = TIMESTAMP_LOG_APPEND_TIME, result.log_append_time
+        else:
+            stamp_type, fixed = TIMESTAMP_CREATE_TIME, -1
+        base = result.base_offset
+        topic, partition = result.topic, result.partition
+        out = self._reports
+        for i, r in enumerate(reports):
+            if r is None:
+                out.append((None, len(records[i][1] or b"")))
+                continue
+            cb, key, value, ts, hdrs = r
+            if err is None and self._only_errors:
+                out.append((None, 0))
+                continue
+            msg = Message(topic, partition, base + i if base >= 0 and not code else -1001,
+                          key, value, None, err,  # librdkafka's reports carry no headers
+                          (stamp_type, fixed if fixed >= 0 else ts))
+            out.append((cb, msg))
+        self._queued_bytes -= nbytes
+        # the records without reports are counted down when poll() reaches them (in order)
+
+    def produce_batch(self, topic: str, values: Any = None, keys: Any = None,
+                      partition: int | None = None, headers: Any = None,
+                      on_delivery: Any = None) -> int:
+        if (self.closed or (type(values) is list and values and type(values[0]) is dict)
+                or self.interceptors or self.serdes.active or on_delivery is not None
+                or self._default_cb is not None or headers is not None):
+            return super().produce_batch(topic, values, keys, partition, headers, on_delivery)
+        _check_topic(topic)
+        vals = as_record_list(values, "values")
+        ks = None if keys is None else as_record_list(keys, "keys")
+        count = len(vals)
+        if not count:
+            return 0
+        if ks is not None and len(ks) != count:
+            raise ValueError(f"{len(ks)} keys for {count} values")
+        if not all(type(v) is bytes or v is None for v in vals) or (
+                ks is not None and not all(type(k) is bytes or k is None for k in ks)):
+            return super().produce_batch(topic, vals, ks, partition, headers, on_delivery)
+        longest = max(len(v) for v in vals if v is not None) if any(
+            v is not None for v in vals) else 0
+        if ks is not None:
+            longest += max((len(k) for k in ks if k is not None), default=0)
+        if RECORD_MAX_OVERHEAD + longest > self._message_max:
+            raise kafka_exception(KafkaError.MSG_SIZE_TOO_LARGE,
+                                  "Unable to produce message: Broker: Message size too large")
+        n = self._counts.get(topic) or self._partition_count(topic)
+        if not n:
+            raise kafka_exception(KafkaError._UNKNOWN_TOPIC,
+                                  f"Unable to produce messages: {topic} is unknown")
+        nbytes = RECORD_MAX_OVERHEAD * count + sum(len(v) for v in vals if v is not None)
+        if (self._queued + count > self._max_messages
+                or self._queued_bytes + nbytes > self._max_bytes):
+            raise BufferError("Local: Queue full")
+        groups: dict[int, list[int]] | None = None
+        if partition is not None and partition != -1:
+            part = _as_int(partition)
+            if not 0 <= part < n:
+                raise kafka_exception(KafkaError._UNKNOWN_PARTITION,
+                                      "Unable to produce message: Local: Unknown partition")
+        elif ks is not None and self.custom_partitioner is None:
+            murmur = _fast.murmur2_partition
+            sticky = -1
+            groups = {}
+            for i, k in enumerate(ks):
+                if k is None:
+                    if sticky < 0:
+                        sticky = self._sticky_partition(topic, n, nbytes // count)
+                    p = sticky
+                else:
+                    p = murmur(k, n)
+                groups.setdefault(p, []).append(i)
+            part = -1
+        elif ks is not None:
+            return super().produce_batch(topic, vals, ks, partition, headers, on_delivery)
+        else:
+            part = self._sticky_partition(topic, n, nbytes)
+        now = time.time_ns() // 1_000_000
+        step = self._batch_records
+        with self._lock:
+            plan: list[tuple[int, list[Any]]] = []
+            if groups is None:
+                if ks is not None:
+                    recs = [(ks[i], vals[i]) for i in range(count)]
+                elif any(v is None for v in vals):  # a bare record is bytes; None needs a tuple
+                    recs = [(None, v) for v in vals]
+                else:
+                    recs = vals
+                plan.append((part, recs))
+            else:
+                assert ks is not None
+                for p, idx in groups.items():
+                    plan.append((p, [(ks[i], vals[i], now) for i in idx]))
+            self._queued += count
+            self._queued_bytes += nbytes
+            for p, recs in plan:
+                k = (topic, p)
+                open_batch = self._open.get(k)
+                if open_batch is not None:  # earlier records go first
+                    self._send(k, open_batch)
+                per = nbytes // count if count else 0
+                for at in range(0, len(recs), step):
+                    chunk = recs[at : at + step]
+                    batch = Batch(time.monotonic())
+                    batch.prebuilt = chunk
+                    batch.nbytes = per * len(chunk)
+                    self._send(k, batch)
+        return count
+
+    # -- reports ----------------------------------------------------------------------------
+
+    def _serve(self) -> int:
+        served = 0
+        while True:
+            with self._lock:
+                if not self._reports:
+                    return served
+                cb, msg = self._reports.popleft()
+                self._queued -= 1
+            if cb is not None:
+                cb(msg.error(), msg)
+                served += 1
+
+    def poll(self, timeout: float | None = None) -> int:
+        """Serve delivery reports; waits up to ``timeout`` seconds for one (None or negative:
+        without a limit).  Returns how many callbacks ran."""
+        if self.closed:
+            raise RuntimeError("Producer has been closed")
+        t = -1.0 if timeout is None else float(timeout)
+        deadline = time.monotonic() + t if t >= 0 else float("inf")
+        while True:
+            self._retry_held()
+            with self._lock:
+                self._broker.poll(0)
+            served = self._serve()
+            if served:
+                return served
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return 0
+            with self._lock:
+                if self._queued and self._broker.flush(0):
+                    self._broker.poll(min(left, 0.005))
+                    continue
+            time.sleep(min(left, 0.005) if self._queued else min(left, 0.05))
+
+    def flush(self, timeout: float | None = None) -> int:
+        """Send every open batch and wait for every report; returns how many records are still
+        unreported (confluent-kafka's ``flush``)."""
+        if self.closed:
+            raise RuntimeError("Producer has been closed")
+        t = -1.0 if timeout is None else float(timeout)
+        deadline = time.monotonic() + t if t >= 0 else float("inf")
+        with self._lock:
+            for k, batch in list(self._open.items()):
+                self._send(k, batch)
+        while True:
+            self._retry_held()
+            with self._lock:
+                self._broker.poll(0)
+                for k, batch in list(self._open.items()):  # refused by a full ring before
+                    if self._broker.can_send(*k):
+                        self._send(k, batch)
+            self._serve()
+            if not self._queued:
+                return 0
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return self._queued
+            with self._lock:
+                self._broker.poll(min(left, 0.005))
+
+    def __len__(self) -> int:
+        return self._queued
+
+    def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None:
+        """Records not yet sent are reported with ``_PURGE_QUEUE`` on the next ``poll``.
+        Batches already in the ring cannot be taken back: they are reported as the broker
+        answers them (librdkafka reports them ``_PURGE_INFLIGHT`` though they may be written)."""
+        if not in_queue:
+            return
+        with self._lock:
+            err = KafkaError(ERR_PURGE_QUEUE)
+            for (topic, partition), batch in list(self._open.items()):
+                reports = batch.reports()
+                for i, rec in enumerate(batch.records()):
+                    key, value, ts = (None, rec, 0) if type(rec) is bytes else rec[:3]
+                    hdrs = rec[3] if type(rec) is tuple and len(rec) > 3 else None
+                    r = reports[i] if reports is not None else None
+                    cb = r[0] if r is not None else None
+                    self._reports.append((cb, Message(topic, partition, -1001, key, value, hdrs,
+                                                      err, (TIMESTAMP_CREATE_TIME, ts))))
+                self._queued_bytes -= batch.nbytes
+            self._open.clear()
+
+    # -- linger -----------------------------------------------------------------------------
+
+    def _linger_loop(self) -> None:
+        """Send open batches whose linger passed (and, by default, any as soon as its partition
+        may send: fewer than max.in.flight unanswered) while the caller is busy elsewhere."""
+        while not self._stop:
+            self._wake.wait(1.0)
+            self._wake.clear()  # before looking: a batch opened from now on sets it again
+            while not self._stop:
+                with self._lock:
+                    self._broker.poll(0)
+                    now = time.monotonic()
+                    due = None
+                    for k, batch in list(self._open.items()):
+                        ready = self._eager or now - batch.opened >= self._linger
+                        if ready and self._broker.can_send(*k):
+                            self._send(k, batch)
+                        else:
+                            at = now + EAGER_CHECK_S if self._eager else \
+                                batch.opened + self._linger
+                            due = at if due is None else min(due, at)
+                if due is None:
+                    break
+                time.sleep(max(0.0001, min(due - time.monotonic(), 0.1)))
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Flush (up to ``timeout``), stop the linger thread and detach; True when every
+        record was reported (confluent-kafka's ``close``)."""
+        if self.closed:
+            return True
+        left = self.flush(timeout)
+        self._stop = True
+        self._wake.set()
+        self._thread.join()
+        self.closed = True
+        with self._lock:
+            self._broker.close(timeout=0 if left else 5.0)
+        self._meta.close(0)  # type: ignore[call-arg]
+        self.interceptors.close()
+        return not left
+
+    def __del__(self) -> None:
+        wake = getattr(self, "_wake", None)
+        if wake is not None and not self.closed:
+            self._stop = True
+            wake.set()

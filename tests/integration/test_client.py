@@ -1,0 +1,807 @@
+"""shmq.Producer / Consumer / AdminClient (issue 15): one test module, three clients.
+
+Every test runs against ``shmq.*`` over shared memory (``shm``), ``shmq.*`` over TCP
+(``kafka``: confluent-kafka underneath) and ``confluent_kafka.*`` itself (``confluent``), on a
+real broker, and asserts the same results for all three.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import confluent_kafka
+import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from conftest import RunningBroker, start_broker
+from kafka.partitioner.default import murmur2 as kafka_python_murmur2
+
+import shmq
+from shmq.client.consumer import ShmConsumer
+from shmq.client.producer import ShmProducer
+
+TRANSPORTS = ["shm", "kafka", "confluent"]
+PARTITIONS = 3
+
+
+@pytest.fixture(scope="module")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningBroker]:
+    b = start_broker(tmp_path_factory.mktemp("client") / "data", "--override",
+                     f"num.partitions={PARTITIONS}", "--override",
+                     "group.initial.rebalance.delay.ms=0")
+    try:
+        yield b
+    finally:
+        assert b.stop() == 0, b.log_path.read_text()
+
+
+class Clients:
+    """Makes producers and consumers of one transport, and closes them at the end."""
+
+    def __init__(self, transport: str, bootstrap: str) -> None:
+        self.transport = transport
+        self.bootstrap = bootstrap
+        self.made: list[Any] = []
+
+    def conf(self, extra: dict[str, Any]) -> dict[str, Any]:
+        conf = {"bootstrap.servers": self.bootstrap, **extra}
+        if self.transport == "confluent":
+            conf.setdefault("partitioner", "murmur2_random")  # Java's, as shmq's default
+        else:
+            conf["shmq.transport"] = self.transport
+        return conf
+
+    def producer(self, **extra: Any) -> Any:
+        cls = confluent_kafka.Producer if self.transport == "confluent" else shmq.Producer
+        p = cls(self.conf(extra))
+        if self.transport == "shm":
+            assert isinstance(p, ShmProducer)
+        self.made.append(p)
+        return p
+
+    def consumer(self, **extra: Any) -> Any:
+        extra.setdefault("auto.offset.reset", "earliest")
+        cls = confluent_kafka.Consumer if self.transport == "confluent" else shmq.Consumer
+        c = cls(self.conf(extra))
+        if self.transport == "shm":
+            assert isinstance(c, ShmConsumer)
+        self.made.append(c)
+        return c
+
+    def close(self) -> None:
+        for c in reversed(self.made):
+            try:
+                c.close()
+            except RuntimeError:
+                pass  # closed by the test
+
+
+@pytest.fixture(params=TRANSPORTS)
+def clients(request: pytest.FixtureRequest, kafka: RunningBroker) -> Iterator[Clients]:
+    c = Clients(request.param, kafka.bootstrap)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+_topic_seq = iter(range(1_000_000))
+
+
+def new_topic(clients: Clients, partitions: int = PARTITIONS) -> str:
+    name = f"t{next(_topic_seq)}-{clients.transport}"
+    admin = shmq.AdminClient({"bootstrap.servers": clients.bootstrap})
+    fut = admin.create_topics([confluent_kafka.admin.NewTopic(name, partitions, 1)])[name]
+    fut.result(10)
+    return name
+
+
+def drain(consumer: Any, want: int, timeout: float = 20.0) -> list[Any]:
+    out: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < want and time.monotonic() < deadline:
+        m = consumer.poll(0.5)
+        if m is None:
+            continue
+        assert m.error() is None, m.error()
+        out.append(m)
+    return out
+
+
+def view(m: Any) -> tuple:
+    return (m.topic(), m.partition(), m.offset(), m.key(), m.value(), m.headers(),
+            m.timestamp())
+
+
+# -- producing --------------------------------------------------------------------------------
+
+def test_round_trip_and_delivery_reports(clients: Clients) -> None:
+    topic = new_topic(clients)
+    p = clients.producer()
+    p.list_topics(topic, timeout=10)  # metadata known: keyless records go sticky at once
+    p.produce(topic, b"warm-up", partition=0)  # connections / rings attached
+    assert p.flush(10) == 0
+    reports: list[tuple] = []
+    sent = []
+    for i in range(30):
+        key = None if i % 3 == 0 else f"k{i}".encode()
+        headers = [("h", f"{i}".encode()), ("n", None)] if i % 2 else None
+        ts = 1_700_000_000_000 + i
+        p.produce(topic, f"v{i}".encode(), key, timestamp=ts, headers=headers,
+                  on_delivery=lambda e, m: reports.append((e, m)))
+        sent.append((key, f"v{i}".encode(), headers, ts))
+    assert 0 < len(p) <= 30
+    assert p.flush(10) == 0
+    assert len(p) == 0
+    assert len(reports) == 30
+    assert all(e is None for e, _ in reports)
+    by_value = {m.value(): m for _, m in reports}
+    for key, value, _, ts in sent:
+        m = by_value[value]
+        assert (m.topic(), m.key(), m.timestamp()) == (topic, key, (1, ts))
+        assert m.offset() is not None and m.offset() >= 0
+        if key is not None:
+            assert m.partition() == (kafka_python_murmur2(key) & 0x7FFFFFFF) % PARTITIONS
+    # keyless records stick to one partition (librdkafka's stickiness is timed: 10 ms, which a
+    # busy machine can cross; shmq's moves after batch.size bytes, as Java's)
+    keyless = {by_value[v].partition() for k, v, _, _ in sent if k is None}
+    assert len(keyless) == 1 if clients.transport == "shm" else len(keyless) <= 2
+    # offsets are dense per partition
+    per: dict[int, list[int]] = {}
+    for _, m in reports:
+        per.setdefault(m.partition(), []).append(m.offset())
+    for part, offs in per.items():
+        first = 1 if part == 0 else 0  # after the warm-up record
+        assert sorted(offs) == list(range(first, first + len(offs)))
+
+    c = clients.consumer(**{"group.id": f"g-{topic}"})
+    c.subscribe([topic])
+    got = [m for m in drain(c, 31) if m.value() != b"warm-up"]
+    assert len(got) == 30
+    want = {(by_value[v].partition(), by_value[v].offset()): (key, v, h, ts)
+            for key, v, h, ts in sent}
+    for m in got:
+        key, v, h, ts = want[(m.partition(), m.offset())]
+        assert (m.key(), m.value(), m.timestamp()) == (key, v, (1, ts))
+        assert m.headers() == (h if h else None)
+
+
+def test_str_values_and_headers_forms(clients: Clients) -> None:
+    topic = new_topic(clients, 1)
+    p = clients.producer()
+    p.produce(topic, "unicode ✓", "ключ", headers={"a": "b", "c": b"\x00"})
+    p.produce(topic, None, b"")          # a tombstone with an empty key
+    p.produce(topic, b"", None)
+    assert p.flush(10) == 0
+    c = clients.consumer(**{"group.id": f"g-{topic}"})
+    c.assign([TopicPartition(topic, 0, 0)])
+    got = [(m.key(), m.value(), m.headers()) for m in drain(c, 3)]
+    assert got == [("ключ".encode(), "unicode ✓".encode(), [("a", b"b"), ("c", b"\x00")]),
+                   (b"", None, None), (None, b"", None)]
+
+
+def test_produce_argument_errors(clients: Clients) -> None:
+    topic = new_topic(clients, 2)
+    p = clients.producer()
+    p.list_topics(topic, timeout=10)  # librdkafka checks partitions of topics it knows
+    with pytest.raises(TypeError):
+        p.produce(123, b"x")
+    with pytest.raises(TypeError):
+        p.produce(topic, 12.5)
+    with pytest.raises(TypeError):
+        p.produce(topic, b"x", headers=5)
+    with pytest.raises(KafkaException) as exc:
+        p.produce(topic, b"x" * 2_000_000)
+    assert exc.value.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE
+    with pytest.raises(KafkaException) as exc:
+        p.produce(topic, b"x", partition=7)
+    assert exc.value.args[0].code() == KafkaError._UNKNOWN_PARTITION
+    assert p.flush(5) == 0 and len(p) == 0   # nothing half-sent
+
+
+def test_buffer_full_raises_buffer_error(clients: Clients) -> None:
+    topic = new_topic(clients, 1)
+    p = clients.producer(**{"queue.buffering.max.messages": 10, "linger.ms": 1000})
+    for i in range(10):
+        p.produce(topic, b"x%d" % i)
+    with pytest.raises(BufferError):
+        p.produce(topic, b"one too many")
+    assert p.flush(10) == 0
+    p.produce(topic, b"room again")
+    assert p.flush(10) == 0
+
+
+def test_closed_producer(clients: Clients) -> None:
+    topic = new_topic(clients, 1)
+    p = clients.producer()
+    p.produce(topic, b"x")
+    assert p.close() is True
+    with pytest.raises(RuntimeError):
+        p.produce(topic, b"y")
+    with pytest.raises(RuntimeError):
+        p.flush(1)
+
+
+def test_bad_config(clients: Clients) -> None:
+    for bad, needle in (({"foo.bar": 1}, 'No such configuration property: "foo.bar"'),
+                        ({"linger.ms": "abc"}, "queue.buffering.max.ms"),
+                        ({"acks": "x"}, "request.required.acks"),
+                        ({"enable.idempotence": "maybe"}, "enable.idempotence")):
+        with pytest.raises(KafkaException) as exc:
+            clients.producer(**bad)
+        assert exc.value.args[0].code() == KafkaError._INVALID_ARG
+        assert needle in exc.value.args[0].str()
+    with pytest.raises(KafkaException) as exc:
+        clients.consumer(**{"group.id": "g", "session.timeout.ms": "soon"})
+    assert exc.value.args[0].code() == KafkaError._INVALID_ARG
+    with pytest.raises(TypeError):
+        (shmq.Producer if clients.transport != "confluent" else confluent_kafka.Producer)(5)
+
+
+def test_purge(clients: Clients) -> None:
+    topic = new_topic(clients, 1)
+    p = clients.producer(**{"linger.ms": 60_000})
+    p.produce(topic, b"first")
+    p.flush(10)
+    errs: list[Any] = []
+    for i in range(5):
+        p.produce(topic, b"q%d" % i, on_delivery=lambda e, m: errs.append(e))
+    p.purge(in_flight=False)
+    p.poll(1)
+    assert p.flush(5) == 0
+    assert [e.code() for e in errs] == [KafkaError._PURGE_QUEUE] * 5
+
+
+def test_list_topics(clients: Clients) -> None:
+    topic = new_topic(clients, 2)
+    md = clients.producer().list_topics(topic, timeout=10)
+    assert sorted(md.topics[topic].partitions) == [0, 1]
+
+
+# -- consuming --------------------------------------------------------------------------------
+
+def produce_n(clients: Clients, topic: str, n: int, partition: int = 0) -> None:
+    p = clients.producer()
+    for i in range(n):
+        p.produce(topic, b"m%d" % i, partition=partition)
+    assert p.flush(10) == 0
+
+
+def test_commit_position_seek_committed(clients: Clients) -> None:
+    topic = new_topic(clients, 1)
+    produce_n(clients, topic, 20)
+    tp = TopicPartition(topic, 0)
+    c = clients.consumer(**{"group.id": f"g-{topic}", "enable.auto.commit": False})
+    c.assign([TopicPartition(topic, 0, 0)])
+    got = drain(c, 5)
+    assert [m.offset() for m in got] == [0, 1, 2, 3, 4]
+    assert c.position([tp])[0].offset == 5
+    c.commit(message=got[2], asynchronous=False)
+    assert c.committed([tp], timeout=10)[0].offset == 3
+    c.commit(asynchronous=False)
+    assert c.committed([tp], timeout=10)[0].offset == 5
+    c.seek(TopicPartition(topic, 0, 12))
+    assert [m.offset() for m in drain(c, 2)] == [12, 13]
+    c.commit(offsets=[TopicPartition(topic, 0, 17)], asynchronous=False)
+    assert c.committed([tp], timeout=10)[0].offset == 17
+    assert c.get_watermark_offsets(tp, timeout=10) == (0, 20)
+    c.close()
+    # a new member of the group resumes at the committed offset exactly
+    c2 = clients.consumer(**{"group.id": f"g-{topic}"})
+    c2.subscribe([topic])
+    assert [m.offset() for m in drain(c2, 3)] == [17, 18, 19]
+
+
+def test_consume_batch_and_pause(clients: Clients) -> None:
+    topic = new_topic(clients, 2)
+    produce_n(clients, topic, 10, partition=0)
+    produce_n(clients, topic, 10, partition=1)
+    c = clients.consumer(**{"group.id": f"g-{topic}"})
+    c.assign([TopicPartition(topic, 0, 0), TopicPartition(topic, 1, 0)])
+    c.pause([TopicPartition(topic, 1)])
+    got: list[Any] = []
+    deadline = time.monotonic() + 20
+    while len(got) < 10 and time.monotonic() < deadline:
+        got += [m for m in c.consume(10, 0.5) if m.error() is None]
+    assert [(m.partition(), m.offset()) for m in got] == [(0, i) for i in range(10)]
+    assert c.consume(5, 0.3) == []  # partition 1 paused, 0 drained
+    c.resume([TopicPartition(topic, 1)])
+    got = []
+    deadline = time.monotonic() + 20
+    while len(got) < 10 and time.monotonic() < deadline:
+        got += [m for m in c.consume(10, 0.5) if m.error() is None]
+    assert [(m.partition(), m.offset()) for m in got] == [(1, i) for i in range(10)]
+
+
+def test_auto_offset_reset_latest(clients: Clients) -> None:
+    topic = new_topic(clients, 1)
+    produce_n(clients, topic, 5)
+    c = clients.consumer(**{"group.id": f"g-{topic}", "auto.offset.reset": "latest"})
+    c.subscribe([topic])
+    assert drain(c, 1, timeout=3) == []
+    produce_n(clients, topic, 2)
+    assert [m.value() for m in drain(c, 2)] == [b"m0", b"m1"]
+
+
+def test_rebalance_callbacks_and_auto_commit(clients: Clients) -> None:
+    topic = new_topic(clients, 2)
+    produce_n(clients, topic, 6, partition=0)
+    produce_n(clients, topic, 6, partition=1)
+    group = f"g-{topic}"
+    events: list[tuple[str, str, list[int]]] = []
+
+    def cbs(name: str) -> dict[str, Any]:
+        def on_assign(consumer: Any, parts: list[TopicPartition]) -> None:
+            assert consumer is c1 or consumer is c2
+            events.append((name, "assign", sorted(p.partition for p in parts)))
+
+        def on_revoke(consumer: Any, parts: list[TopicPartition]) -> None:
+            events.append((name, "revoke", sorted(p.partition for p in parts)))
+        return {"on_assign": on_assign, "on_revoke": on_revoke}
+
+    c1 = clients.consumer(**{"group.id": group, "auto.commit.interval.ms": 100})
+    c2 = None
+    c1.subscribe([topic], **cbs("c1"))
+    assert len(drain(c1, 12)) == 12
+    assert ("c1", "assign", [0, 1]) in events
+    c1.poll(0.2)  # commit-on-the-next-poll: the last records are stored now
+    c2 = clients.consumer(**{"group.id": group})
+    c2.subscribe([topic], **cbs("c2"))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any(e[:2] == ("c2", "assign") and e[2]
+                                                  for e in events):
+        c1.poll(0.1)
+        c2.poll(0.1)
+    assert ("c1", "revoke", [0, 1]) in events
+    assert any(e[:2] == ("c2", "assign") and len(e[2]) == 1 for e in events)
+    # the revoked partitions were committed: the new owner starts after the consumed records
+    produce_n(clients, topic, 1, partition=0)
+    produce_n(clients, topic, 1, partition=1)
+    seen = []
+    deadline = time.monotonic() + 20
+    while len(seen) < 2 and time.monotonic() < deadline:
+        for c in (c1, c2):
+            m = c.poll(0.1)
+            if m is not None and m.error() is None:
+                seen.append((m.partition(), m.offset()))
+    assert sorted(seen) == [(0, 6), (1, 6)]
+
+
+def test_unknown_topic_without_auto_create(tmp_path: Path) -> None:
+    b = start_broker(tmp_path / "data", "--override", "auto.create.topics.enable=false")
+    try:
+        for transport in TRANSPORTS:
+            made = Clients(transport, b.bootstrap)
+            try:
+                p = made.producer(**{"message.timeout.ms": 1500})
+                errs: list[Any] = []
+                p.produce("absent", b"x", on_delivery=lambda e, m, errs=errs: errs.append(e))
+                assert len(p) == 1
+                assert p.flush(10) == 0
+                assert [e.code() for e in errs] == [KafkaError._MSG_TIMED_OUT], transport
+            finally:
+                made.close()
+    finally:
+        assert b.stop() == 0
+
+
+# -- partitioning -----------------------------------------------------------------------------
+
+KAFKA_MURMUR2_VECTORS = {  # Kafka's UtilsTest.testMurmur2
+    b"21": -973932308,
+    b"foobar": -790332482,
+    b"a-little-bit-long-string": -985981536,
+    b"a-little-bit-longer-string": -1486304829,
+    b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971,
+    b"abc": 479470107,
+}
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_murmur2_matches_kafka(pure: bool) -> None:
+    import random
+
+    from shmq import _fast
+    from shmq._fast import _client_reference
+
+    mod = _client_reference if pure else _fast
+    for key, want in KAFKA_MURMUR2_VECTORS.items():
+        assert mod.murmur2(key) == want
+    rng = random.Random(15)
+    n = 100_000 if not pure else 10_000
+    for i in range(n):
+        kind = i % 3
+        if kind == 0:
+            key = rng.randbytes(rng.randrange(0, 64))
+        elif kind == 1:
+            key = b""
+        else:
+            key = "".join(chr(rng.randrange(0x20, 0x2FFF)) for _ in range(rng.randrange(1, 12))
+                          ).encode("utf-8")
+        count = rng.randrange(1, 200)
+        want = (kafka_python_murmur2(key) & 0x7FFFFFFF) % count
+        assert mod.murmur2_partition(key, count) == want
+
+
+def test_custom_partitioner(clients: Clients) -> None:
+    if clients.transport == "confluent":
+        pytest.skip("confluent-kafka takes no Python partitioner")
+    topic = new_topic(clients)
+    calls: list[Any] = []
+
+    def last(key: bytes | None, all_partitions: list[int], available: list[int]) -> int:
+        calls.append(key)
+        return all_partitions[-1]
+
+    p = clients.producer(partitioner=last)
+    parts: list[int] = []
+    p.produce(topic, b"v", b"k", on_delivery=lambda e, m: parts.append(m.partition()))
+    assert p.flush(10) == 0
+    assert parts == [PARTITIONS - 1] and calls == [b"k"]
+
+
+# -- serializers, interceptors, admin ---------------------------------------------------------
+
+class CountingInterceptor:
+    def __init__(self) -> None:
+        self.sent = self.acked = self.consumed = self.closed = 0
+
+    def on_send(self, msg: Any) -> Any:
+        self.sent += 1
+        return msg
+
+    def on_acknowledgement(self, err: Any, msg: Any) -> None:
+        self.acked += 1
+
+    def on_consume(self, msgs: list[Any]) -> list[Any]:
+        self.consumed += len(msgs)
+        return msgs
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def test_serializers_and_interceptors(clients: Clients) -> None:
+    if clients.transport == "confluent":
+        pytest.skip("serializers and interceptors are shmq's Python-side keys")
+    from shmq.client.serialization import (
+        IntegerSerializer,
+        JSONDeserializer,
+        JSONSerializer,
+    )
+
+    topic = new_topic(clients, 1)
+    icp = CountingInterceptor()
+    p = clients.producer(**{"key.serializer": IntegerSerializer(),
+                            "value.serializer": JSONSerializer(),
+                            "interceptor.classes": [icp]})
+    p.produce(topic, {"a": [1, 2]}, 7)
+    p.produce(topic, None, 8)
+    assert p.flush(10) == 0
+    assert (icp.sent, icp.acked) == (2, 2)
+    c = clients.consumer(**{"group.id": f"g-{topic}",
+                            "key.deserializer":
+                                "org.apache.kafka.common.serialization.IntegerDeserializer",
+                            "value.deserializer": JSONDeserializer,
+                            "interceptor.classes": [icp]})
+    c.assign([TopicPartition(topic, 0, 0)])
+    got = [(m.key(), m.value()) for m in drain(c, 2)]
+    assert got == [(7, {"a": [1, 2]}), (8, None)]
+    assert icp.consumed == 2
+    with pytest.raises(confluent_kafka.error.ValueSerializationError):
+        p.produce(topic, {1, 2})  # a set is not JSON
+    with pytest.raises(KafkaException) as exc:
+        clients.producer(**{"value.serializer": "no.such.module.Serializer"})
+    assert "value.serializer" in exc.value.args[0].str()
+
+
+def test_admin_client(kafka: RunningBroker) -> None:
+    from confluent_kafka.admin import NewPartitions, NewTopic
+
+    admin = shmq.AdminClient({"bootstrap.servers": kafka.bootstrap, "shmq.transport": "shm"})
+    admin.create_topics([NewTopic("admin-t", 1, 1)])["admin-t"].result(10)
+    admin.create_partitions([NewPartitions("admin-t", 4)])["admin-t"].result(10)
+    md = admin.list_topics("admin-t", timeout=10)
+    assert len(md.topics["admin-t"].partitions) == 4
+    p = shmq.Producer({"bootstrap.servers": kafka.bootstrap})
+    assert isinstance(p, ShmProducer)
+    p.produce("admin-t", b"x", partition=3)
+    assert p.flush(10) == 0
+    p.close()
+    with pytest.raises(KafkaException):
+        shmq.AdminClient({"bootstrap.servers": kafka.bootstrap, "no.such.key": 1})
+
+
+# -- a group over the fast path, one member killed ---------------------------------------------
+
+GROUP_MEMBER = r"""
+import json, sys, time
+import shmq
+from shmq.client.consumer import ShmConsumer
+bootstrap, topic, group = sys.argv[1:4]
+c = shmq.Consumer({"bootstrap.servers": bootstrap, "group.id": group, "shmq.transport": "shm",
+                   "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                   "session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+assert isinstance(c, ShmConsumer)
+def say(**kw):
+    sys.stdout.write(json.dumps(kw) + "\n"); sys.stdout.flush()
+c.subscribe([topic], on_assign=lambda _c, ps: say(assigned=[p.partition for p in ps]),
+            on_revoke=lambda _c, ps: say(revoked=[p.partition for p in ps]))
+deadline = time.monotonic() + 90
+while time.monotonic() < deadline:
+    m = c.poll(0.2)
+    if m is None or m.error() is not None:
+        continue
+    say(rec=[m.partition(), m.offset()])      # processed ...
+    c.commit(message=m, asynchronous=False)   # ... then committed: a kill in between repeats it
+    time.sleep(0.02)
+c.close()
+"""
+
+
+def test_group_member_killed_over_fast_path(kafka: RunningBroker, tmp_path: Path) -> None:
+    import json
+    import queue
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    topic, partitions, per_partition = "group-kill", 6, 40
+    admin = shmq.AdminClient({"bootstrap.servers": kafka.bootstrap})
+    admin.create_topics([confluent_kafka.admin.NewTopic(topic, partitions, 1)])[topic].result(10)
+    p = shmq.Producer({"bootstrap.servers": kafka.bootstrap})
+    for part in range(partitions):
+        for i in range(per_partition):
+            p.produce(topic, b"%d-%d" % (part, i), partition=part)
+    assert p.flush(10) == 0
+    p.close()
+
+    script = tmp_path / "member.py"
+    script.write_text(GROUP_MEMBER)
+    lines: queue.Queue[tuple[int, dict, float]] = queue.Queue()
+    procs = []
+    readers = []
+
+    def reader(idx: int, proc: subprocess.Popen) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put((idx, json.loads(line), time.monotonic()))
+
+    try:
+        for idx in range(3):
+            proc = subprocess.Popen([sys.executable, str(script), kafka.bootstrap, topic, "gk"],
+                                    stdout=subprocess.PIPE, text=True)
+            procs.append(proc)
+            t = threading.Thread(target=reader, args=(idx, proc), daemon=True)
+            t.start()
+            readers.append(t)
+        owner: dict[int, int] = {}
+        seen: list[tuple[int, int, int]] = []
+        killed_at = None
+        victim = 0
+        taken_over_at = None
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                idx, msg, at = lines.get(timeout=0.5)
+            except queue.Empty:
+                if killed_at is not None and len({(p_, o) for _, p_, o in seen}) == \
+                        partitions * per_partition:
+                    break
+                continue
+            if "assigned" in msg:
+                for part in msg["assigned"]:
+                    owner[part] = idx
+                if killed_at is not None and taken_over_at is None and all(
+                        owner.get(part) != victim for part in range(partitions)):
+                    taken_over_at = at
+            elif "revoked" in msg:
+                for part in msg["revoked"]:
+                    owner.pop(part, None)
+            elif "rec" in msg:
+                seen.append((idx, msg["rec"][0], msg["rec"][1]))
+            if (killed_at is None and len(set(owner.values())) == 3
+                    and sum(1 for s in seen if s[0] == victim) >= 5):
+                procs[victim].send_signal(signal.SIGKILL)
+                killed_at = time.monotonic()
+        assert killed_at is not None, "the three members never shared the partitions"
+        assert taken_over_at is not None, "the survivors never took the victim's partitions"
+        # the coordinator notices at session.timeout.ms (6 s), then one rebalance
+        assert taken_over_at - killed_at < 6.0 + 4.0, taken_over_at - killed_at
+        got = [(p_, o) for _, p_, o in seen]
+        assert set(got) == {(p_, o) for p_ in range(partitions) for o in range(per_partition)}
+        dups = len(got) - len(set(got))
+        victim_parts = {p_ for i, p_, _ in seen if i == victim}
+        assert dups <= len(victim_parts)  # at most the one record each had not committed
+        # per partition and member, offsets strictly increase (no skip back, no gap)
+        for part in range(partitions):
+            offs = [o for _, p_, o in seen if p_ == part]
+            assert sorted(set(offs)) == list(range(per_partition))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for t in readers:  # at end of file once its process is gone
+            t.join(10)
+        for proc in procs:
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+# -- the other clients read what shmq.Producer wrote, and the other way round ---------------------
+
+INTEROP = [(None if i % 4 == 0 else b"k%d" % i, b"v%d \xc3\xa9" % i,
+            [("h", b"%d" % i)] if i % 2 else [], 1_700_000_000_000 + i) for i in range(40)]
+
+
+def _read_kafka_python(bootstrap: str, topic: str) -> list[tuple]:
+    from kafka import KafkaConsumer
+    from kafka import TopicPartition as KTP
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                      consumer_timeout_ms=3000)
+    try:
+        c.assign([KTP(topic, 0)])
+        c.seek(KTP(topic, 0), 0)
+        return [(r.key, r.value, list(r.headers), r.timestamp) for r in c][:len(INTEROP)]
+    finally:
+        c.close()
+
+
+async def _read_aiokafka(bootstrap: str, topic: str) -> list[tuple]:
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.structs import TopicPartition as ATP
+
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    await c.start()
+    out: list[tuple] = []
+    try:
+        c.assign([ATP(topic, 0)])
+        c.seek(ATP(topic, 0), 0)
+        deadline = time.monotonic() + 20
+        while len(out) < len(INTEROP) and time.monotonic() < deadline:
+            for recs in (await c.getmany(timeout_ms=500)).values():
+                out += [(r.key, r.value, list(r.headers or ()), r.timestamp) for r in recs]
+    finally:
+        await c.stop()
+    return out
+
+
+def test_interop_with_other_clients(kafka: RunningBroker) -> None:
+    import asyncio
+    import shutil
+    import subprocess
+
+    admin = shmq.AdminClient({"bootstrap.servers": kafka.bootstrap})
+    for t in ("interop-out", "interop-in"):
+        admin.create_topics([confluent_kafka.admin.NewTopic(t, 1, 1)])[t].result(10)
+    p = shmq.Producer({"bootstrap.servers": kafka.bootstrap})
+    assert isinstance(p, ShmProducer)
+    for key, value, headers, ts in INTEROP:
+        p.produce("interop-out", value, key, partition=0, timestamp=ts, headers=headers or None)
+    assert p.flush(10) == 0
+    p.close()
+    want = [(k, v, h, ts) for k, v, h, ts in INTEROP]
+    assert _read_kafka_python(kafka.bootstrap, "interop-out") == want
+    assert asyncio.run(_read_aiokafka(kafka.bootstrap, "interop-out")) == want
+    c = confluent_kafka.Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": "io"})
+    c.assign([TopicPartition("interop-out", 0, 0)])
+    got = drain(c, len(INTEROP))
+    c.close()
+    assert [(m.key(), m.value(), m.headers() or [], m.timestamp()[1]) for m in got] == want
+    kcat = shutil.which("kcat")
+    if kcat is not None:
+        out = subprocess.run([kcat, "-b", kafka.bootstrap, "-C", "-t", "interop-out", "-p", "0",
+                              "-o", "beginning", "-e", "-f", "%o|%k|%s\\n"],
+                             capture_output=True, timeout=60, check=True).stdout
+        assert out.splitlines() == [b"%d|%s|%s" % (i, k or b"", v)
+                                    for i, (k, v, _, _) in enumerate(INTEROP)]
+
+    # the other way round: kafka-python writes, shmq.Consumer (mapped log) reads
+    from kafka import KafkaProducer
+
+    kp = KafkaProducer(bootstrap_servers=kafka.bootstrap)
+    for key, value, headers, ts in INTEROP:
+        kp.send("interop-in", value, key, headers, partition=0, timestamp_ms=ts)
+    kp.flush(10)
+    kp.close()
+    sc = shmq.Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": "io-in",
+                        "auto.offset.reset": "earliest"})
+    assert isinstance(sc, ShmConsumer)
+    sc.subscribe(["interop-in"])
+    got = drain(sc, len(INTEROP))
+    sc.close()
+    assert [(m.key(), m.value(), m.headers() or [], m.timestamp()[1]) for m in got] == want
+
+
+# -- asyncio ----------------------------------------------------------------------------------
+
+async def _aio_round_trip(clients: Clients, topic: str) -> list[tuple]:
+    import shmq.aio
+
+    p = shmq.aio.Producer(clients.conf({}))
+    futs = [await p.produce(topic, b"a%d" % i, b"k", partition=0) for i in range(5)]
+    delivered = [await f for f in futs]
+    assert [m.offset() for m in delivered] == list(range(5))
+    with pytest.raises(KafkaException):
+        await p.produce(topic, b"x", partition=9)
+    await p.close()
+    assigned: list[int] = []
+
+    async def on_assign(consumer: Any, parts: list[TopicPartition]) -> None:
+        assigned.extend(tp.partition for tp in parts)
+
+    c = shmq.aio.Consumer(clients.conf({"group.id": f"g-{topic}",
+                                        "auto.offset.reset": "earliest"}))
+    await c.subscribe([topic], on_assign=on_assign)
+    got: list[tuple] = []
+    deadline = time.monotonic() + 20
+    while len(got) < 5 and time.monotonic() < deadline:
+        m = await c.poll(0.5)
+        if m is not None and m.error() is None:
+            got.append((m.offset(), m.key(), m.value()))
+    await c.commit(asynchronous=False)
+    committed = await c.committed([TopicPartition(topic, 0)], timeout=10)
+    await c.close()
+    assert assigned == [0] and committed[0].offset == 5
+    return got
+
+
+def test_asyncio_clients(clients: Clients) -> None:
+    import asyncio
+
+    if clients.transport == "confluent":
+        pytest.skip("shmq.aio only")
+    topic = new_topic(clients, 1)
+    got = asyncio.run(_aio_round_trip(clients, topic))
+    assert got == [(i, b"k", b"a%d" % i) for i in range(5)]
+
+
+# -- batch APIs -------------------------------------------------------------------------------
+
+def test_produce_batch_and_consume_arrow(clients: Clients) -> None:
+    if clients.transport == "confluent":
+        pytest.skip("the array forms of produce_batch and consume_arrow are shmq's")
+    import numpy as np
+    import pyarrow as pa
+
+    topic = new_topic(clients, 2)
+    p = clients.producer()
+    assert p.produce_batch(topic, [b"l0", b"l1", b"l2"], partition=0) == 3
+    assert p.produce_batch(topic, np.array([b"n0\x00", b"n1\x00"], dtype="S3"),
+                           partition=0) == 2  # fixed width kept whole, NULs included
+    assert p.produce_batch(topic, pa.array([b"a0", None]), partition=0) == 2
+    keys = [b"k%d" % i for i in range(20)]
+    assert p.produce_batch(topic, [b"v"] * 20, keys) == 20
+    assert p.produce_batch(topic, [{"value": b"d0", "key": b"x", "partition": 1}]) == 1
+    with pytest.raises(ValueError):
+        p.produce_batch(topic, [b"a", b"b"], [b"only one key"])
+    assert p.flush(10) == 0
+    c = clients.consumer(**{"group.id": f"g-{topic}"})
+    c.assign([TopicPartition(topic, 0, 0)])
+    first = [m.value() for m in drain(c, 7)]
+    assert first == [b"l0", b"l1", b"l2", b"n0\x00", b"n1\x00", b"a0", None]
+    c.close()
+    got = []
+    for part in (0, 1):
+        c = clients.consumer(**{"group.id": f"g2-{topic}"})
+        c.assign([TopicPartition(topic, part, 0)])
+        got += [(part, m.key()) for m in drain(c, 30, timeout=3) if m.key() is not None]
+        c.close()
+    want = [((kafka_python_murmur2(k) & 0x7FFFFFFF) % 2, k) for k in keys] + [(1, b"x")]
+    assert sorted(got) == sorted(want)
+    if clients.transport == "shm":
+        c = clients.consumer(**{"group.id": f"g3-{topic}"})
+        c.assign([TopicPartition(topic, 0, 0)])
+        rb = c.consume_arrow(1000, 10.0)
+        assert rb is not None and rb.num_rows >= 7
+        assert rb.column("value").to_pylist()[:7] == first
+        assert rb.schema.names[:4] == ["key", "value", "topic", "partition"]
