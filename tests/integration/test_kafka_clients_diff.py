@@ -23,7 +23,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from conftest import RunningBroker, start_broker
-from kafka_clients import CODECS, KCAT, READERS, WRITERS, Got, Rec, java, sample
+from kafka_clients import CODECS, JAVA_SOURCE, KCAT, READERS, WRITERS, Got, Rec, java, sample
 from kafka_differences import assert_same
 from test_groups import CkGroup, covers, produce, wait_until
 
@@ -164,6 +164,10 @@ def test_java_admin_client(admin_runs: dict[str, dict[str, str]]) -> None:
     assert_same(admin_runs["shmq"], admin_runs["kafka"])
     assert admin_runs["kafka"]["createTopics"] == "ok"
     assert admin_runs["kafka"]["listOffsets forTimestamp 1004"] == "offset=4 timestamp=1004"
+    # issue 22: manual assignments, in CreateTopics and CreatePartitions, with no error
+    assert admin_runs["kafka"]["createTopics manual assignment"] == "p0:replicas=1 p1:replicas=1"
+    assert admin_runs["kafka"]["createPartitions manual assignment"] == \
+        "partitions=3 p2:replicas=1"
 
 
 def test_java_idempotent_producer(both: dict[str, str]) -> None:
@@ -202,3 +206,65 @@ def test_java_group_consumer(both: dict[str, str]) -> None:
             "second": second.replace(topic, "<t>").splitlines()}
     assert_same(runs["shmq"], runs["kafka"])
     assert runs["kafka"]["records"] == 90
+
+
+def test_java_consumer_survives_a_leader_epoch_change(kafka: apache_kafka.KafkaBroker,
+                                                      tmp_path: Any) -> None:
+    """Issue 22: Kafka's Java consumer reads on across a leader change with a new leader epoch
+    (the broker restarted with fewer workers: worker 3's partitions move, epoch + 1) with no
+    unexpected error: every record once.  The consumer used to die of IllegalStateException
+    on shmq's wrong epoch error codes."""
+    import signal
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = tmp_path / "data"
+    topic = "epochs"
+    b = start_broker(data, "--listeners", f"127.0.0.1:{port}", workers=3)
+    out = tmp_path / "java.out"
+    err = tmp_path / "java.err"
+    proc = None
+    try:
+        create(b.bootstrap, topic, 3)
+        produce(b.bootstrap, topic, 0, 30, partitions=3)
+        classes = apache_kafka.compile_java(JAVA_SOURCE)
+        cmd = apache_kafka.java_command("JavaClient", ["consume", b.bootstrap, topic, "60"],
+                                        extra_classpath=[classes],
+                                        jvm_opts=list(apache_kafka.QUICK_TOOL_OPTS))
+        with open(out, "w") as o, open(err, "w") as e:
+            proc = subprocess.Popen(cmd, stdout=o, stderr=e, text=True)
+        assert wait_until(lambda: len(out.read_text().splitlines()) >= 30, 60), err.read_text()
+        before = _epochs(b.bootstrap, topic)
+        assert b.stop() == 0
+        b = start_broker(data, "--listeners", f"127.0.0.1:{port}", workers=2)
+        after = _epochs(b.bootstrap, topic)
+        assert sorted(p for p in after if after[p] > before[p]) != [], (before, after)
+        produce(b.bootstrap, topic, 30, 30, partitions=3)
+        assert proc.wait(90) == 0, err.read_text()[-3000:]
+        got = [tuple(map(int, line.split("\t")[:2])) for line in out.read_text().splitlines()]
+        assert sorted(got) == sorted({(i % 3, i // 3) for i in range(60)}), got
+        assert "Exception" not in err.read_text(), err.read_text()[-3000:]
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        b.stop()
+
+
+def _epochs(bootstrap: str, topic: str) -> dict[int, int]:
+    """{partition: leader epoch} from a Metadata request (kafka-python's protocol classes)."""
+    from kafka.protocol.metadata import MetadataRequest, MetadataResponse
+    from test_wire_bad_input import encode, read_frame
+
+    host, port = bootstrap.split(":")
+    import socket
+
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(encode(MetadataRequest[7](topics=None, allow_auto_topic_creation=False), 9))
+        frame = read_frame(sock, 10)
+    response = MetadataResponse[7].decode(frame.body, header=True)
+    (t,) = [t for t in response.topics if t.name == topic]
+    return {p.partition_index: p.leader_epoch for p in t.partitions}

@@ -260,6 +260,30 @@ public class JavaClient {
                     .configs(Map.of("retention.ms", "soon")))).all().get();
                 return "ok";
             });
+            step("createTopics manual assignment", () -> {
+                admin.createTopics(List.of(new NewTopic(topic + "-m",
+                    Map.of(0, List.of(1), 1, List.of(1))))).all().get();
+                TopicDescription d = admin.describeTopics(List.of(topic + "-m")).allTopicNames().get()
+                    .get(topic + "-m");
+                StringBuilder sb = new StringBuilder();
+                for (TopicPartitionInfo p : d.partitions()) {
+                    sb.append(" p").append(p.partition()).append(":replicas=").append(p.replicas().get(0).id());
+                }
+                return sb.toString().trim();
+            });
+            step("createPartitions manual assignment", () -> {
+                admin.createPartitions(Map.of(topic + "-m",
+                    NewPartitions.increaseTo(3, List.of(List.of(1))))).all().get();
+                TopicDescription d = admin.describeTopics(List.of(topic + "-m")).allTopicNames().get()
+                    .get(topic + "-m");
+                return "partitions=" + d.partitions().size() + " p2:replicas="
+                    + d.partitions().get(2).replicas().get(0).id();
+            });
+            step("createTopics manual assignment, unknown broker", () -> {
+                admin.createTopics(List.of(new NewTopic(topic + "-u",
+                    Map.of(0, List.of(99))))).all().get();
+                return "ok";
+            });
             Supplier<String> describe = () -> {
                 try {
                     TopicDescription d = admin.describeTopics(List.of(topic)).allTopicNames().get().get(topic);
