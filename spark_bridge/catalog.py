@@ -148,10 +148,12 @@ class KafkaCatalog(Catalog):
 class LocalCatalog(Catalog):
     transport = "mmap"
 
-    def __init__(self, data_dir: Path, conf: dict[str, str] | None = None) -> None:
+    def __init__(self, data_dir: Path, conf: dict[str, str] | None = None,
+                 isolation_level: str = "read_uncommitted") -> None:
         self.data_dir: Path = data_dir
         self.local_dir = data_dir
         self.conf = dict(conf or {})
+        self.isolation_level = isolation_level
         self.info = read_run_file(data_dir)
         self.bootstrap = self.info.get("bootstrap")
         self.cluster_id = self.info.get("cluster_id")
@@ -190,7 +192,7 @@ class LocalCatalog(Catalog):
         if self._remote is None:
             if not self.bootstrap:
                 raise BridgeError(f"{self.data_dir}/run/broker.json names no bootstrap address")
-            self._remote = KafkaCatalog(self.bootstrap, self.conf)
+            self._remote = KafkaCatalog(self.bootstrap, self.conf, self.isolation_level)
         return self._remote
 
     def topics(self) -> dict[str, int]:
@@ -230,7 +232,8 @@ class LocalCatalog(Catalog):
 
     def latest(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         states = self._states(tps)
-        out = {tp: s.high_watermark for tp, s in states.items()}
+        committed = self.isolation_level == "read_committed"
+        out = {tp: s.last_stable if committed else s.high_watermark for tp, s in states.items()}
         missing = [tp for tp in tps if tp not in out]
         out.update(self.remote().latest(missing) if missing else {})
         return out
@@ -308,7 +311,7 @@ def open_catalog(opts: Any) -> Catalog:
         return KafkaCatalog(bootstrap, conf, getattr(opts, "isolation_level", "read_uncommitted"))
     data_dir = locate_data_dir(opts.data_dir, opts.bootstrap, conf)
     if data_dir is not None:
-        return LocalCatalog(data_dir, conf)
+        return LocalCatalog(data_dir, conf, getattr(opts, "isolation_level", "read_uncommitted"))
     if transport == "mmap":
         raise BridgeError(f"shmq.transport=mmap, but the broker at {opts.bootstrap} keeps no "
                           "data directory on this host (use shmq.transport=kafka or auto)")

@@ -139,6 +139,8 @@ def _read_mmap(plan: ReadPlan, topic: str, partition: int, start: int, end: int,
 
     reader = PartitionReader(directory)
     try:
+        if plan.isolation_level == "read_committed":  # `end` is at most the last stable offset
+            reader.aborted = reader.aborted_transactions(start, end)
         for chunk in reader.read(start, end, chunk_records=plan.batch_rows, on_gap=gap):
             batch = sections_to_arrow(chunk.bodies, chunk.meta, topic, partition,
                                       min_offset=chunk.first_offset, max_offset=chunk.next_offset,

@@ -58,11 +58,6 @@ class RangePartition(InputPartition):
 
 
 def _read_plan(catalog: Catalog, opts: SourceOptions) -> ReadPlan:
-    if catalog.transport == "mmap" and opts.isolation_level == "read_committed":
-        raise BridgeError("kafka.isolation.level=read_committed: shmq has no transactions yet, "
-                          "so the bridge reads the segments read_uncommitted only; leave the "
-                          "option out (nothing can be uncommitted without transactions) or "
-                          "read over the Kafka protocol with shmq.transport=kafka")
     return ReadPlan(
         transport=catalog.transport,
         data_dir=str(catalog.data_dir) if catalog.data_dir else None,
@@ -129,7 +124,6 @@ class ShmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def catalog(self) -> Catalog:
         if self._catalog is None:
             self._catalog = open_catalog(self.opts)
-            _read_plan(self._catalog, self.opts)  # read_committed over mmap fails now
         elif hasattr(self._catalog, "refresh"):
             self._catalog.refresh()
         return self._catalog

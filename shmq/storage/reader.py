@@ -23,7 +23,8 @@ here writes, locks or waits on the writer; what makes that safe:
 
 The reader yields records sections (uncompressed bytes and their ``meta`` rows as
 ``_fast.fill_columns`` takes them) in chunks of about ``chunk_records`` records; control
-batches never reach the caller.  A corrupt batch raises ``CorruptRecordError`` naming the file
+batches never reach the caller, nor (for a read_committed reader given ``aborted``) the
+batches of aborted transactions.  A corrupt batch raises ``CorruptRecordError`` naming the file
 and byte position.
 """
 
@@ -33,7 +34,7 @@ import errno
 import mmap
 import os
 import struct
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,8 +44,13 @@ import numpy as np
 from shmq import _fast
 from shmq.errors import CorruptRecordError
 from shmq.protocol import compression as codecs
-from shmq.protocol.records import COMPRESSION_MASK, CONTROL_FLAG, TIMESTAMP_TYPE_MASK
-from shmq.storage import layout
+from shmq.protocol.records import (
+    COMPRESSION_MASK,
+    CONTROL_FLAG,
+    TIMESTAMP_TYPE_MASK,
+    TRANSACTIONAL_FLAG,
+)
+from shmq.storage import layout, txn_index
 
 HEADER_SIZE = _fast.HEADER_SIZE
 _INDEX_ENTRY = struct.Struct(">ii")
@@ -75,10 +81,26 @@ class PartitionReader:
     """Reads offsets ``[start, end)`` of the partition log in ``directory``."""
 
     def __init__(self, directory: Path | str, *, verify_crc: bool = True,
-                 max_decompressed: int = _MAX_DECOMPRESSED) -> None:
+                 max_decompressed: int = _MAX_DECOMPRESSED,
+                 aborted: Sequence[tuple[int, int, int]] = ()) -> None:
         self.directory = Path(directory)
         self.verify_crc = verify_crc
         self.max_decompressed = max_decompressed
+        # read_committed: (producer id, first offset, marker offset) of aborted transactions;
+        # their batches are left out as control batches are (a Kafka consumer's rule)
+        self.aborted = list(aborted)
+
+    def aborted_transactions(self, start: int, end: int) -> list[tuple[int, int, int]]:
+        """(producer id, first offset, marker offset) of the aborted transactions in the
+        segments' ``.txnindex`` files that overlap offsets ``[start, end)``: what a Fetch
+        with read_committed lists.  ``end`` must not pass the last stable offset (below it,
+        every abort marker is indexed)."""
+        out = []
+        for base in self.segment_bases():
+            for e in txn_index.read(txn_index.path_for(self.directory, base)):
+                if e.last_offset >= start and e.first_offset < end:
+                    out.append((e.producer_id, e.first_offset, e.last_offset))
+        return out
 
     def segment_bases(self) -> list[int]:
         """Base offsets of the segments present now, in order (``FileNotFoundError`` if the
@@ -201,6 +223,11 @@ class PartitionReader:
                 chunk_records: int, path: str, aligned: int) -> Iterator[SectionChunk]:
         attrs = table[:, _fast.COL_ATTRIBUTES]
         keep = (attrs & CONTROL_FLAG) == 0
+        if self.aborted:
+            txn = (attrs & TRANSACTIONAL_FLAG) != 0
+            pids, firsts = table[:, _fast.COL_PRODUCER_ID], table[:, _fast.COL_BASE_OFFSET]
+            for pid, first, last in self.aborted:
+                keep &= ~(txn & (pids == pid) & (firsts >= first) & (firsts <= last))
         table, attrs = table[keep], attrs[keep]
         if len(table) == 0:
             return

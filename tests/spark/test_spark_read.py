@@ -113,3 +113,66 @@ def test_records_deleted_after_planning_follow_fail_on_data_loss(spark: Any,
     assert kept == list(range(150, 400))
     # planned now, the deleted offsets are simply not there
     assert shmq(spark, sbroker, subscribe=topic).count() == 250
+
+
+def test_read_committed_leaves_out_aborted_and_open_transactions(spark: Any,
+                                                                  sbroker: Any) -> None:
+    """``kafka.isolation.level=read_committed`` over the mapped segments: records of committed
+    transactions and plain records, never those of aborted transactions (left out by the
+    ``.txnindex``) nor of one still open (the read stops at the last stable offset); the same
+    rows as over the Kafka protocol and as a confluent-kafka read_committed consumer."""
+    from confluent_kafka import Consumer
+
+    topic = "r-txn"
+    create_topics(sbroker.bootstrap, {topic: 2})
+    tx = Producer({"bootstrap.servers": sbroker.bootstrap, "transactional.id": "r-txn-1"})
+    tx.init_transactions(30)
+    expected = set()
+    for n, commit in enumerate([True, False, True, False, True]):
+        tx.begin_transaction()
+        for i in range(20):
+            value = b"t%d-%d" % (n, i)
+            tx.produce(topic, value, partition=i % 2)
+            if commit:
+                expected.add(value)
+        tx.flush(30)  # on the broker before the abort (librdkafka drops unsent ones itself)
+        tx.commit_transaction(30) if commit else tx.abort_transaction(30)
+    plain = Producer({"bootstrap.servers": sbroker.bootstrap})
+    for i in range(10):
+        plain.produce(topic, b"plain-%d" % i, partition=i % 2)
+        expected.add(b"plain-%d" % i)
+    assert plain.flush(30) == 0
+    tx.begin_transaction()  # left open: its records lie past the last stable offset
+    for i in range(6):
+        tx.produce(topic, b"open-%d" % i, partition=i % 2)
+    tx.flush(30)
+    try:
+        opts = {"subscribe": topic, "kafka.isolation.level": "read_committed"}
+        mm = rows(shmq(spark, sbroker, **opts))
+        over_tcp = rows(shmq(spark, sbroker, **opts, **{"shmq.transport": "kafka"}))
+        assert {bytes(r.value) for r in mm} == expected
+        assert {bytes(r.value) for r in rows(shmq(spark, sbroker, subscribe=topic))} >= {
+            b"t1-%d" % i for i in range(20)}  # the aborted records are stored
+        assert [(r.partition, r.offset, bytes(r.value)) for r in mm] == \
+            [(r.partition, r.offset, bytes(r.value)) for r in over_tcp]
+        c = Consumer({"bootstrap.servers": sbroker.bootstrap, "group.id": "r-txn-oracle",
+                      "isolation.level": "read_committed", "enable.partition.eof": True,
+                      "auto.offset.reset": "earliest"})
+        try:
+            c.assign([TopicPartition(topic, p, 0) for p in range(2)])
+            seen, eof = [], set()
+            deadline = time.monotonic() + 30
+            while len(eof) < 2 and time.monotonic() < deadline:
+                for m in c.consume(500, 0.5):
+                    if m.error():
+                        eof.add(m.partition())
+                    else:
+                        seen.append((m.partition(), m.offset(), m.value()))
+        finally:
+            c.close()
+        assert sorted(seen) == [(r.partition, r.offset, bytes(r.value)) for r in mm]
+        # read_uncommitted sees everything up to the high watermark, open transaction included
+        everything = rows(shmq(spark, sbroker, subscribe=topic))
+        assert {b"open-%d" % i for i in range(6)} <= {bytes(r.value) for r in everything}
+    finally:
+        tx.abort_transaction(30)
