@@ -448,6 +448,40 @@ def test_produce_strict_batch_checks_are_invalid_record(kafka: apache_kafka.Kafk
     on_both(kafka, shmq, scenario)
 
 
+def test_produce_timestamps_out_of_range(kafka: apache_kafka.KafkaBroker,
+                                         shmq: RunningBroker) -> None:
+    """``LogValidator.validateTimestamp`` (issue 21 item 3): CreateTime timestamps older than
+    ``message.timestamp.before.max.ms`` or newer than ``message.timestamp.after.max.ms`` (1 h by
+    default) are INVALID_TIMESTAMP with one record error per record out of range, and nothing is
+    appended; a LogAppendTime topic takes any timestamp.  Compared: the codes and the failing
+    record indexes (the messages carry each broker's clock)."""
+    now = int(time.time() * 1000)
+
+    def answer(r: dict) -> tuple:
+        return (r["error_code"], sorted(e["batch_index"] for e in r.get("record_errors") or []),
+                r["base_offset"])
+
+    def scenario(wire: Wire, topic: str) -> Any:
+        create_topic(wire, topic, **{"message.timestamp.before.max.ms": "3600000"})
+        create_topic(wire, topic + "-lat", **{"message.timestamp.type": "LogAppendTime"})
+        future = now + 2 * 3600_000
+        cases = {
+            "now": [(b"k", b"v", now)],
+            "old, one of three": [(b"k", b"v", now), (b"k", b"v", T0), (b"k", b"v", now)],
+            "two hours ahead": [(b"k", b"v", future), (b"k", b"v", future)],
+            "no timestamps": [(b"k", b"v", -1)],
+        }
+        out = {case: answer(produce(wire, topic, record_batch(recs)))
+               for case, recs in cases.items()}
+        out["log append time"] = answer(produce(wire, topic + "-lat", record_batch(
+            [(b"k", b"v", T0), (b"k", b"v", future)])))
+        return out
+
+    answers = on_both(kafka, shmq, scenario)
+    assert answers["old, one of three"][:2] == [32, [1]]
+    assert answers["two hours ahead"][:2] == [32, [0, 1]]
+
+
 # -- Idempotence ----------------------------------------------------------------------------
 
 
