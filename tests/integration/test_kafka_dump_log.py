@@ -6,10 +6,9 @@ type, idempotently, to its own topic on a shmq broker and on the reference Kafka
 then stopped cleanly (indexes trimmed, producer snapshots written).  Kafka's tool must read every
 segment, index, time index and snapshot with no error, find the records that were sent (codec,
 producer id, count, payloads), pass its index checks, and print exactly the lines that
-``shmq dump-log`` prints for the same files.  shmq has no transactions yet, so transactional
-batches and markers are not in its data dir; ``shmq dump-log`` is compared with Kafka's tool on
-Kafka's own transactional segments (a committed and an aborted transaction: control batches,
-end-transaction markers, the aborted-transaction index).
+``shmq dump-log`` prints for the same files.  Transactions (a committed and an aborted one:
+control batches, end-transaction markers, the aborted-transaction index) are dumped by both
+tools from shmq's files and from Kafka's own.
 """
 
 from __future__ import annotations
@@ -211,18 +210,14 @@ def test_kafka_index_checks_pass_on_shmq_indexes(written: Written) -> None:
         assert (s.returncode, s.stdout, s.stderr) == (0, k.stdout, k.stderr)
 
 
-def test_shmq_dump_log_on_kafkas_transactions(kafka: apache_kafka.KafkaBroker) -> None:
-    """A transactional producer (confluent-kafka) commits one transaction and aborts another on
-    the reference broker; on its segment, indexes, snapshots and ``.txnindex`` both tools print
-    the same lines, the markers (``endTxnMarker: COMMIT``/``ABORT``) and the aborted range
-    included."""
+def write_transactions(bootstrap: str, topic: str) -> None:
+    """confluent-kafka's transactional producer: commit, abort, commit (five records each)."""
     from confluent_kafka import Producer
 
-    topic = "dl-transactions"
-    admin = AdminClient({"bootstrap.servers": kafka.bootstrap, "log_level": 0})
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
     admin.create_topics([NewTopic(topic, 1, 1)], operation_timeout=30)[topic].result(60)
     time.sleep(0.5)
-    p = Producer({"bootstrap.servers": kafka.bootstrap, "log_level": 0,
+    p = Producer({"bootstrap.servers": bootstrap, "log_level": 0,
                   "transactional.id": "dl-txn", "linger.ms": 5})
     p.init_transactions(60)
     for i, commit in enumerate((True, False, True)):
@@ -234,8 +229,29 @@ def test_shmq_dump_log_on_kafkas_transactions(kafka: apache_kafka.KafkaBroker) -
             p.commit_transaction(60)
         else:
             p.abort_transaction(60)
-    # the files as they are, live: Kafka's tool reads an open log and its preallocated indexes
-    d = partition_dir(kafka.log_dir, topic)
+
+
+@pytest.mark.parametrize("broker", ["kafka", "shmq"])
+def test_dump_logs_of_transactions(kafka: apache_kafka.KafkaBroker, tmp_path: Path,
+                                   broker: str) -> None:
+    """A transactional producer (confluent-kafka) commits one transaction and aborts another,
+    on the reference broker (its files read live) and on shmq (stopped cleanly); on the segment,
+    indexes, snapshots and ``.txnindex`` both tools print the same lines, the markers
+    (``endTxnMarker: COMMIT``/``ABORT``) and the aborted range included: Kafka's tool reads
+    shmq's transactions as its own."""
+    topic = "dl-transactions"
+    if broker == "kafka":
+        write_transactions(kafka.bootstrap, topic)
+        root = kafka.log_dir
+    else:
+        b = start_broker(tmp_path / "data")
+        try:
+            write_transactions(b.bootstrap, topic)
+            time.sleep(0.5)  # the last commit's markers are written behind its answer
+        finally:
+            assert b.stop() == 0, b.log_path.read_text()[-3000:]
+        root = b.data_dir
+    d = partition_dir(root, topic)
     every = sorted(str(f) for f in d.iterdir()
                    if f.suffix in (".log", ".index", ".timeindex", ".snapshot", ".txnindex"))
     assert any(f.endswith(".txnindex") for f in every), every  # the aborted transaction
@@ -245,5 +261,6 @@ def test_shmq_dump_log_on_kafkas_transactions(kafka: apache_kafka.KafkaBroker) -
         assert k.returncode == 0 and s.returncode == 0, (k.stderr[-2000:], s.stderr[-2000:])
         if args:  # records (and so markers) are printed
             assert "endTxnMarker: ABORT" in k.stdout and "endTxnMarker: COMMIT" in k.stdout
+            assert "isTransactional: true" in k.stdout
         assert s.stdout.splitlines() == k.stdout.splitlines()
         assert report_blocks(s.stderr) == report_blocks(k.stderr)
