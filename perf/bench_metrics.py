@@ -19,6 +19,7 @@ broker CPU per record is the more sensitive number.
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import statistics
 import sys
@@ -52,7 +53,8 @@ def start(data_dir: Path, logdir: Path, workers: int, metrics: bool, tag: str) -
         b.stop()
         raise
     b.bootstrap = rest.split()[0]
-    b.http = rest.split("dashboard http://", 1)[1].rstrip(")/\n ") if "dashboard" in rest else ""
+    found = re.search(r"dashboard http://([^/\s,)]+)", rest)  # the ready line's address
+    b.http = found.group(1) if found else ""
     return b
 
 
