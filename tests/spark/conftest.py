@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import sys
+import tempfile
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,11 +65,17 @@ def spark_env() -> Iterator[tuple[Any, str]]:
             "spark.driver.memory": "1g"}
     if not missing:
         conf.update({"spark.jars.packages": coords, "spark.jars.ivy": str(IVY)})
+    # Spark's block manager and artifact directories go under a directory removed at the end
+    # (by default they are left in /tmp: spark.local.dir and the JVM's java.io.tmpdir)
+    scratch = tempfile.mkdtemp(prefix="shmq-spark-")
+    conf.update({"spark.local.dir": scratch,
+                 "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={scratch}"})
     session = spark_bridge.session("shmq-tests", conf=conf)
     try:
         yield session, missing
     finally:
         session.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
