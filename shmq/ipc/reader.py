@@ -222,83 +222,26 @@ def drop_aborted(buffer: memoryview, aborted: Any) -> memoryview:
 
 
 def spark_schema(include_headers: bool = False) -> Any:
-    """Spark's Kafka source schema (``KafkaRecordToRowConverter``), as the spark_bridge uses it."""
-    import pyarrow as pa
+    """Spark's Kafka source schema, as the spark_bridge uses it (``kafka_arrow.kafka_schema``)."""
+    from shmq.protocol.kafka_arrow import kafka_schema
 
-    fields = [
-        pa.field("key", pa.binary()),
-        pa.field("value", pa.binary()),
-        pa.field("topic", pa.string()),
-        pa.field("partition", pa.int32()),
-        pa.field("offset", pa.int64()),
-        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
-        pa.field("timestampType", pa.int32()),
-    ]
-    if include_headers:
-        fields.append(pa.field("headers", pa.list_(pa.struct([pa.field("key", pa.string()),
-                                                              pa.field("value", pa.binary())]))))
-    return pa.schema(fields)
+    return kafka_schema(include_headers)
 
 
 def batches_to_spark_arrow(buf: Any, topic: str, partition: int, min_offset: int,
                            max_offset: int, *, include_headers: bool = False) -> Any:
     """Decode the batches in ``buf`` (records in ``[min_offset, max_offset)``, no control
-    batches) into the spark_bridge schema.
-
-    One scan of the headers (CRC checked), one Cython pass from the records into Arrow buffers
-    (``_fast.fill_columns``: no Python object per record), then the constant columns from numpy.
-    The buffers come from pyarrow's pool, as in ``records.batches_to_arrow`` (whose allocation
-    this repeats, to get the timestamp type of each section from the same scan)."""
-    import pyarrow as pa
+    batches) into the spark_bridge schema: one scan of the headers (CRC checked), then the
+    spark_bridge's own columnar pass (``kafka_arrow.sections_to_arrow``: keys, values and
+    headers filled in Cython, no Python object per record)."""
+    from shmq.protocol.kafka_arrow import sections_to_arrow
 
     bodies, meta = rec._records_sections(buf, verify_crc=True,
                                          max_decompressed=rec.codecs.DEFAULT_MAX_DECOMPRESSED_BYTES,
                                          min_offset=min_offset, max_offset=max_offset,
                                          skip_control=True)
-    counts = meta[0::4]
-    rows = int(counts.sum())
-    data = sum(len(b) for b in bodies) + 64  # fill_columns may copy 32 bytes past a field
-    alloc = pa.allocate_buffer
-    offsets, stamps = alloc(8 * rows), alloc(8 * rows)
-    koff, voff = alloc(4 * (rows + 1)), alloc(4 * (rows + 1))
-    kdata, vdata = alloc(data), alloc(data)
-    kvalid, vvalid = alloc(rows // 8 + 1), alloc(rows // 8 + 1)
-    mv = memoryview
-    n, klen, vlen, knulls, vnulls = _fast.fill_columns(
-        bodies, meta, mv(offsets).cast("q"), mv(stamps).cast("q"), mv(koff).cast("i"),
-        mv(kdata).cast("B"), mv(kvalid).cast("B"), mv(voff).cast("i"), mv(vdata).cast("B"),
-        mv(vvalid).cast("B"), min_offset, max_offset, 1000)
-
-    def binary(off: Any, data: Any, valid: Any, nulls: int, used: int) -> Any:
-        return pa.Array.from_buffers(
-            pa.binary(), n, [valid if nulls else None, off, data.slice(0, used)], null_count=nulls)
-
-    offsets_arr = pa.Array.from_buffers(pa.int64(), n, [None, offsets])
-    # timestampType per record: 1 where its batch is LogAppendTime (meta's 4th column is set)
-    types = (meta[3::4] != _fast.NO_LOG_APPEND_TIME).astype(np.int32)
-    if n == rows:
-        ts_type = np.repeat(types, counts)
-    else:  # the first or last section was cut by the offset bounds: go by offset
-        firsts = meta[1::4]
-        idx = np.searchsorted(firsts, np.frombuffer(offsets, np.int64, n), side="right") - 1
-        ts_type = types[idx]
-    name = topic.encode("utf-8")
-    topic_arr = pa.Array.from_buffers(pa.string(), n, [
-        None, pa.py_buffer(np.arange(0, (n + 1) * len(name), len(name) or 1,
-                                     dtype=np.int32)[: n + 1] if name else np.zeros(n + 1, np.int32)),
-        pa.py_buffer(name * n)])
-    arrays = [binary(koff, kdata, kvalid, knulls, klen), binary(voff, vdata, vvalid, vnulls, vlen),
-              topic_arr, pa.array(np.full(n, partition, np.int32)), offsets_arr,
-              pa.Array.from_buffers(pa.timestamp("us", tz="UTC"), n, [None, stamps]),
-              pa.array(ts_type)]
-    if include_headers:
-        items = _fast.decode_sections(bodies, meta, rec.Record)
-        by_offset = {r.offset: r.headers for r in items}
-        wanted = [by_offset[o] for o in offsets_arr.to_pylist()]
-        # Spark's KafkaRecordToRowConverter: null (not []) when a record has no headers
-        arrays.append(pa.array([[{"key": k, "value": v} for k, v in h] if h else None
-                                for h in wanted], type=spark_schema(True).field("headers").type))
-    return pa.RecordBatch.from_arrays(arrays, schema=spark_schema(include_headers))
+    return sections_to_arrow(bodies, meta, topic, partition, min_offset=min_offset,
+                             max_offset=max_offset, include_headers=include_headers)
 
 
 class PartitionReader:
