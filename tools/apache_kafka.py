@@ -342,6 +342,15 @@ class KafkaBroker:
         return self.proc.returncode
 
 
+def random_cluster_id() -> str:
+    """A Kafka Uuid in its base64url text form, never starting with '-' (Kafka's
+    Uuid.randomUuid redraws those too: the tools' argument parser reads them as an option)."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not text.startswith("-"):
+            return text
+
+
 def server_properties(workdir: Path, port: int, controller_port: int,
                       overrides: dict[str, str]) -> str:
     props = {
@@ -380,8 +389,7 @@ def start_broker(workdir: Path, *, port: int = 0, heap: str = TEST_BROKER_HEAP,
         props = workdir / "server.properties"
         props.write_text(server_properties(workdir, broker_port, controller_port, overrides))
         if not (workdir / "data" / "meta.properties").exists():
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-            args = ["format", "-t", cluster_id, "-c", str(props)]
+            args = ["format", "-t", random_cluster_id(), "-c", str(props)]
             for name, level in (features or {}).items():
                 args += ["--feature", f"{name}={level}"]
             fmt = subprocess.run(

@@ -857,22 +857,27 @@ def test_group_lifecycle(kafka: apache_kafka.KafkaBroker, shmq: RunningBroker) -
     on_both(kafka, shmq, group_scenario)
 
 
-def consumer_offsets_scenario(wire: Wire, topic: str) -> Any:
-    """__consumer_offsets as clients see it once a group has used it: listed internal with 50
-    partitions, not creatable again, its configs (segment.bytes is the next test's)."""
+def consumer_offsets_metadata(wire: Wire, group: str) -> dict[str, Any]:
+    """__consumer_offsets' Metadata once a group has asked for its coordinator: the first
+    FindCoordinator makes the topic (Kafka: its controller creates it)."""
     deadline = time.monotonic() + 60
-    while True:  # the first FindCoordinator makes it (Kafka: its controller creates it)
-        found = wire.send(FIND_COORDINATOR, 4, {"key_type": 0,
-                                                "coordinator_keys": [topic + "-g"]})
+    while True:
+        found = wire.send(FIND_COORDINATOR, 4, {"key_type": 0, "coordinator_keys": [group]})
         if found["coordinators"][0]["error_code"] == 0 or time.monotonic() > deadline:
             break
         time.sleep(0.1)
-    name = "__consumer_offsets"
     while True:
-        md = metadata(wire, [name])["topics"][0]
+        md: dict[str, Any] = metadata(wire, ["__consumer_offsets"])["topics"][0]
         if md["error_code"] == 0 and md["partitions"] or time.monotonic() > deadline:
-            break
+            return md
         time.sleep(0.1)
+
+
+def consumer_offsets_scenario(wire: Wire, topic: str) -> Any:
+    """__consumer_offsets as clients see it once a group has used it: listed internal with 50
+    partitions, not creatable again, its configs (segment.bytes is the next test's)."""
+    name = "__consumer_offsets"
+    md = consumer_offsets_metadata(wire, topic + "-g")
     md["partitions"] = len(md["partitions"])  # offsets.topic.num.partitions (both 50)
     out: dict[str, Any] = {"metadata": md}
     out["create"] = create_topics(wire, [{"name": name, "num_partitions": 1}])
@@ -890,6 +895,7 @@ def test_consumer_offsets_differences(shmq: RunningBroker) -> None:
     would take every group's offsets of the test session with it): DeleteTopics refuses it,
     and its segments are offsets.topic.segment.bytes, 16 MiB."""
     with Wire(shmq.bootstrap) as wire:
+        consumer_offsets_metadata(wire, "offsets-differences-g")  # it exists, whatever ran before
         r = wire.send(DELETE_TOPICS, 5, {"topic_names": ["__consumer_offsets"],
                                          "timeout": 30_000})
         assert r["responses"][0]["error_code"] == 42, r
