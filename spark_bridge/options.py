@@ -11,7 +11,8 @@ purpose:
 * A topic named in ``subscribe`` or ``assign`` that does not exist is an error for a batch query
   (Kafka returns an empty DataFrame); a streaming query waits for it, as Kafka's does.
 * shmq-only options: ``shmq.dataDir``, ``shmq.transport`` (``auto``, ``mmap`` or ``kafka``) and
-  ``shmq.batchRows`` (rows per Arrow batch handed to Spark, default 65536).
+  ``shmq.batchRows`` and ``shmq.batchBytes`` (rows per Arrow batch handed to Spark, at most
+  65536 and about 8 MiB of records by default).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shmq.storage.reader import DEFAULT_CHUNK_BYTES
 from spark_bridge.errors import BridgeError
 
 EARLIEST, LATEST = -2, -1  # Kafka's KafkaOffsetRangeLimit.EARLIEST / LATEST
@@ -79,6 +81,7 @@ class SourceOptions:
     data_dir: Path | None = None
     transport: str = "auto"
     batch_rows: int = 65536
+    batch_bytes: int = DEFAULT_CHUNK_BYTES
     isolation_level: str = "read_uncommitted"
     poll_timeout_ms: int = 120_000
     kafka_conf: dict[str, str] = field(default_factory=dict)
@@ -171,6 +174,7 @@ def parse_source(options: Any, *, streaming: bool) -> SourceOptions:
     kw["poll_timeout_ms"] = _positive(o, "kafkaconsumer.polltimeoutms",
                                       "kafkaConsumer.pollTimeoutMs") or 120_000
     kw["batch_rows"] = _positive(o, "shmq.batchrows", "shmq.batchRows") or 65536
+    kw["batch_bytes"] = _positive(o, "shmq.batchbytes", "shmq.batchBytes") or DEFAULT_CHUNK_BYTES
     kw.update(_target(o))
     conf = _kafka_conf(o, _FORBIDDEN_SOURCE)
     level = conf.pop("isolation.level", "read_uncommitted").strip().lower()

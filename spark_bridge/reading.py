@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shmq.storage.reader import DEFAULT_CHUNK_BYTES
 from spark_bridge.errors import BridgeError
 from spark_bridge.planning import report_data_loss
 
@@ -47,6 +48,7 @@ class ReadPlan:
     include_headers: bool = False
     fail_on_data_loss: bool = True
     batch_rows: int = 65536
+    batch_bytes: int = DEFAULT_CHUNK_BYTES
     poll_timeout_ms: int = 120_000
 
 
@@ -141,7 +143,8 @@ def _read_mmap(plan: ReadPlan, topic: str, partition: int, start: int, end: int,
     try:
         if plan.isolation_level == "read_committed":  # `end` is at most the last stable offset
             reader.aborted = reader.aborted_transactions(start, end)
-        for chunk in reader.read(start, end, chunk_records=plan.batch_rows, on_gap=gap):
+        for chunk in reader.read(start, end, chunk_records=plan.batch_rows,
+                                 chunk_bytes=plan.batch_bytes, on_gap=gap):
             batch = sections_to_arrow(chunk.bodies, chunk.meta, topic, partition,
                                       min_offset=chunk.first_offset, max_offset=chunk.next_offset,
                                       include_headers=plan.include_headers)

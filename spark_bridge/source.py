@@ -68,6 +68,7 @@ def _read_plan(catalog: Catalog, opts: SourceOptions) -> ReadPlan:
         include_headers=opts.include_headers,
         fail_on_data_loss=opts.fail_on_data_loss,
         batch_rows=opts.batch_rows,
+        batch_bytes=opts.batch_bytes,
         poll_timeout_ms=opts.poll_timeout_ms,
     )
 

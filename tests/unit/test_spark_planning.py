@@ -53,6 +53,8 @@ def test_bad_source_options_are_one_line_errors() -> None:
     bad({"subscribe": "a", "minOffsetsPerTrigger": "9", "maxOffsetsPerTrigger": "3"},
         "is higher than maxOffsetsPerTrigger")
     bad({"subscribe": "a", "maxTriggerDelay": "soon"}, "must be a duration")
+    bad({"subscribe": "a", "shmq.batchRows": "-5"}, "'shmq.batchRows' must be positive")
+    bad({"subscribe": "a", "shmq.batchBytes": "8M"}, "'shmq.batchBytes' must be a whole number")
     bad({"subscribe": "a", "kafka.auto.offset.reset": "earliest"}, "'auto.offset.reset' is not")
     bad({"subscribe": "a", "kafka.value.deserializer": "x"}, "'value.deserializer' is not")
     bad({"subscribe": "a", "kafka.enable.auto.commit": "true"}, "never commits")

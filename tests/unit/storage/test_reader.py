@@ -40,9 +40,9 @@ def write_log(path: Path, batches: int = 60, seed: int = 1, compression: int = 0
 
 
 def read_rows(reader: PartitionReader, start: int, end: int, chunk: int = 7,
-              gaps: list | None = None) -> list[tuple]:
+              gaps: list | None = None, chunk_bytes: int = 1 << 30) -> list[tuple]:
     rows = []
-    for ch in reader.read(start, end, chunk_records=chunk,
+    for ch in reader.read(start, end, chunk_records=chunk, chunk_bytes=chunk_bytes,
                           on_gap=None if gaps is None else lambda a, b: gaps.append((a, b))):
         records = _fast.decode_sections(ch.bodies, ch.meta)
         rows += [(r[0], r[1], r[2], r[3]) for r in records
@@ -63,8 +63,27 @@ def test_random_windows_match_kafka_python(tmp_path: Path, compression: int) -> 
         for _ in range(40):
             a = rng.randint(0, end)
             b = rng.randint(a, end)
-            assert read_rows(reader, a, b, chunk=rng.choice([1, 5, 1000])) == \
+            assert read_rows(reader, a, b, chunk=rng.choice([1, 5, 1000]),
+                             chunk_bytes=rng.choice([1, 200, 1 << 30])) == \
                 [r for r in want if a <= r[0] < b]
+    finally:
+        log.close()
+
+
+def test_chunks_are_bounded_by_records_and_by_bytes(tmp_path: Path) -> None:
+    log = write_log(tmp_path / "t-0", batches=200)
+    try:
+        end = log.high_watermark
+        reader = PartitionReader(tmp_path / "t-0")
+        for records, nbytes in ((10**9, 500), (20, 10**9), (20, 500), (1, 1)):
+            chunks = list(reader.read(0, end, chunk_records=records, chunk_bytes=nbytes))
+            # section bytes are the batches less their 61-byte headers (uncompressed here)
+            for ch in chunks:
+                batches = len(ch.meta) // 4
+                assert batches == 1 or (ch.records <= records
+                                        and ch.data_bytes + 61 * batches <= nbytes), (records, nbytes)
+            assert sum(ch.records for ch in chunks) == end
+            assert len(chunks) > 1
     finally:
         log.close()
 
