@@ -662,7 +662,8 @@ class Controller:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.stop_event.set)
         self.ctx = BrokerContext(node_id=0, config=self.config, metadata=self.store.metadata,
-                                 controller=self, logs=InternalLogs())
+                                 controller=self, logs=InternalLogs(),
+                                 state_reader=self.state_table)
         if self.metrics_table is not None:
             self.ctx.metrics = self._count_fsyncs(self.metrics_table.writer(0))
         self.ctx.coordinator = self._start_coordinator()

@@ -7,6 +7,7 @@ the broker log says one clear line about the condition, not a flood.
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import struct
@@ -203,23 +204,84 @@ def _segments_decoded(data_dir: Path, topic: str, partition: int) -> list[tuple[
     return out
 
 
+def _shmq(*args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "shmq", *args], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, (args, done.stdout[-2000:], done.stderr[-2000:])
+    return done.stdout
+
+
+def _http(b: RunningBroker, path: str) -> bytes:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{b.run_info['http']}{path}", timeout=10) as r:
+        return bytes(r.read())
+
+
+def _failing_as_shown(b: RunningBroker, topic: str) -> dict[str, dict[int, str]]:
+    """Which partitions of ``topic`` each surface says are in storage error, and why."""
+    import json
+    import re
+
+    shown: dict[str, dict[int, str]] = {}
+    describe = _shmq("topics", "--describe", "--topic", topic, "--data-dir", str(b.data_dir))
+    shown["describe"] = {
+        int(m[1]): m[3] for m in re.finditer(
+            r"Partition: (\d+)\tLeader: 1\tReplicas: 1\tIsr: 1\tElr: N/A\tLastKnownElr: N/A"
+            r"\tOffline: (1)\tStorageError: (.*)", describe)}
+    # another machine's view (only the bootstrap): which ones, the reason unknown
+    remote = _shmq("topics", "--bootstrap-server", b.bootstrap, "--describe", "--topic", topic,
+                   "--unavailable-partitions")
+    shown["unavailable"] = {int(m[1]): m[2] for m in re.finditer(
+        r"Partition: (\d+)\t.*\tOffline: 1\tStorageError: (.*)", remote)}
+    assert len(shown["unavailable"]) == len(remote.splitlines()), remote
+    metrics = _http(b, "/metrics").decode()
+    shown["metrics"] = {int(m[2]): m[1] for m in re.finditer(
+        r'^shmq_partition_storage_error\{error="([^"]*)",partition="(\d+)",topic="'
+        + topic + r'"\} 1\.0$', metrics, re.M)}
+    snap = json.loads(_http(b, "/api/v1/snapshot"))
+    shown["snapshot"] = {e["partition"]: e["error"] for e in snap["storage_errors"]
+                         if e["topic"] == topic}
+    top = _shmq("top", "--once", "--data-dir", str(b.data_dir))
+    shown["top"] = {int(m[1]): m[2] for m in re.finditer(
+        r"storage error " + topic + r"-(\d+): (.*?) \(appends refused", top)}
+    # an independent client's Metadata (kafka-python, v8): the leader listed offline
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from kafka import KafkaAdminClient
+    admin = KafkaAdminClient(bootstrap_servers=b.bootstrap)
+    try:
+        described = admin.describe_topics([topic])
+    finally:
+        admin.close()
+    shown["kafka-python"] = {p["partition_index"]: "offline" for t in described
+                             for p in t["partitions"] if p["offline_replicas"] == [1]}
+    return shown
+
+
 def test_full_disk_answers_storage_error_keeps_reading_and_recovers(
         tmp_path: Path, small_fs: Path) -> None:
     """A producer fills the filesystem: it gets KAFKA_STORAGE_ERROR (no reset), one log line
-    says why, consumers read everything acknowledged; once a file is removed produce works again
-    without a restart; the segments hold exactly what was acknowledged, as kafka-python decodes
-    them and as the broker's recovery reads them after a restart."""
+    says why, consumers read everything acknowledged; ``shmq topics --describe`` (its
+    --unavailable-partitions too), Metadata's offline replicas, /metrics, the dashboard's
+    snapshot and ``shmq top`` name the partitions whose last append failed and why; once a file
+    is removed produce works again without a restart and they all clear; the segments hold
+    exactly what was acknowledged, as kafka-python decodes them, as the broker's recovery reads
+    them after a restart, and as Apache Kafka's DumpLogSegments reads them (deep iteration,
+    index checks) without finding anything wrong."""
     data = small_fs / "data"
     ballast = small_fs / "ballast"
     ballast.write_bytes(os.urandom(4 << 20))
-    b = start_broker(data, workers=1)
+    b = start_broker(data, "--http-listener", "127.0.0.1:0", workers=1)
     topic, parts = "full", 2
     acked: dict[int, list[tuple[int, bytes]]] = {0: [], 1: []}
+    last_failed: dict[int, bool] = {}
     try:
         _create(b, topic, parts)
         errors: list[int] = []
 
         def done(err: Any, msg: Any) -> None:
+            last_failed[msg.partition()] = err is not None
             if err is not None:
                 errors.append(err.code())
             else:
@@ -243,6 +305,14 @@ def test_full_disk_answers_storage_error_keeps_reading_and_recovers(
         ends = {q: len(acked[q]) for q in range(parts)}
         got = _read_all(b.bootstrap, topic, parts, ends)
         assert {q: got.get(q, []) for q in range(parts)} == acked
+        # every surface names exactly the partitions whose last append failed, and why
+        failing = {q for q, failed in last_failed.items() if failed}
+        assert failing, last_failed
+        reason = os.strerror(errno.ENOSPC)
+        for surface, shown in _failing_as_shown(b, topic).items():
+            want = "offline" if surface == "kafka-python" else (
+                "unknown" if surface == "unavailable" else reason)
+            assert shown == dict.fromkeys(failing, want), (surface, shown, failing)
         # space comes back: appends work again, no restart
         ballast.unlink()
         more = _produce(b.bootstrap, topic, [b"after-%d" % i for i in range(100)], parts)
@@ -250,6 +320,8 @@ def test_full_disk_answers_storage_error_keeps_reading_and_recovers(
             acked[q].extend(more[q])
         got = _read_all(b.bootstrap, topic, parts, {q: len(acked[q]) for q in range(parts)})
         assert {q: got.get(q, []) for q in range(parts)} == acked
+        for surface, shown in _failing_as_shown(b, topic).items():  # and the error is gone
+            assert shown == {}, (surface, shown)
         lines = _lines(b, "KAFKA_STORAGE_ERROR")
         assert 1 <= len(lines) <= 3, lines
         assert _lines(b, "appends succeed again")
@@ -269,6 +341,46 @@ def test_full_disk_answers_storage_error_keeps_reading_and_recovers(
         assert {q: got.get(q, []) for q in range(parts)} == acked
     finally:
         assert b.stop() == 0
+    _kafka_finds_no_corruption(data, topic, acked)
+
+
+def _kafka_finds_no_corruption(data: Path, topic: str,
+                               acked: dict[int, list[tuple[int, bytes]]]) -> None:
+    """Apache Kafka's DumpLogSegments over the partitions' segments after the full-disk
+    episode: deep iteration reads every batch (CRCs checked, "isvalid: true") and finds exactly
+    the acknowledged offsets with no "Found ..." (invalid bytes, a corrupt tail) report; the
+    offset and time indexes pass --verify-index-only and --index-sanity-check."""
+    import re
+
+    import apache_kafka
+
+    try:
+        apache_kafka.fetch()
+    except apache_kafka.KafkaUnavailable as exc:
+        if apache_kafka.required():
+            raise
+        pytest.skip(f"Apache Kafka's tools: {exc} (every other check above passed)")
+    for q in acked:
+        d = next(data.glob(f"worker-*/{topic}-{q}"))
+        logs = sorted(str(f) for f in d.glob("*.log"))
+        indexes = sorted(str(f) for f in d.glob("*.index")) + sorted(
+            str(f) for f in d.glob("*.timeindex"))
+        deep, verify, sanity = apache_kafka.run_tools([
+            ("dump-log", ["--deep-iteration", "--files", ",".join(logs)]),
+            ("dump-log", ["--verify-index-only", "--files", ",".join(indexes)]),
+            ("dump-log", ["--index-sanity-check", "--files", ",".join(indexes)])])
+        assert (deep.returncode, deep.stderr) == (0, ""), deep.stderr[-3000:]
+        assert "Found " not in deep.stdout, deep.stdout[-3000:]
+        offsets = [int(m[1]) for m in re.finditer(r"^\| offset: (\d+) ", deep.stdout, re.M)]
+        assert offsets == [o for o, _ in acked[q]], (q, offsets[-5:], len(acked[q]))
+        assert re.findall(r"isvalid: (\w+)", deep.stdout) and set(
+            re.findall(r"isvalid: (\w+)", deep.stdout)) == {"true"}
+        for check in (verify, sanity):
+            assert (check.returncode, check.stderr) == (0, ""), check.stderr[-3000:]
+            for line in check.stdout.splitlines():
+                assert line.startswith("Dumping ") or line.endswith(
+                    (" passed sanity check.", ".index is empty.")), line
+        assert " passed sanity check." in sanity.stdout
 
 
 _FILL_CHILD = r"""
