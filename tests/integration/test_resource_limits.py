@@ -659,6 +659,170 @@ def test_queued_request_bytes_bound_a_workers_memory(tmp_path: Path) -> None:
     assert grew_mib < 80, grew_mib
 
 
+class MemoryCgroup:
+    """A memory cgroup made for one test under this process's own: cgroup v2's ``memory.max``
+    where the unified hierarchy has the memory controller, else v1's ``memory.limit_in_bytes``
+    (this box: v1 memory, v2 with hugetlb only).  Swap is capped too, so the limit is real."""
+
+    def __init__(self, path: Path, v2: bool) -> None:
+        self.path, self.v2 = path, v2
+
+    def prefix(self) -> tuple[str, ...]:
+        """A command prefix that moves the command (and so all its children) into the group."""
+        return ("sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(self.path))
+
+    def read(self, name: str) -> str:
+        return (self.path / name).read_text()
+
+    def oom_kills(self) -> int:
+        text = self.read("memory.events" if self.v2 else "memory.oom_control")
+        return next(int(ln.split()[1]) for ln in text.splitlines()
+                    if ln.startswith("oom_kill "))
+
+    def peak(self) -> int:
+        name = "memory.peak" if self.v2 else "memory.max_usage_in_bytes"
+        return int(self.read(name)) if (self.path / name).exists() else 0
+
+
+@pytest.fixture
+def memory_cgroup() -> Iterator[MemoryCgroup]:
+    import secrets
+
+    name = f"shmq-test-{os.getpid()}-{secrets.token_hex(4)}"
+    own = {parts[1]: parts[2] for parts in (ln.split(":", 2) for ln in
+                                            Path("/proc/self/cgroup").read_text().splitlines())}
+    unified = next((Path(p) for p in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")
+                    if "memory" in _read_or_empty(Path(p) / "cgroup.controllers").split()), None)
+    if unified is not None:
+        group, v2 = unified / own.get("", "/").lstrip("/") / name, True
+    elif "memory" in own:
+        group, v2 = Path("/sys/fs/cgroup/memory") / own["memory"].lstrip("/") / name, False
+    else:
+        pytest.skip("no memory cgroup controller on this machine")
+    try:
+        group.mkdir()
+    except OSError as exc:
+        pytest.skip(f"cannot create a memory cgroup ({group}): {exc.strerror}")
+    try:
+        yield MemoryCgroup(group, v2)
+    finally:
+        for _ in range(50):  # the broker has stopped; its processes leave the group as they exit
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+        assert not group.exists(), f"cgroup {group} left behind"
+
+
+def _read_or_empty(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _set_limit(cg: MemoryCgroup, limit: int) -> None:
+    if cg.v2:
+        (cg.path / "memory.max").write_text(str(limit))
+        if (cg.path / "memory.swap.max").exists():
+            (cg.path / "memory.swap.max").write_text("0")
+    else:
+        (cg.path / "memory.limit_in_bytes").write_text(str(limit))
+        if (cg.path / "memory.memsw.limit_in_bytes").exists():
+            (cg.path / "memory.memsw.limit_in_bytes").write_text(str(limit))
+
+
+def test_memory_limit_flood_of_producers_and_big_fetches(tmp_path: Path,
+                                                         memory_cgroup: MemoryCgroup) -> None:
+    """The broker inside a 512 MiB memory cgroup (controller, fork server and worker together):
+    50 acks=0 producers flood 1 MB batches while 20 consumers ask for 50 MiB fetches and an
+    idempotent acks=all producer writes numbered records.  Back-pressure (queued.max.request.bytes,
+    the 32-frame queue, sendfile fetches) keeps the group under its limit: no process is OOM-killed
+    or restarted, the log has no error, and every acknowledged record is read back in order."""
+    import threading
+
+    limit = 512 << 20
+    _set_limit(memory_cgroup, limit)
+    b = start_broker(tmp_path / "data", "--override", "queued.max.request.bytes=67108864",
+                     workers=1, prefix=memory_cgroup.prefix())
+    topic, parts = "flood", 4
+    stop = threading.Event()
+    fetched = [0] * 20
+    problems: list[str] = []
+    try:
+        pids = b.worker_pids()
+        assert int(memory_cgroup.read("cgroup.procs").split()[0]) > 0
+        assert str(b.proc.pid) in memory_cgroup.read("cgroup.procs").split()
+        _create(b, topic, parts)
+        _create(b, "acked", 2)
+
+        def flood(n: int) -> None:
+            p = Producer({"bootstrap.servers": b.bootstrap, "acks": 0, "linger.ms": 0,
+                          "message.max.bytes": 1_100_000, "queue.buffering.max.kbytes": 8192})
+            value = os.urandom(1_000_000)
+            try:
+                for _ in range(6):
+                    while True:
+                        try:
+                            p.produce(topic, value, partition=n % parts)
+                            break
+                        except BufferError:  # librdkafka's queue is full: the broker pushes back
+                            p.poll(0.05)
+                    p.poll(0)
+                if p.flush(120) != 0:
+                    problems.append("an acks=0 producer could not send within 120 s")
+            except Exception as exc:  # noqa: BLE001
+                problems.append(repr(exc))
+
+        def fetch(n: int) -> None:
+            c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": f"big-{n}",
+                          "auto.offset.reset": "earliest", "fetch.max.bytes": 50 << 20,
+                          "max.partition.fetch.bytes": 50 << 20,
+                          "receive.message.max.bytes": (50 << 20) + 65536,
+                          "enable.auto.commit": False})
+            c.assign([TopicPartition(topic, q, 0) for q in range(parts)])
+            try:
+                while not stop.is_set():
+                    msg = c.poll(0.2)
+                    if msg is not None and not msg.error():
+                        fetched[n] += 1
+            finally:
+                c.close()
+
+        consumers = [threading.Thread(target=fetch, args=(n,)) for n in range(20)]
+        producers = [threading.Thread(target=flood, args=(n,)) for n in range(50)]
+        for t in consumers + producers:
+            t.start()
+        sent = [b"acked-%05d" % i for i in range(2000)]
+        acked = _produce(b.bootstrap, "acked", sent, 2, **{"enable.idempotence": True})
+        for t in producers:
+            t.join(180)
+        stop.set()
+        for t in consumers:
+            t.join(60)
+        assert not any(t.is_alive() for t in producers + consumers)
+        assert not problems, problems[:3]
+        assert min(fetched) > 0, fetched
+        assert b.worker_pids() == pids, "a worker was restarted"
+        assert b.proc.poll() is None, "the controller died"
+        rss = {pid: _status_kib(pid, "VmHWM") for pid in pids.values()}
+        got = _read_all(b.bootstrap, "acked", 2, {q: len(v) for q, v in acked.items()})
+        assert got == acked  # every acknowledged record, at its offset
+        assert sorted(v for r in got.values() for _, v in r) == sent
+    finally:
+        stop.set()
+        code = b.stop()
+    assert memory_cgroup.oom_kills() == 0
+    peak = memory_cgroup.peak()
+    print(f"cgroup peak {peak >> 20} MiB of {limit >> 20} MiB; worker VmHWM "
+          f"{ {p: k >> 10 for p, k in rss.items()} } MiB; fetched {sum(fetched)} records")
+    assert code == 0, b.log_path.read_text()[-3000:]
+    text = b.log_path.read_text()
+    assert "Traceback" not in text and "MemoryError" not in text, text[-3000:]
+    assert len(text.splitlines()) < 100
+
+
 # -- the log ------------------------------------------------------------------------------------
 
 
