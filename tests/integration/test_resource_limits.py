@@ -7,6 +7,7 @@ the broker log says one clear line about the condition, not a flood.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
@@ -486,15 +487,93 @@ def test_2000_partitions_20000_segments_under_a_hard_limit_of_1024(tmp_path: Pat
 # -- a slow disk --------------------------------------------------------------------------------
 
 
-def test_slow_fsyncs_do_not_stall_reads_heartbeats_or_metadata(tmp_path: Path) -> None:
-    """Every fsync stalls 1.5 s (``SHMQ_FAULT_FSYNC_DELAY_MS``: no device-mapper delay target
-    here), with flush.ms=1000 and acks=all producers: the worker's event loop keeps answering
-    (requests timed on a raw connection), a consumer group stays stable (no rebalance), every
-    acknowledged record is consumed; produce latency grows, nothing fails."""
+@contextlib.contextmanager
+def _throttled_disk(tmp_path: Path, iops: int) -> Iterator[tuple[Path, tuple[str, ...]]]:
+    """A real slow disk: a 128 MiB ext4 image on a loop device, mounted for the test, and a
+    cgroup-v1 blkio group that lets its processes write ``iops`` requests a second to that
+    device (``blkio.throttle.write_iops_device``), so an fsync waits for the device as on a
+    failing or saturated disk.  (There is no device-mapper here for dm-delay: the kernel has
+    no dm driver, ``/dev/mapper/control`` says "No such device"; cgroup v2's io.max is not
+    enabled in the unified hierarchy.)  Yields the mount and the command prefix that puts a
+    process into the group; everything is undone after, on failure too.  Skipped, not faked,
+    where a step is not allowed."""
+    import secrets
+
+    image, mnt = tmp_path / "slow.img", tmp_path / "slow"
+    group = Path("/sys/fs/cgroup/blkio") / f"shmq-test-{os.getpid()}-{secrets.token_hex(4)}"
+    if not (group.parent / "blkio.throttle.write_iops_device").exists():
+        pytest.skip("no cgroup-v1 blkio throttling here")
+    with open(image, "wb") as f:
+        f.truncate(128 << 20)
+    steps = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True, text=True)
+    if steps.returncode != 0:
+        pytest.skip(f"mkfs.ext4: {steps.stderr.strip()}")
+    loop = subprocess.run(["losetup", "-f", "--show", str(image)], capture_output=True,
+                          text=True)
+    if loop.returncode != 0:
+        pytest.skip(f"no loop device: {loop.stderr.strip()}")
+    device = loop.stdout.strip()
+    mounted = False
+    try:
+        mnt.mkdir()
+        done = subprocess.run(["mount", device, str(mnt)], capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount {device}: {done.stderr.strip()}")
+        mounted = True
+        os.chmod(mnt, 0o700)
+        major_minor = Path(f"/sys/block/{Path(device).name}/dev").read_text().strip()
+        group.mkdir()
+        (group / "blkio.throttle.write_iops_device").write_text(f"{major_minor} {iops}")
+        yield mnt, ("sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group))
+    finally:
+        if group.exists():
+            for _ in range(50):
+                try:
+                    group.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+        if mounted:
+            subprocess.run(["umount", str(mnt)], check=False)
+        subprocess.run(["losetup", "-d", device], check=False)
+        image.unlink(missing_ok=True)
+        assert not group.exists(), f"cgroup {group} left behind"
+
+
+@pytest.mark.parametrize("disk", [
+    "hook",
+    # Known gap, kept visible: on the real slow device the worker's event loop stalls too (p99
+    # 1.4 s for ApiVersions in the first run).  Fsyncs are in threads, but appends (pwritev and
+    # the mapped index stores) run on the event loop, and the kernel makes a writer to a slow
+    # device's page cache wait (dirty-page throttling follows the device's write rate, and a
+    # page under writeback is waited for).  Moving appends off the loop is the fix.  ~80 s.
+    pytest.param("throttled-loop-device", marks=[
+        pytest.mark.slow, pytest.mark.xfail(reason="appends on the event loop wait for a slow "
+                                                   "device's writeback (issue 19)",
+                                            strict=False)]),
+])
+def test_slow_fsyncs_do_not_stall_reads_heartbeats_or_metadata(tmp_path: Path,
+                                                               disk: str) -> None:
+    """Fsyncs take seconds, with flush.ms=1000 and acks=all producers: the worker's event loop
+    keeps answering (requests timed on a raw connection), a consumer group stays stable (no
+    rebalance), every acknowledged record is consumed; produce latency grows, nothing fails.
+    Two slow disks: the ``SHMQ_FAULT_FSYNC_DELAY_MS`` hook (every segment fsync sleeps 1.5 s
+    first), and a real one, an ext4 loop device throttled to 2 writes a second."""
+    with contextlib.ExitStack() as stack:
+        if disk == "hook":
+            env = dict(os.environ, SHMQ_FAULT_FSYNC_DELAY_MS="1500")
+            data, prefix = tmp_path / "data", ()
+        else:
+            env = None
+            mnt, prefix = stack.enter_context(_throttled_disk(tmp_path, iops=2))
+            data = mnt / "data"
+        _slow_disk_run(data, env, prefix)
+
+
+def _slow_disk_run(data: Path, env: dict[str, str] | None, prefix: tuple[str, ...]) -> None:
     import threading
 
-    env = dict(os.environ, SHMQ_FAULT_FSYNC_DELAY_MS="1500")
-    b = start_broker(tmp_path / "data", workers=1, env=env)
+    b = start_broker(data, workers=1, env=env, prefix=prefix, timeout=120)
     topic, parts = "slow", 2
     stop = threading.Event()
     stop_producing = threading.Event()
@@ -502,6 +581,7 @@ def test_slow_fsyncs_do_not_stall_reads_heartbeats_or_metadata(tmp_path: Path) -
     consumed: dict[int, list[tuple[int, bytes]]] = {0: [], 1: []}
     rebalances: list[str] = []
     failures: list[object] = []
+    latencies: list[float] = []
     try:
         admin = AdminClient({"bootstrap.servers": b.bootstrap})
         admin.create_topics([NewTopic(topic, parts, 1, config={"flush.ms": "1000"})])[
@@ -533,6 +613,7 @@ def test_slow_fsyncs_do_not_stall_reads_heartbeats_or_metadata(tmp_path: Path) -
                     failures.append(err)
                 else:
                     acked[msg.partition()].append((msg.offset(), msg.value()))
+                    latencies.append(msg.latency())
             i = 0
             while not stop_producing.is_set() and i < 100:
                 p.produce(topic, b"s%05d" % i, partition=i % parts, on_delivery=done)
@@ -570,6 +651,7 @@ def test_slow_fsyncs_do_not_stall_reads_heartbeats_or_metadata(tmp_path: Path) -
         controller.close()
         stop_producing.set()
         producer.join(120)
+        assert not producer.is_alive(), "the producer's flush outlived 120 s"
         deadline = time.monotonic() + 30
         # the consumers run on until they have everything acknowledged
         while any(len(consumed[q]) < len(acked[q]) for q in range(parts)):
@@ -586,9 +668,12 @@ def test_slow_fsyncs_do_not_stall_reads_heartbeats_or_metadata(tmp_path: Path) -
         assert b.stop() == 0, b.log_path.read_text()[-3000:]
 
     times.sort()
+    latencies.sort()
     p99 = times[int(len(times) * 0.99)]
-    print(f"{len(times)} requests during 1.5 s fsyncs: p50 {times[len(times) // 2] * 1000:.1f} ms,"
-          f" p99 {p99 * 1000:.1f} ms, max {times[-1] * 1000:.1f} ms")
+    print(f"{len(times)} requests while fsyncs stall: p50 {times[len(times) // 2] * 1000:.1f} ms,"
+          f" p99 {p99 * 1000:.1f} ms, max {times[-1] * 1000:.1f} ms; acks=all produce latency "
+          f"p50 {latencies[len(latencies) // 2] * 1000:.0f} ms")
+    assert latencies[len(latencies) // 2] > 0.5  # the disk is slow indeed
     assert not failures, failures[:3]
     assert sum(len(v) for v in acked.values()) > 20
     for q in range(parts):
