@@ -384,6 +384,54 @@ def _kafka_finds_no_corruption(data: Path, topic: str,
         assert " passed sanity check." in sanity.stdout
 
 
+def test_stopped_while_the_disk_is_full_exits_cleanly_and_recovers(
+        tmp_path: Path, small_fs: Path) -> None:
+    """SIGTERM while the disk is still full: the producer snapshots and checkpoints cannot be
+    written; the broker closes every file, says so in one line, exits 0 and leaves the shutdown
+    unmarked (it used to exit 1 with a traceback), so the next start recovers the logs and
+    serves everything acknowledged."""
+    from shmq.storage.layout import CLEAN_SHUTDOWN_FILE
+
+    data = small_fs / "data"
+    ballast = small_fs / "ballast"
+    b = start_broker(data, workers=1)
+    try:
+        _create(b, "stop", 1)
+        acked = _produce(b.bootstrap, "stop", [b"before-%d" % i for i in range(50)], 1)
+        fd = os.open(ballast, os.O_WRONLY | os.O_CREAT, 0o600)  # fill the disk to the last byte
+        for chunk in (1 << 20, 4096, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * chunk)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+        os.close(fd)
+        errors: list[int] = []
+        p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all", "retries": 0})
+        p.produce("stop", b"x" * 100_000, partition=0,
+                  on_delivery=lambda err, msg: errors.append(err.code() if err else 0))
+        p.flush(30)
+        assert errors == [KafkaError.KAFKA_STORAGE_ERROR], errors
+    finally:
+        code = b.stop()
+    text = b.log_path.read_text()
+    assert code == 0, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    # one line per log manager that could not write: the worker's, the controller's two
+    # (__consumer_offsets, __transaction_state)
+    assert 1 <= len(_lines(b, "the next start recovers the logs")) <= 3, text[-3000:]
+    assert _lines(b, "worker-1 ERROR shutdown could not write"), text[-3000:]
+    assert not list(data.glob(f"worker-*/{CLEAN_SHUTDOWN_FILE}"))
+    ballast.unlink()
+    b = start_broker(data, workers=1)
+    try:
+        assert _read_all(b.bootstrap, "stop", 1, {0: 50}) == acked
+        more = _produce(b.bootstrap, "stop", [b"after"], 1)
+        assert more[0][0][0] == 50
+    finally:
+        assert b.stop() == 0
+
+
 _FILL_CHILD = r"""
 import errno, os, sys
 from pathlib import Path
