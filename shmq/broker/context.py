@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from shmq.broker.config import BrokerConfig
 from shmq.broker.metadata import ClusterMetadata
+from shmq.ipc.state_table import storage_flags
 from shmq.storage.log import PartitionLog
 
 
@@ -76,6 +77,7 @@ class BrokerContext:
                                                             "responses": 0,
                                                             "response_writes": 0})
     state_table: Any = None              # shmq.ipc.StateTable attached read-write (workers)
+    state_reader: Any = None             # the state table to read flags from (any process)
     metrics: Any = None                  # this process's MetricsWriter (None: collection off)
     remote_ns: int = 0                   # a handler's wait (purgatory), for the router
 
@@ -88,7 +90,7 @@ class BrokerContext:
         if 0 <= info.slot < table.slot_count:
             table.write(info.slot, self.node_id, info.leader_epoch, log.log_start_offset,
                         log.high_watermark, log.last_stable_offset, log.log_end_offset,
-                        log.generation)
+                        log.generation, storage_flags(log.storage_errno))
 
     def log_for(self, topic: str, partition: int) -> PartitionLog | None:
         """The local log of a partition this node leads (created on first use), else None."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -127,6 +128,8 @@ class MetadataStore:
 
     def __init__(self, data_dir: Path) -> None:
         self.path = data_dir / "meta" / "cluster.json"
+        self._write_lock = threading.Lock()
+        self._written = -1  # the generation on disk (written by this process)
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         if self.path.exists():
             self.metadata = ClusterMetadata.from_json(self.path.read_text())
@@ -136,7 +139,25 @@ class MetadataStore:
 
     def save(self) -> None:
         self.metadata.generation += 1
-        checkpoint.write_atomically(self.path, self.metadata.to_json())
+        self._write(self.metadata.generation, self.metadata.to_json())
+
+    async def save_off_loop(self) -> None:
+        """``save`` with the write and its fsyncs in a thread: the event loop goes on while a
+        slow disk syncs (the JSON is taken here, on the loop, so it is a consistent copy)."""
+        import asyncio
+
+        self.metadata.generation += 1
+        generation, text = self.metadata.generation, self.metadata.to_json()
+        await asyncio.get_running_loop().run_in_executor(None, self._write, generation, text)
+
+    def _write(self, generation: int, text: str) -> None:
+        """Write one generation, unless a later one (which holds everything it holds) already
+        is on disk: writes from the loop and from threads never interleave or go backwards."""
+        with self._write_lock:
+            if generation <= self._written:
+                return
+            checkpoint.write_atomically(self.path, text)
+            self._written = generation
 
     def _partition_count(self) -> int:
         """Partitions of the clients' topics: where round-robin leader placement goes on."""
@@ -229,11 +250,12 @@ class MetadataStore:
             self.save()
         return moves
 
-    def allocate_producer_ids(self, count: int) -> int:
-        """A block of ``count`` producer ids (ProducerIdManager blocks), persisted first."""
+    async def allocate_producer_ids(self, count: int) -> int:
+        """A block of ``count`` producer ids (ProducerIdManager blocks), persisted first (in a
+        thread: InitProducerId must not stall the controller's loop on a slow disk)."""
         first = self.metadata.next_producer_id
         self.metadata.next_producer_id += count
-        self.save()
+        await self.save_off_loop()
         return first
 
 

@@ -272,6 +272,15 @@ def render(snap: dict[str, Any], args: argparse.Namespace, show_partitions: bool
             head.append(f"   {api.lower()} p50 {lat[api]['p50_ms']:.2f} ms "
                         f"p99 {lat[api]['p99_ms']:.2f} ms")
     parts: list[Any] = [head]
+    failing = snap.get("storage_errors") or []
+    if failing:  # a full disk, an I/O error: said first, in red, until appends succeed again
+        alert = Text()
+        for e in failing[:8]:
+            alert.append(f"storage error {e['topic']}-{e['partition']}: {e['error']} "
+                         "(appends refused, reads served)\n", style="bold red")
+        if len(failing) > 8:
+            alert.append(f"... and {len(failing) - 8} more partitions\n", style="bold red")
+        parts.append(alert)
     if snap.get("processes"):
         t = Table(title="processes", title_justify="left", expand=True, box=None)
         for col in ("process", "pid", "state", "CPU %", "RSS", "fds", "conns", "restarts",

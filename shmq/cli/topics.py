@@ -24,6 +24,11 @@ smaller count fails with the broker's INVALID_PARTITIONS message.  ``--alter --c
 partitions; shmq's brokers are the workers, one replica each); with ``--alter`` it lists every
 partition and only the new ones are sent, as in Kafka.
 
+A partition whose last write failed (a full disk, an I/O error; shmq's broker lists its leader in
+Metadata's ``offline_replicas``) gets two more columns, ``Offline: 1`` and ``StorageError:
+<reason>`` (the reason from the local broker's HTTP listener; "unknown" for a remote one), and
+counts as unavailable for ``--unavailable-partitions``; both go away when appends succeed again.
+
 A failure is one line, ``Error while executing topic command : <message>``, and exit code 1.
 Two deliberate differences from Kafka 4: that line goes to stderr (Kafka prints it on stdout and
 a stack trace on stderr), and argument errors Kafka 4 prints bare (``Topic 'x' does not exist as
@@ -167,6 +172,8 @@ def run(args: argparse.Namespace) -> int:
     bootstrap = resolve_bootstrap(args, props)
     try:
         service = TopicService(bootstrap, props)
+        service.data_dir = args.data_dir
+        service.local = not args.bootstrap_server and not props.get("bootstrap.servers")
         getattr(service, f"do_{action}")(args)
     except TopicCommandError as exc:
         _error(str(exc))
@@ -254,6 +261,10 @@ class TopicService:
         conf["bootstrap.servers"] = bootstrap
         conf.setdefault("log_level", 0)  # failures come back through the futures
         self.timeout = api_timeout(props)
+        self.bootstrap = bootstrap.split(",")[0].strip()
+        self.plaintext = conf.get("security.protocol", "plaintext").lower() == "plaintext"
+        self.data_dir: str | None = None
+        self.local = False
         try:
             self.admin = AdminClient(conf)
         except Exception as exc:
@@ -365,6 +376,7 @@ class TopicService:
         configs = self._describe_configs(topics)
         reports = [r for r in _REPORTS if getattr(args, r)]
         live = self._live_brokers() if args.unavailable_partitions else set()
+        offline = self._offline(topics)
         out = []
         for name in topics:
             desc = descriptions[name]
@@ -377,9 +389,10 @@ class TopicService:
                 continue
             min_isr = _int_config(entries, "min.insync.replicas", 1)
             for part in partitions:
-                if reports and not any(_report(r, part, min_isr, live) for r in reports):
+                down = offline.get((name, part.id))
+                if reports and not any(_report(r, part, min_isr, live, down) for r in reports):
                     continue
-                out.append(_partition_line(name, part))
+                out.append(_partition_line(name, part, down))
         if out:
             print("\n".join(out))
 
@@ -398,6 +411,54 @@ class TopicService:
                 return {}  # no DescribeConfigs: no overrides we can show
             raise
         return {resource.name: entries for resource, entries in results.items()}
+
+    def _offline(self, topics: list[str]) -> dict[tuple[str, int], tuple[list[int], str]]:
+        """Partitions with offline replicas (Metadata v12's ``offline_replicas``, which
+        librdkafka does not hand on): shmq lists a partition's leader there while its last write
+        failed (a full disk, an I/O error).  The reason comes from the local broker's HTTP
+        listener when the bootstrap is that broker; otherwise it is "unknown"."""
+        if not self.plaintext:
+            return {}
+        from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
+        from kio.schema.types import TopicName
+
+        from shmq.cli.configs import kafka_call
+
+        request = MetadataRequest(
+            topics=tuple(MetadataRequestTopic(topic_id=None, name=TopicName(t)) for t in topics),
+            allow_auto_topic_creation=False, include_topic_authorized_operations=False)
+        try:
+            answer = kafka_call(self.bootstrap, request, self.timeout)
+        except Exception:  # noqa: BLE001  an old or odd broker: Kafka's columns only
+            return {}
+        found = {(str(t.name), int(p.partition_index)): [int(r) for r in p.offline_replicas]
+                 for t in answer.topics for p in t.partitions if p.offline_replicas}
+        if not found:
+            return {}
+        reasons = self._storage_reasons()
+        return {key: (ids, reasons.get(key, "unknown")) for key, ids in found.items()}
+
+    def _storage_reasons(self) -> dict[tuple[str, int], str]:
+        """``storage_errors`` of the local broker's ``/api/v1/snapshot``, when the bootstrap is
+        the broker of ``--data-dir`` (or the default data dir) and it has an HTTP listener."""
+        import json
+        import urllib.request
+
+        from shmq.cli.top import _run_info
+
+        info = _run_info(self.data_dir) or {}
+        http = info.get("http")
+        if not http or not (self.local or info.get("bootstrap") == self.bootstrap):
+            return {}
+        url = (http if http.startswith(("http://", "https://")) else "http://" + http)
+        try:
+            with urllib.request.urlopen(url.rstrip("/") + "/api/v1/snapshot",
+                                        timeout=min(self.timeout, 5.0)) as r:
+                snap = json.loads(r.read())
+            return {(str(e["topic"]), int(e["partition"])): str(e["error"])
+                    for e in snap.get("storage_errors", [])}
+        except (OSError, ValueError, KeyError, TypeError):
+            return {}
 
     def _live_brokers(self) -> set[int]:
         metadata = self.admin.list_topics(timeout=self.timeout)
@@ -440,12 +501,18 @@ def _topic_line(desc: Any, partitions: list[Any], overrides: dict[str, Any]) -> 
     return line
 
 
-def _partition_line(topic: str, part: Any) -> str:
+def _partition_line(topic: str, part: Any,
+                    down: tuple[list[int], str] | None = None) -> str:
+    """Kafka's columns; then, only for a partition with offline replicas (shmq: its last write
+    failed), ``Offline: <ids>`` and ``StorageError: <reason>`` (Kafka 4 prints neither)."""
     leader = _leader_id(part)
-    return (f"\tTopic: {topic}\tPartition: {part.id}"
+    line = (f"\tTopic: {topic}\tPartition: {part.id}"
             f"\tLeader: {'none' if leader is None else leader}"
             f"\tReplicas: {_node_ids(part.replicas)}\tIsr: {_node_ids(part.isr)}"
             "\tElr: N/A\tLastKnownElr: N/A")
+    if down is not None:
+        line += f"\tOffline: {','.join(map(str, down[0]))}\tStorageError: {down[1]}"
+    return line
 
 
 def _int_config(entries: dict[str, Any], name: str, default: int) -> int:
@@ -456,13 +523,14 @@ def _int_config(entries: dict[str, Any], name: str, default: int) -> int:
         return default
 
 
-def _report(report: str, part: Any, min_isr: int, live: set[int]) -> bool:
+def _report(report: str, part: Any, min_isr: int, live: set[int],
+            down: tuple[list[int], str] | None = None) -> bool:
     leader = _leader_id(part)
     isr = len(part.isr or ())
     if report == "under_replicated_partitions":
         return len(part.replicas or ()) - isr > 0
-    if report == "unavailable_partitions":
-        return leader is None or leader not in live
+    if report == "unavailable_partitions":  # shmq: also a leader whose writes fail
+        return leader is None or leader not in live or (down is not None and leader in down[0])
     if report == "under_min_isr_partitions":
         return leader is None or isr < min_isr
     return isr == min_isr  # at_min_isr_partitions

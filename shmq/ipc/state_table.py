@@ -75,6 +75,8 @@ _U32_MAX = 2**32 - 1
 # A POSIX shm name: one leading slash, then a file name in /dev/shm (NAME_MAX 255, no slash).
 _NAME_RE = re.compile(r"/[A-Za-z0-9._-]{1,254}")
 
+_FLAGS_WORD = 52 // 4  # the slot's flags: byte 52 (shmq/_fast/seqlock.pyx)
+
 assert HEADER.size <= HEADER_SIZE and SLOT_SIZE == 64
 
 
@@ -97,6 +99,24 @@ class PartitionState(NamedTuple):
 
 
 UNKNOWN = PartitionState(-1, -1, -1, -1, -1, -1, 0, 0)
+
+# ``flags``: bit 0 set while the partition's last write failed (a full disk, an I/O error), with
+# the errno in bits 8..23; the leader still serves reads, appends are answered
+# KAFKA_STORAGE_ERROR until one succeeds.  Metadata lists the leader as an offline replica.
+STORAGE_ERROR = 0x1
+_ERRNO_SHIFT = 8
+
+
+def storage_flags(errno_: int | None) -> int:
+    """The ``flags`` of a partition whose last write failed with ``errno_`` (None: it did not)."""
+    if errno_ is None:
+        return 0
+    return STORAGE_ERROR | (min(max(errno_, 0), 0xFFFF) << _ERRNO_SHIFT)
+
+
+def storage_errno(flags: int) -> int | None:
+    """The errno of a partition's storage error from its ``flags``, or None (no error)."""
+    return (flags >> _ERRNO_SHIFT) & 0xFFFF if flags & STORAGE_ERROR else None
 
 
 def new_name(prefix: str = STATE_TABLE_PREFIX) -> str:
@@ -310,6 +330,16 @@ class StateTable:
             raise IndexError(f"slot {slot} is not in [0, {self.slot_count})")
         values = read_slot(view, HEADER_SIZE + SLOT_SIZE * slot, max_spins)
         return None if values is None else tuple.__new__(PartitionState, values)
+
+    def flagged(self, mask: int) -> set[int]:
+        """The slots whose ``flags`` have a bit of ``mask`` set (one vectorised pass over the
+        table, no seqlock: each flags word is read whole)."""
+        import numpy as np
+
+        words = np.frombuffer(self._buffer(), dtype=np.uint32, offset=HEADER_SIZE,
+                              count=self.slot_count * (SLOT_SIZE // 4))
+        flags = words.reshape(self.slot_count, SLOT_SIZE // 4)[:, _FLAGS_WORD]
+        return {int(i) for i in np.flatnonzero(flags & mask)}
 
     def seq(self, slot: int) -> int:
         """The slot's seqlock counter: the number of completed writes times two (odd mid-write)."""

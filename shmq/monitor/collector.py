@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from shmq._fast import _metrics_reference as L
+from shmq.ipc.state_table import storage_errno
 from shmq.protocol import api_versions
 
 HISTORY = 900                 # samples kept for the charts: 15 minutes at one a second
@@ -194,8 +195,13 @@ class Collector:
         state = table.read(slot)
         if state is None or state.leader < 0:
             return {}
-        return {"log_start": state.log_start, "high_watermark": state.high_watermark,
-                "last_stable": state.last_stable, "log_end": state.log_end}
+        row: dict[str, Any] = {"log_start": state.log_start,
+                               "high_watermark": state.high_watermark,
+                               "last_stable": state.last_stable, "log_end": state.log_end}
+        failed = storage_errno(state.flags)
+        if failed is not None:  # the last write failed: why, until one succeeds again
+            row["storage_error"] = os.strerror(failed) if failed else "I/O error"
+        return row
 
     def _measure(self, processes: list[dict[str, Any]]) -> None:
         live = set()
@@ -323,6 +329,11 @@ class Collector:
                        "workers_alive": sum(1 for p in workers if p.get("alive")),
                        "metrics": bool(view.get("metrics")) and regions is not None},
             "processes": processes, "topics": topics, "groups": groups,
+            # partitions whose last write failed (a full disk...), until one succeeds again
+            "storage_errors": [{"topic": t["name"], "partition": p["partition"],
+                                "error": p["storage_error"]}
+                               for t in topics for p in t["partition_list"]
+                               if "storage_error" in p],
             "requests": requests, "waits": waits, "totals": totals,
         }
 

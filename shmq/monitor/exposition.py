@@ -206,6 +206,13 @@ def families(snap: dict[str, Any], collector: Collector | None = None) -> Iterat
                             value=partition_count)
     yield GaugeMetricFamily("kafka_server_replicamanager_underreplicatedpartitions",
                             "single host: replicas are the leader", value=0)
+    storage = GaugeMetricFamily("shmq_partition_storage_error",
+                                "1 while the partition's last write failed (a full disk, an I/O "
+                                "error); appends get KAFKA_STORAGE_ERROR until one succeeds",
+                                labels=["topic", "partition", "error"])
+    for e in snap.get("storage_errors", ()):
+        storage.add_metric([e["topic"], str(e["partition"]), e["error"]], 1)
+    yield storage
     yield GaugeMetricFamily("kafka_controller_kafkacontroller_offlinepartitionscount",
                             "partitions without a live leader",
                             value=sum(1 for t in snap["topics"] for p in t["partition_list"]

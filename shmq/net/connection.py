@@ -71,19 +71,29 @@ def _quick(frame: memoryview) -> bool:
 
 
 class _FdFile:
-    """What ``loop.sendfile`` needs of a file: a descriptor (it seeks after; we use pread)."""
+    """What ``loop.sendfile`` needs of a file: a descriptor, and for its fallback (taken when
+    the first ``os.sendfile`` of a call fails, e.g. ENOMEM under a memory cgroup's limit) a
+    position and ``readinto``; reads are ``pread``s, so the descriptor's offset is never used."""
 
-    __slots__ = ("_fd",)
+    __slots__ = ("_fd", "_pos")
     mode = "rb"
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
+        self._pos = 0
 
     def fileno(self) -> int:
         return self._fd
 
     def seek(self, offset: int, whence: int = 0) -> int:
-        return offset
+        if whence == 0:
+            self._pos = offset
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        n = os.preadv(self._fd, [buffer], self._pos)
+        self._pos += n
+        return n
 
 
 class RequestBudget:

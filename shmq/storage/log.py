@@ -198,9 +198,11 @@ class PartitionLog:
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self.closed = False
-        # why the last write failed (a full disk...), until a write succeeds again: shown by
-        # ``shmq topics --describe`` through the state table's flags, and in the produce answers
+        # why the last write failed (a full disk...), until a write succeeds again: in the produce
+        # answers, and (the errno) in the state table's flags, from which Metadata's offline
+        # replicas, ``shmq topics --describe`` and the metrics show it
         self.storage_error: str | None = None
+        self.storage_errno: int | None = None
         # flush.messages / flush.ms came due in an append: with ``defer_flushes`` (a worker: a
         # slow disk must not stall its event loop) the caller runs the flush in a thread
         self.flush_requested = False
@@ -1006,15 +1008,17 @@ class PartitionLog:
             self._write_epochs(list(self.epoch_entries), sync=True)
             self._epochs_durable = True
         with self._lock:
-            self.producer_state.take_snapshot(self.log_end_offset)
-            active = self.active_segment
-            if active.loaded:  # else untouched since a clean start: its record still holds
-                active.append_final_time_entry()
-                self._recovery_file.write(self._recovery_record())
-            self._recovery_file.close()
-            for seg in self.segments:
-                seg.close()
-            self.closed = True
+            try:  # a full disk: the files are released all the same, and the error raised
+                self.producer_state.take_snapshot(self.log_end_offset)
+                active = self.active_segment
+                if active.loaded:  # else untouched since a clean start: its record still holds
+                    active.append_final_time_entry()
+                    self._recovery_file.write(self._recovery_record())
+            finally:
+                self._recovery_file.close()
+                for seg in self.segments:
+                    seg.close()
+                self.closed = True
 
     def crash_close(self) -> None:
         """Drop every file without flushing or trimming: what SIGKILL leaves (fault tests)."""

@@ -161,13 +161,27 @@ class LogManager:
             deleted=tuple(deleted), seconds=time.monotonic() - started)
 
     def shutdown(self) -> None:
-        """Flush and close every log, checkpoint, then mark the shutdown clean."""
-        for log_ in self.logs.values():
-            log_.close()
-        self.checkpoint()
-        checkpoint.write_atomically(
-            self.log_dir / layout.CLEAN_SHUTDOWN_FILE,
-            json.dumps({"version": 0, "brokerEpoch": -1}) + "\n")
+        """Flush and close every log, checkpoint, then mark the shutdown clean.  A write the disk
+        refuses (a full disk) is logged once and leaves the shutdown unmarked, as Kafka's
+        LogManager does, so the next start recovers instead of trusting a missing snapshot or
+        index entry; every file is still closed."""
+        failed: list[str] = []
+        for key, log_ in self.logs.items():
+            try:
+                log_.close()
+            except OSError as exc:
+                failed.append(f"{key[0]}-{key[1]}: {exc.strerror or exc}")
+        try:
+            self.checkpoint()
+        except OSError as exc:
+            failed.append(f"checkpoints: {exc.strerror or exc}")
+        if failed:
+            log.error("shutdown could not write %d file(s) (%s%s); the next start recovers the "
+                      "logs", len(failed), "; ".join(failed[:3]), " ..." if len(failed) > 3 else "")
+        else:
+            checkpoint.write_atomically(
+                self.log_dir / layout.CLEAN_SHUTDOWN_FILE,
+                json.dumps({"version": 0, "brokerEpoch": -1}) + "\n")
         self.logs.clear()
         self._started = False
 

@@ -357,7 +357,7 @@ class Controller:
 
     async def allocate_producer_ids(self, count: int) -> int:
         assert self.store is not None
-        return self.store.allocate_producer_ids(count)
+        return await self.store.allocate_producer_ids(count)
 
     async def create_partitions(self, topics: list[dict[str, Any]],
                                 validate_only: bool) -> list[dict[str, Any]]:
@@ -636,7 +636,10 @@ class Controller:
                         for w in self.workers.values()],
             "shm": self.shm_tracker.to_json() if self.shm_tracker else [],
         }
-        checkpoint.write_atomically(run / "broker.json", json.dumps(info, indent=2) + "\n")
+        # not fsynced: it describes this run (a crashed process leaves it in the page cache;
+        # after a machine crash it is rewritten at start), and a slow disk must not stall the loop
+        checkpoint.write_atomically(run / "broker.json", json.dumps(info, indent=2) + "\n",
+                                    sync=False)
 
     async def run(self, ready_line: bool = True) -> int:
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -662,7 +665,8 @@ class Controller:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.stop_event.set)
         self.ctx = BrokerContext(node_id=0, config=self.config, metadata=self.store.metadata,
-                                 controller=self, logs=InternalLogs())
+                                 controller=self, logs=InternalLogs(),
+                                 state_reader=self.state_table)
         if self.metrics_table is not None:
             self.ctx.metrics = self._count_fsyncs(self.metrics_table.writer(0))
         self.ctx.coordinator = self._start_coordinator()

@@ -316,6 +316,7 @@ async def run(args: argparse.Namespace) -> int:
             from shmq.ipc.state_table import StateTable
 
             ctx.state_table = StateTable.attach(settings["state_table"], readonly=False)
+            ctx.state_reader = ctx.state_table
         metrics_table = None
         if settings.get("metrics_table"):
             metrics_table, ctx.metrics = attach_metrics(settings["metrics_table"], args.node_id)

@@ -6,6 +6,12 @@ INVALID_TOPIC_EXCEPTION.  An internal topic is never created as a client's topic
 ``__consumer_offsets`` that way lists it with its coordinator's partitions, as Kafka's
 ``AutoTopicCreationManager`` creates it (``shmq.broker.internal_topics``).  Brokers are advertised as IPv4 literals (librdkafka may resolve
 "localhost" to ::1).
+
+A partition whose last write failed (a full disk, an I/O error: the state table's STORAGE_ERROR
+flag) lists its leader in ``offline_replicas``, as Kafka lists a replica in a failed log
+directory.  Unlike Kafka, which takes the whole directory offline until a restart, the leader
+stays: it still serves reads and takes appends again once one succeeds, so the error code stays
+NONE (an error there would make clients drop the leader and stop reading).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import Any
 from shmq.broker.context import BrokerContext, TopicRequest
 from shmq.broker.handlers._build import build, response_module
 from shmq.broker.metadata import INTERNAL_TOPICS, validate_topic_name
+from shmq.ipc.state_table import STORAGE_ERROR
 
 NONE, UNKNOWN_TOPIC_OR_PARTITION, LEADER_NOT_AVAILABLE, INVALID_TOPIC = 0, 3, 5, 17
 NO_AUTHORIZED_OPS = -2147483648
@@ -40,6 +47,9 @@ async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
                 [TopicRequest(n, ctx.config.num_partitions, 1, {}) for n in missing
                  if n not in INTERNAL_TOPICS], False)
         meta = ctx.metadata
+    reader = ctx.state_reader
+    failing = reader.flagged(STORAGE_ERROR) if reader is not None and not reader.closed \
+        else set()
     topics = []
     for name in names:
         info = meta.topics.get(name) if name is not None else None
@@ -54,7 +64,8 @@ async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
         parts = tuple(
             build(m.MetadataResponsePartition, error_code=NONE, partition_index=p.partition,
                   leader_id=p.leader, leader_epoch=p.leader_epoch,
-                  replica_nodes=tuple(p.replicas), isr_nodes=tuple(p.isr), offline_replicas=())
+                  replica_nodes=tuple(p.replicas), isr_nodes=tuple(p.isr),
+                  offline_replicas=(p.leader,) if p.slot in failing else ())
             for p in info.partitions)
         topics.append(build(m.MetadataResponseTopic, error_code=NONE, name=name,
                             topic_id=info.uuid, is_internal=info.internal, partitions=parts,

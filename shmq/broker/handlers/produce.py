@@ -24,6 +24,7 @@ errors and offsets; each then waits for ``flush_for_acks`` before it answers ack
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import struct
 from collections.abc import Iterable
@@ -54,12 +55,17 @@ log = logging.getLogger(__name__)
 _throttled = Throttled(log)
 
 
-def storage_failed(topic: str, index: int, plog: Any, exc: OSError, what: str) -> str:
-    """A write the disk refused (ENOSPC, EDQUOT, EIO...): the message for the client and one
-    line in the broker log per interval for all partitions (a full disk fails every append)."""
+def storage_failed(ctx: BrokerContext, topic: str, index: int, plog: Any, exc: OSError,
+                   what: str) -> str:
+    """A write the disk refused (ENOSPC, EDQUOT, EIO...): the message for the client, the
+    partition's state-table flags (what Metadata, ``shmq topics --describe`` and the metrics
+    show) and one line in the broker log per interval for all partitions (a full disk fails
+    every append)."""
     reason = f"{what} failed: {exc.strerror or exc}"
     if plog.storage_error is None:
         plog.storage_error = reason
+        plog.storage_errno = exc.errno or errno.EIO
+        ctx.publish_state(topic, index, plog)
     _throttled(logging.ERROR, ("storage", exc.errno),
                "%s-%d: %s; answering KAFKA_STORAGE_ERROR to its producers until a write "
                "succeeds again (reads and other partitions are served)",
@@ -68,7 +74,9 @@ def storage_failed(topic: str, index: int, plog: Any, exc: OSError, what: str) -
 
 
 def storage_recovered(topic: str, index: int, plog: Any) -> None:
+    """A write succeeded again (the caller publishes the state, which clears the flags)."""
     plog.storage_error = None
+    plog.storage_errno = None
     _throttled(logging.WARNING, "storage-recovered", "%s-%d: appends succeed again",
                topic, index)
 
@@ -128,7 +136,7 @@ def produce_partition(ctx: BrokerContext, topic: str, index: int, records: Any,
         except KafkaApiError as exc:  # sequence and epoch errors: Kafka's catch-all
             code, start = exc.code, log.log_start_offset  # answers the log start
         except OSError as exc:  # the disk: nothing of the batch stays (LogSegment.append)
-            code, message = KAFKA_STORAGE_ERROR, storage_failed(topic, index, log, exc, "append")
+            code, message = KAFKA_STORAGE_ERROR, storage_failed(ctx, topic, index, log, exc, "append")
         else:
             if log.storage_error is not None:
                 storage_recovered(topic, index, log)
@@ -260,8 +268,8 @@ async def handle(ctx: BrokerContext, frame: memoryview, header_size: int, api_ve
                 topic = next(t for t, o in results if o is out)
                 out[slot] = out[slot]._replace(
                     error_code=KAFKA_STORAGE_ERROR, base_offset=-1, log_append_time=-1,
-                    error_message=storage_failed(topic, out[slot].partition, durable.log, exc,
-                                                 "fsync"))
+                    error_message=storage_failed(ctx, topic, out[slot].partition, durable.log,
+                                                 exc, "fsync"))
     if acks == 0:
         return None
     return encode_produce_response(api_version, correlation_id, 0, results)

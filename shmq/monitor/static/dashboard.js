@@ -93,6 +93,13 @@ function drawHealth(s) {
   document.getElementById("workers").textContent = b.workers_alive + " / " + b.workers;
   document.getElementById("uptime").textContent = duration(b.uptime_s);
   document.getElementById("datadir").textContent = b.data_dir;
+  // partitions whose last write failed (a full disk...): named with the reason until it clears
+  const failing = s.storage_errors || [];
+  const se = document.getElementById("storage");
+  se.style.display = failing.length === 0 ? "none" : "";
+  se.textContent = failing.length === 0 ? "" : "storage error: " + failing.slice(0, 4).map(
+    e => e.topic + "-" + e.partition + " (" + e.error + ")").join(", ") +
+    (failing.length > 4 ? " and " + (failing.length - 4) + " more" : "");
 }
 function drawProcesses(s) {
   fill("processes", s.processes.map(p => row([
@@ -118,7 +125,7 @@ function drawTopics(s) {
     rows.push(tr);
     if (state.open.has(t.name)) {
       for (const p of t.partition_list) {
-        const d = row(["  partition " + p.partition,
+        const d = row(["  partition " + p.partition + (p.storage_error ? " — " + p.storage_error : ""),
           ["leader " + p.leader + " epoch " + p.leader_epoch, "small"],
           [num(p.messages_in) + " in", "n"],
           ["start " + num(p.log_start), "n"], ["HW " + num(p.high_watermark), "n"],

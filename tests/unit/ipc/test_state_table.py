@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import mmap
 import os
@@ -425,3 +426,38 @@ def test_remove_stale_only_touches_shmq_names() -> None:
         assert remove_stale([name, new_name()]) == [name]
     finally:
         unlink_quietly(name)
+
+
+# -- the storage-error flag (issue 19) ---------------------------------------------------------
+
+
+def test_storage_flags_round_trip_and_clamp() -> None:
+    from shmq.ipc.state_table import STORAGE_ERROR, storage_errno, storage_flags
+
+    assert storage_flags(None) == 0 and storage_errno(0) is None
+    for code in (errno.ENOSPC, errno.EIO, errno.EDQUOT, 0, 0xFFFF):
+        flags = storage_flags(code)
+        assert flags & STORAGE_ERROR and storage_errno(flags) == code
+    assert storage_errno(storage_flags(-5)) == 0         # nonsense is clamped, never raises
+    assert storage_errno(storage_flags(1 << 20)) == 0xFFFF
+    assert storage_errno(errno.ENOSPC << 8) is None      # the errno bits alone mean nothing
+
+
+def test_flagged_finds_exactly_the_slots_with_a_storage_error(table: StateTable) -> None:
+    from shmq.ipc.state_table import STORAGE_ERROR, storage_flags
+
+    assert table.flagged(STORAGE_ERROR) == set()
+    failing = {0, 3, table.slot_count - 1}
+    for slot in range(table.slot_count):
+        flags = storage_flags(errno.ENOSPC) if slot in failing else 0
+        table.write(slot, 1, 0, 0, 10, 10, 10, 1, flags)
+    assert table.flagged(STORAGE_ERROR) == failing
+    reader = StateTable.attach(table.name)
+    try:
+        assert reader.flagged(STORAGE_ERROR) == failing
+        table.write(3, 1, 0, 0, 11, 11, 11, 1, 0)        # an append succeeded: cleared
+        assert reader.flagged(STORAGE_ERROR) == {0, table.slot_count - 1}
+        state = reader.read(0)
+        assert state is not None and state.flags == storage_flags(errno.ENOSPC)
+    finally:
+        reader.close()
