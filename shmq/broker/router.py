@@ -1,8 +1,9 @@
 """Routes a request frame to its handler and returns the response pieces.
 
-Produce and Fetch take the hand-written path (``protocol.produce_request``: records stay a view
-of the frame; ``protocol.fetch_request``: 1-2 us a request where kio took 11-14 us, and
-consumers send many), their header sized by ``protocol.request_header``; every other API is
+Produce, Fetch and ListOffsets v1+ take the hand-written path (``protocol.produce_request``:
+records stay a view of the frame; ``protocol.fetch_request``: 1-2 us a request where kio took
+11-14 us, and consumers send many; ``protocol.list_offsets``: librdkafka sends one per partition
+when a consumer starts), their header sized by ``protocol.request_header``; every other API is
 decoded with kio and answered with a kio response object, encoded here.  A malformed request
 raises RemoteProtocolError: the connection ends, nothing else is affected.  An unknown API or an
 unsupported version of a known one ends the connection too (Kafka's behaviour: the client cannot
@@ -18,14 +19,19 @@ from typing import Any
 from shmq.broker.context import BrokerContext
 from shmq.broker.handlers import HANDLERS
 from shmq.broker.handlers import fetch as fetch_handler
+from shmq.broker.handlers import list_offsets as list_offsets_handler
 from shmq.broker.handlers import produce as produce_handler
 from shmq.errors import RemoteProtocolError
-from shmq.protocol import api_versions, codec, fetch_request
+from shmq.protocol import api_versions, codec, fetch_request, list_offsets
 from shmq.protocol.fetch_request import parse_fetch_request
 from shmq.protocol.request_header import request_header_size
 
 _FETCH_MIN, _FETCH_MAX = api_versions.SUPPORTED[api_versions.FETCH]
 _FETCH_FIRST_FLEXIBLE = fetch_request.FIRST_FLEXIBLE_VERSION
+_LIST_OFFSETS_MIN = max(list_offsets.MIN_VERSION,
+                        api_versions.SUPPORTED[api_versions.LIST_OFFSETS][0])
+_LIST_OFFSETS_MAX = min(list_offsets.MAX_VERSION,
+                        api_versions.SUPPORTED[api_versions.LIST_OFFSETS][1])
 
 _HEAD = struct.Struct(">hhi")
 
@@ -55,6 +61,12 @@ class Router:
                                                correlation_id)
             self.remote_ns, self.ctx.remote_ns = self.ctx.remote_ns, 0
             return None if out is None else [out]
+        if (api_key == api_versions.LIST_OFFSETS
+                and _LIST_OFFSETS_MIN <= api_version <= _LIST_OFFSETS_MAX):
+            header_size = request_header_size(
+                frame, api_version >= list_offsets.FIRST_FLEXIBLE_VERSION)
+            return [await list_offsets_handler.handle_wire(self.ctx, frame, header_size,
+                                                           api_version, correlation_id)]
         try:
             header, body = codec.decode_request(frame)
         except codec.UnsupportedVersionError as exc:

@@ -23,8 +23,9 @@ Kafka's rules (``KafkaApis.handleFetchRequest``, ``ReplicaManager.fetchMessages/
   log start offset.
 
 Long poll: the response waits until ``min_bytes`` (capped by the byte limit) are available or
-``max_wait`` passed.  Appends wake waiting fetches through the context's per-partition events, and
-so does every metadata change (``BrokerContext.wake_fetches``): a fetch parked on a partition
+``max_wait`` passed.  Appends wake waiting fetches through the context (``BrokerContext.park``:
+one future per parked fetch, registered under each of its partitions), and so does every
+metadata change (``BrokerContext.wake_fetches``): a fetch parked on a partition
 that is deleted, moves or changes epoch is answered at once with its error, as Kafka's
 ``DelayedFetch`` completes.  Errors answer at once, except for partitions that were unknown when
 the request arrived (Kafka leaves those out of the delayed fetch).  Fetch sessions are not kept:
@@ -89,6 +90,8 @@ def _read_partition(log: PartitionLog, p: FetchPartition, epoch: int, limit: int
             return OFFSET_OUT_OF_RANGE, [], None
         if found_epoch < p.last_fetched_epoch or end < p.fetch_offset:
             return NONE, [], (found_epoch, end)
+    if p.fetch_offset == upper_bound and log.log_start_offset <= upper_bound:
+        return NONE, [], None  # caught up: what ``log.read`` answers at the bound, ~4x cheaper
     try:
         result = log.read(p.fetch_offset, max(limit, 0), upper_bound=upper_bound,
                           min_one_batch=min_one_batch)
@@ -191,28 +194,30 @@ async def handle(ctx: BrokerContext, request: FetchRequest, api_version: int,
     unknown_at_first: set[tuple[str, int]] | None = None
     watched = True
     waited = 0
+    keys: list[tuple[str, int]] | None = None
     while True:
-        # register before reading: an append between the read and the wait must wake us
-        events = [ctx.data_event(t.topic, p.partition) for t in topics for p in t.partitions]
-        events.append(ctx.metadata_event())
         out, total, errors, diverged = _read_all(ctx, topics, request, budget)
         if unknown_at_first is None:  # Kafka answers these at once and waits for the others
             unknown_at_first = {(t, p.partition_index) for t, parts in out for p in parts
                                 if p.error_code == UNKNOWN_TOPIC_OR_PARTITION}
-            watched = len(unknown_at_first) < len(events) - 1
+            watched = len(unknown_at_first) < sum(len(t.partitions) for t in topics)
         remaining = deadline - loop.time()
         if (total >= min_bytes or diverged or remaining <= 0 or not watched
                 or not errors <= unknown_at_first):
             break
-        waiters = [asyncio.ensure_future(ev.wait()) for ev in events]
+        # parked right after the read, with no await between: appends run on this event loop,
+        # so none can slip in between the read and the registration
+        if keys is None:
+            keys = [(t.topic, p.partition) for t in topics for p in t.partitions]
+        woken = ctx.park(keys)
         if ctx.metrics is not None:
             ctx.metrics.add(FETCH_WAITS_STARTED)
         started = perf_counter_ns()
         try:
-            await asyncio.wait(waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((woken,), timeout=remaining)
         finally:
-            for w in waiters:
-                w.cancel()
+            woken.cancel()
+            ctx.unpark(keys, woken)
             waited += perf_counter_ns() - started or 1
             if ctx.metrics is not None:
                 ctx.metrics.add(FETCH_WAITS_DONE)

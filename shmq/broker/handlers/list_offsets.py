@@ -9,6 +9,10 @@ timestamp or max-timestamp lookup, and -1 with an error or when nothing is found
 or past the high watermark counts as nothing).  Max timestamp before v7 and earliest local
 before v8 are UNSUPPORTED_VERSION (``isListOffsetsTimestampUnsupported``).
 
+v1..v8 arrive through ``handle_wire`` (the router parses them by hand: librdkafka sends one
+request per partition when a consumer starts, and kio's decode and encode were ~0.4 ms of each);
+v0 and kio-decoded requests through ``handle``.  Both answer through ``answer``.
+
 v0 (Kafka 3.9's ``handleListOffsetRequestV0``) answers a list of up to ``max_num_offsets``
 segment base offsets instead (``PartitionLog.legacy_offsets_before``); a consumer (replica id -1)
 gets the high watermark in place of any offset above it.  Timestamps below -2 are
@@ -22,6 +26,7 @@ from typing import Any
 from shmq.broker.context import BrokerContext
 from shmq.broker.handlers._build import build, response_module
 from shmq.broker.handlers._epochs import check_leader_epoch
+from shmq.protocol.list_offsets import encode_list_offsets_response, parse_list_offsets_request
 from shmq.storage.log import EARLIEST_TIMESTAMP, MAX_TIMESTAMP, PartitionLog
 
 NONE, UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER = 0, 3, 6
@@ -30,37 +35,65 @@ CONSUMER_REPLICA_ID = -1
 
 
 async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
+    """The kio path: v0, and any version when called with a kio request."""
     version = header.api_version
     cls, m = response_module(2, version)
-    committed = getattr(request, "isolation_level", 0) == 1
-    topics = []
-    for t in request.topics:
+    asked = [(t.name, [(p.partition_index, getattr(p, "current_leader_epoch", -1), p.timestamp,
+                        getattr(p, "max_num_offsets", 1)) for p in t.partitions])
+             for t in request.topics]
+    answered = answer(ctx, version, request.replica_id,
+                      getattr(request, "isolation_level", 0) == 1, asked)
+    return build(cls, topics=tuple(
+        build(m.ListOffsetsTopicResponse, name=name, partitions=tuple(
+            build(m.ListOffsetsPartitionResponse, partition_index=index, error_code=code,
+                  timestamp=ts, offset=offset, leader_epoch=epoch,
+                  old_style_offsets=tuple(old_style))
+            for index, code, ts, offset, epoch, old_style in parts))
+        for name, parts in answered))
+
+
+async def handle_wire(ctx: BrokerContext, frame: memoryview, header_size: int, version: int,
+                      correlation_id: int) -> bytes:
+    """v1..v8 parsed and answered by hand (``protocol.list_offsets``): the same answers as the
+    kio path, byte for byte."""
+    request = parse_list_offsets_request(frame, header_size, version)
+    answered = answer(ctx, version, request.replica_id, request.isolation_level == 1,
+                      [(name, [(*p, 1) for p in parts]) for name, parts in request.topics])
+    return encode_list_offsets_response(version, correlation_id, [
+        (name, [row[:5] for row in parts]) for name, parts in answered])
+
+
+def answer(ctx: BrokerContext, version: int, replica_id: int, committed: bool,
+           topics: list[tuple[str, list[tuple[int, int, int, int]]]]) -> list[tuple[str, list]]:
+    """``[(name, [(partition_index, error_code, timestamp, offset, leader_epoch,
+    old_style_offsets)])]`` for ``[(name, [(partition_index, current_leader_epoch, timestamp,
+    max_num_offsets)])]``."""
+    out = []
+    for name, partitions in topics:
         parts = []
-        for p in t.partitions:
+        for index, current_epoch, timestamp, max_num_offsets in partitions:
             code, offset, ts, epoch = NONE, -1, -1, -1
             old_style: list[int] = []
-            info = ctx.metadata.topics.get(t.name)
-            log = ctx.log_for(t.name, p.partition_index)
-            if version >= 1 and ((p.timestamp == MAX_TIMESTAMP and version < 7)
-                                 or (p.timestamp == -4 and version < 8)):
+            info = ctx.metadata.topics.get(name)
+            log = ctx.log_for(name, index)
+            if version >= 1 and ((timestamp == MAX_TIMESTAMP and version < 7)
+                                 or (timestamp == -4 and version < 8)):
                 code = UNSUPPORTED_VERSION
-            elif info is None or not 0 <= p.partition_index < len(info.partitions):
+            elif info is None or not 0 <= index < len(info.partitions):
                 code = UNKNOWN_TOPIC_OR_PARTITION
             elif log is None:
                 code = NOT_LEADER
             elif version == 0:
-                code, old_style = _legacy_offsets(log, p.timestamp, p.max_num_offsets,
-                                                  request.replica_id == CONSUMER_REPLICA_ID)
+                code, old_style = _legacy_offsets(log, timestamp, max_num_offsets,
+                                                  replica_id == CONSUMER_REPLICA_ID)
             else:
-                leader_epoch = info.partitions[p.partition_index].leader_epoch
-                code = check_leader_epoch(getattr(p, "current_leader_epoch", -1), leader_epoch)
+                leader_epoch = info.partitions[index].leader_epoch
+                code = check_leader_epoch(current_epoch, leader_epoch)
                 if code == NONE:  # errors carry no offset, timestamp or epoch
-                    offset, ts, epoch = _lookup(log, p.timestamp, leader_epoch, committed)
-            parts.append(build(m.ListOffsetsPartitionResponse, partition_index=p.partition_index,
-                               error_code=code, timestamp=ts, offset=offset, leader_epoch=epoch,
-                               old_style_offsets=tuple(old_style)))
-        topics.append(build(m.ListOffsetsTopicResponse, name=t.name, partitions=tuple(parts)))
-    return build(cls, topics=tuple(topics))
+                    offset, ts, epoch = _lookup(log, timestamp, leader_epoch, committed)
+            parts.append((index, code, ts, offset, epoch, old_style))
+        out.append((name, parts))
+    return out
 
 
 def _lookup(log: PartitionLog, timestamp: int, leader_epoch: int,

@@ -1,0 +1,760 @@
+"""How shmq's cost grows: partitions, start and recovery, connections, record size, log size.
+
+    python perf/bench_scale.py [--only partitions,start,segments,connections,large,sustained]
+        [--repeat 3] [--partitions 1,6,64,1000,10000] [--records 200000] [--size 100]
+        [--clients kcat,ck] [--start-partitions 10000] [--segments 1000]
+        [--segment-bytes 65536] [--idle 1000] [--busy 10] [--busy-records 20000]
+        [--large 1M:100,10M:10] [--sustained-bytes 2G] [--workers 2] [--plot FILE]
+        [--json FILE] [--dir /tmp] [--phase-timeout 120]
+
+Every part starts its own shmq broker (``python -m shmq broker --workers N``, data dir in a
+fresh temporary directory under ``--dir``, loopback only) and stops it by PID afterwards.  Broker
+CPU is utime+stime of the broker's process tree (controller and workers) over a phase; memory
+is the sum over that tree of RSS and of USS (pages only that process maps: RSS counts the
+controller's pages its forked workers share, USS does not), from psutil.
+
+Parts (``--only``):
+
+* ``partitions``: for each count in ``--partitions``, a fresh topic (created, then the broker
+  left to finish creating its logs: that time is printed apart); ``--records`` records of
+  ``--size`` bytes produced by one client (kcat ``-P -l``, or confluent-kafka through
+  ``suite_load.py``, the suite's settings: linger.ms=5, batch.size=1 MiB, acks=1), then read back
+  from the beginning by the same client (fetch.queue.backoff.ms=10, as in the suite).  msg/s and
+  broker CPU seconds per million records; the ratio column divides by the 6-partition row of
+  the same client and phase (the issue's target: 1,000 partitions >= 0.7x of 6).  Medians of
+  ``--repeat`` passes with the spread (min-max).
+* ``start``: a topic of ``--start-partitions`` partitions (one record in each), the broker
+  stopped cleanly and started again: seconds from exec to its ready line, to every partition
+  having a leader in Metadata, and to the first acknowledgement of a record produced to the
+  last partition; RSS and USS of the whole tree once ready.  Anchor: the same broker with no
+  topic.  Target (issue 17): <= 3 s and <= 2 GiB.
+* ``segments``: one partition of ``--segments`` segments (``internal.segment.bytes``
+  ``--segment-bytes``, Kafka's testing override of the 1 MiB minimum, so 1,000 segments take
+  64 MiB), then (a) a clean restart: start time and RSS, and (b) SIGKILL of every broker process
+  and a restart: seconds to the ready line and to the first fetch of the last record (the
+  recovery after the kill: only the segments after the recovery point are validated).
+* ``connections``: ``--idle`` TCP connections that each made one ApiVersions request and then
+  stay idle (spread over the controller and the workers, as clients connect to every node);
+  memory per connection = (tree RSS/USS with them - without) / idle; then ``--busy`` kcat
+  producers of ``--busy-records`` 100 B records each into a 10-partition topic while the idle
+  ones stay open, against the same with no idle connections (the anchor, same run).
+* ``large``: records of 1 MiB and 10 MiB (``--large SIZE:COUNT,...``) with the topic's
+  ``max.message.bytes`` raised to 16 MiB and kcat's ``message.max.bytes`` /
+  ``fetch.message.max.bytes`` / ``receive.message.max.bytes`` raised to match: produce and consume
+  MB/s.
+* ``sustained``: ``--sustained-bytes`` (default 2 GiB; the issue's full run is 50G, more than
+  the page cache holds, and needs that much free disk) of 10 KiB records produced by confluent-kafka
+  in two halves: the first alone, then the second while a consumer catches up on the first from
+  the beginning (from disk when the log outgrew the page cache).  MB/s of each.
+
+Every load is bounded by its record count and ``--phase-timeout``.  Output: the environment, one
+line per sample as it runs, a table per part, a JSON file of every sample and a PNG plot
+(``--plot``, default ``perf/results/scale-<UTC>.png``; needs matplotlib, in the ``perf`` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import struct
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import _common as c
+from suite import (
+    KCAT_CONSUME_X,
+    KCAT_X,
+    Broker,
+    PhaseError,
+    _session_members,
+    _table,
+    admin,
+    create_topic,
+    delete_topic,
+    kcat_env,
+    run_kcats,
+    run_loads,
+    write_lines,
+)
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+GiB = 1 << 30
+
+
+# -- the broker ---------------------------------------------------------------------------------
+
+
+def start(work: Path, data: Path, workers: int, overrides: list[str] = (),
+          timeout: float = 120) -> tuple[Broker, float]:
+    """A shmq broker on ``data``: (the broker, seconds from exec to its ready line)."""
+    argv = [sys.executable, "-m", "shmq", "broker", "--listeners", "127.0.0.1:0", "--workers",
+            str(workers), "--data-dir", str(data), "--http-listener", "none"]
+    for o in overrides:
+        argv += ["--override", o]
+    t0 = time.monotonic()
+    logs = len(list(work.glob("shmq-*.log")))  # a log each: wait_for reads the first ready line
+    b = Broker("shmq", argv, work / f"shmq-{logs}.log")
+    try:
+        b.bootstrap = b.wait_for("shmq broker ready: bootstrap ", timeout).split()[0]
+    except BaseException:
+        b.stop()
+        raise
+    return b, time.monotonic() - t0
+
+
+def create_big_topic(bootstrap: str, topic: str, partitions: int, timeout: float) -> None:
+    """A topic of any size: Kafka refuses more than 10,000 records in one controller operation
+    (POLICY_VIOLATION "excessively large batch operation": a topic record plus 10,000
+    partition records is one too many), so it is created with up to 5,000 partitions and grown
+    with CreatePartitions in steps of 5,000, as a Kafka user would."""
+    from confluent_kafka.admin import NewPartitions
+
+    step = 5000
+    create_topic(bootstrap, topic, min(partitions, step), timeout=timeout)
+    have = min(partitions, step)
+    while have < partitions:
+        have = min(partitions, have + step)
+        for fut in admin(bootstrap).create_partitions([NewPartitions(topic, have)],
+                                                      operation_timeout=timeout).values():
+            fut.result(timeout=timeout)
+    leaders_ready(bootstrap, topic, partitions, timeout)
+
+
+def settle(b: Broker, timeout: float) -> float:
+    """Seconds until the broker's processes are idle (under 5 % of a core over 0.5 s): the
+    workers create a new topic's logs after its leaders are assigned, and a load started before
+    that would time their creation as its own."""
+    t0 = time.monotonic()
+    before = b.cpu()
+    while time.monotonic() - t0 < timeout:
+        time.sleep(0.5)
+        now = b.cpu()
+        if now - before < 0.025:
+            break
+        before = now
+    return time.monotonic() - t0
+
+
+def kill_all(b: Broker) -> None:
+    """SIGKILL every process of the broker's session at once (a power-cut of the broker)."""
+    for pid in _session_members(b.proc.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    b.proc.wait(timeout=10)
+    b._logf.close()
+
+
+def memory(b: Broker) -> dict[str, float]:
+    """RSS and USS summed over the broker's process tree, bytes."""
+    import psutil
+
+    rss = uss = 0
+    root = psutil.Process(b.proc.pid)
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            info = p.memory_full_info()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        rss += info.rss
+        uss += info.uss
+    return {"rss": rss, "uss": uss}
+
+
+def leaders_ready(bootstrap: str, topic: str, partitions: int, timeout: float) -> float:
+    """Seconds until Metadata shows a leader for every partition of ``topic``."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        try:
+            t = admin(bootstrap).list_topics(topic, timeout=10).topics.get(topic)
+        except Exception:  # noqa: BLE001 - a broker still starting
+            t = None
+        if t is not None and t.error is None and len(t.partitions) == partitions and all(
+                p.leader >= 0 for p in t.partitions.values()):
+            return time.monotonic() - t0
+        time.sleep(0.05)
+    raise PhaseError(f"{topic}: no leader for every partition after {timeout} s")
+
+
+def first_ack(bootstrap: str, topic: str, partition: int, timeout: float) -> float:
+    """Seconds to produce one record to ``partition`` and have it acknowledged (acks=all)."""
+    from confluent_kafka import Producer
+
+    t0 = time.monotonic()
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0})
+    done: list[Any] = []
+    p.produce(topic, b"x", partition=partition, on_delivery=lambda e, m: done.append(e))
+    p.flush(timeout)
+    if done != [None]:
+        raise PhaseError(f"first ack: {done or 'no answer'}")
+    return time.monotonic() - t0
+
+
+def first_fetch(bootstrap: str, topic: str, partition: int, offset: int, timeout: float) -> float:
+    """Seconds for a new consumer to receive the record at ``offset``."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    t0 = time.monotonic()
+    cons = Consumer({"bootstrap.servers": bootstrap, "group.id": "scale", "enable.auto.commit":
+                     False})
+    try:
+        cons.assign([TopicPartition(topic, partition, offset)])
+        while time.monotonic() - t0 < timeout:
+            m = cons.poll(0.5)
+            if m is not None and m.error() is None:
+                return time.monotonic() - t0
+        raise PhaseError(f"first fetch of offset {offset}: nothing after {timeout} s")
+    finally:
+        cons.close()
+
+
+def spread(values: list[float]) -> str:
+    return f"{min(values):,.3g}-{max(values):,.3g}" if len(values) > 1 else "-"
+
+
+# -- parts --------------------------------------------------------------------------------------
+
+
+class Scale:
+    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+        self.args = args
+        self.work = work
+        self.env_kcat = kcat_env(work)
+        self.results: dict[str, Any] = {}
+        self.serial = 0
+
+    def fresh(self, name: str) -> Path:
+        self.serial += 1
+        path = self.work / f"{name}-{self.serial}"
+        path.mkdir()
+        return path
+
+    # - partitions -
+
+    def partitions(self) -> str:
+        a = self.args
+        rows: dict[tuple[str, str, int], list[dict[str, float]]] = {}
+        errors: list[str] = []
+        created: dict[int, list[float]] = {}  # seconds to create the topic and go idle
+        data = self.fresh("partitions")
+        b, _ = start(self.work, data, a.workers)
+        lines = self.work / "lines.txt"
+        write_lines(lines, a.records, a.size)
+        try:
+            for rep in range(a.repeat):
+                for parts in a.partitions:
+                    for client in a.clients:
+                        topic = f"scale-{client}-{parts}-{rep}"
+                        try:
+                            t0 = time.monotonic()
+                            create_big_topic(b.bootstrap, topic, parts, a.phase_timeout)
+                            settle(b, a.phase_timeout)
+                            created.setdefault(parts, []).append(time.monotonic() - t0)
+                            for phase in ("produce", "consume"):
+                                cpu0 = b.cpu()
+                                seconds = self.load(b, client, phase, topic, parts, lines)
+                                cpu = b.cpu() - cpu0
+                                sample = {"seconds": seconds, "msg_s": a.records / seconds,
+                                          "cpu_s_per_M": cpu / (a.records / 1e6)}
+                                rows.setdefault((client, phase, parts), []).append(sample)
+                                print(f"    {client:<4} {phase:<7} {parts:>6} part  "
+                                      f"{sample['msg_s']:>10,.0f} msg/s  broker CPU "
+                                      f"{sample['cpu_s_per_M']:.2f} s/M", flush=True)
+                        except Exception as e:  # noqa: BLE001 - one failed cell, not the run
+                            print(f"    {client:<4} {parts:>6} part  ERROR {str(e)[:200]}",
+                                  flush=True)
+                            errors.append(f"{client} {parts} part: {str(e)[:200]}")
+                        finally:
+                            delete_topic(b.bootstrap, topic)
+        finally:
+            b.stop()
+            shutil.rmtree(data, ignore_errors=True)
+        table = []
+        out = []
+        for (client, phase, parts), samples in sorted(rows.items()):
+            rate = statistics.median(s["msg_s"] for s in samples)
+            cpu = statistics.median(s["cpu_s_per_M"] for s in samples)
+            six = rows.get((client, phase, 6))
+            ratio = (f"{rate / statistics.median(s['msg_s'] for s in six):.2f}x"
+                     if six else "-")
+            out.append({"client": client, "phase": phase, "partitions": parts, "msg_s": rate,
+                        "cpu_s_per_M": cpu, "samples": samples})
+            table.append([f"{phase} {'confluent-kafka' if client == 'ck' else 'kcat'}",
+                          f"{parts:,}", f"{rate:,.0f}", spread([s["msg_s"] for s in samples]),
+                          f"{cpu:.2f}", spread([s["cpu_s_per_M"] for s in samples]), ratio])
+        self.results["partitions"] = out
+        self.results["create_s"] = {str(k): v for k, v in created.items()}
+        notes = "".join(f"\n  topic of {k:,} partitions created and the broker idle again in "
+                        f"{statistics.median(v):.2f} s (median; {spread(v)})"
+                        for k, v in sorted(created.items()))
+        return _table(["phase client", "partitions", "msg/s", "spread", "broker CPU s/M",
+                       "spread", "vs 6 part"], table) + notes + "".join(f"\n  ERROR {e}" for e in errors)
+
+    def load(self, b: Broker, client: str, phase: str, topic: str, parts: int,
+             lines: Path) -> float:
+        a = self.args
+        n = a.records
+        if client == "ck":
+            argv = (["produce", b.bootstrap, topic, str(n), str(a.size)] if phase == "produce"
+                    else ["consume", b.bootstrap, topic, str(parts), str(n)])
+            (r,) = run_loads([[*argv, str(a.phase_timeout)]], a.phase_timeout + 30)
+            if r["count"] != n:
+                raise PhaseError(f"{phase}: {r['count']} of {n} records")
+            return r["t1"] - r["t0"]
+        if phase == "produce":
+            argv = ["kcat", "-P", "-b", b.bootstrap, "-t", topic, "-l", str(lines), *KCAT_X]
+            return run_kcats([argv], [None], self.env_kcat, a.phase_timeout)[0]
+        argv = ["kcat", "-C", "-b", b.bootstrap, "-t", topic, "-e", "-o", "beginning", "-q",
+                "-c", str(n), *KCAT_CONSUME_X]
+        seconds, got = run_kcats([argv], [None], self.env_kcat, a.phase_timeout,
+                                 count_stdout=True)
+        if got != n * (a.size + 1):
+            raise PhaseError(f"kcat -C printed {got} bytes, expected {n * (a.size + 1)}")
+        return seconds
+
+    # - start with many partitions -
+
+    def start(self) -> str:
+        a = self.args
+        parts = a.start_partitions
+        data = self.fresh("start")
+        table = []
+        out: dict[str, Any] = {"partitions": parts}
+        b, empty_s = start(self.work, data, a.workers)
+        empty_mem = memory(b)
+        try:
+            t0 = time.monotonic()
+            create_big_topic(b.bootstrap, "many", parts, a.phase_timeout)
+            out["create_s"] = time.monotonic() - t0
+            lines = self.work / "one-each.txt"
+            lines.write_bytes(b"".join(b"%d:x\n" % i for i in range(parts)))
+            # one record in each partition: keyed "i:x" lines spread by murmur2, so not every
+            # partition; an explicit partition each is kcat -p, one process per partition (too
+            # many); the first ack of the last partition below checks the log works
+            run_kcats([["kcat", "-P", "-b", b.bootstrap, "-t", "many", "-K", ":", "-l",
+                        str(lines), *KCAT_X]], [None], self.env_kcat, a.phase_timeout)
+        finally:
+            b.stop()
+        try:
+            b, ready_s = start(self.work, data, a.workers)
+            try:
+                leaders_s = leaders_ready(b.bootstrap, "many", parts, a.phase_timeout)
+                mem = memory(b)
+                ack_s = first_ack(b.bootstrap, "many", parts - 1, a.phase_timeout)
+            finally:
+                b.stop()
+        finally:
+            shutil.rmtree(data, ignore_errors=True)
+        out |= {"empty_start_s": empty_s, "empty_rss": empty_mem["rss"],
+                "empty_uss": empty_mem["uss"], "start_s": ready_s, "leaders_s": leaders_s,
+                "first_ack_s": ack_s, "rss": mem["rss"], "uss": mem["uss"]}
+        self.results["start"] = out
+        table.append(["no topic (anchor)", f"{empty_s:.2f}", "-", "-",
+                      f"{empty_mem['rss'] / 2**20:,.0f}", f"{empty_mem['uss'] / 2**20:,.0f}"])
+        table.append([f"{parts:,} partitions (created in {out['create_s']:.1f} s)",
+                      f"{ready_s:.2f}", f"{leaders_s:.2f}", f"{ack_s:.2f}",
+                      f"{mem['rss'] / 2**20:,.0f}", f"{mem['uss'] / 2**20:,.0f}"])
+        return _table(["broker holding", "exec -> ready s", "+ leaders s", "+ first ack s",
+                       "RSS MiB", "USS MiB"], table)
+
+    # - many segments: start and recovery -
+
+    def segments(self) -> str:
+        a = self.args
+        data = self.fresh("segments")
+        record = 1000
+        per_segment = max(1, a.segment_bytes // (record + 80))
+        n = a.segments * per_segment + per_segment // 2
+        lines = self.work / "segments.txt"
+        write_lines(lines, n, record)
+        out: dict[str, Any] = {"segments": a.segments, "segment_bytes": a.segment_bytes,
+                               "records": n}
+        b, empty_s = start(self.work, data, a.workers)
+        try:
+            from confluent_kafka.admin import NewTopic
+
+            fut = admin(b.bootstrap).create_topics([NewTopic(
+                "segs", 1, 1, config={"internal.segment.bytes": str(a.segment_bytes)})])
+            for f in fut.values():
+                f.result(a.phase_timeout)
+            leaders_ready(b.bootstrap, "segs", 1, a.phase_timeout)
+            # batches of a quarter segment: a segment rolls every four or five of them
+            small = ["-X", f"batch.size={a.segment_bytes // 4}"]
+            out["produce_s"], _ = run_kcats([["kcat", "-P", "-b", b.bootstrap, "-t", "segs",
+                                              "-l", str(lines), *KCAT_X, *small]], [None],
+                                            self.env_kcat, a.phase_timeout)
+        finally:
+            b.stop()
+        logs = sorted((data / "logs").rglob("segs-0/*.log")) or sorted(data.rglob("segs-0/*.log"))
+        out["segment_files"] = len(logs)
+        table = []
+        try:
+            b, clean_s = start(self.work, data, a.workers)
+            try:
+                mem = memory(b)
+                fetch_s = first_fetch(b.bootstrap, "segs", 0, n - 1, a.phase_timeout)
+                # a record acknowledged just before the kill: recovery must keep it
+                ack_s = first_ack(b.bootstrap, "segs", 0, a.phase_timeout)
+            finally:
+                kill_all(b)
+            table.append([f"clean restart, {len(logs):,} segments", f"{clean_s:.2f}",
+                          f"{fetch_s:.2f}", f"{mem['rss'] / 2**20:,.0f}",
+                          f"{mem['uss'] / 2**20:,.0f}"])
+            out |= {"clean_start_s": clean_s, "clean_fetch_s": fetch_s, "rss": mem["rss"],
+                    "uss": mem["uss"], "ack_before_kill_s": ack_s}
+            b, killed_s = start(self.work, data, a.workers)
+            try:
+                mem = memory(b)
+                fetch_s = first_fetch(b.bootstrap, "segs", 0, n, a.phase_timeout)
+            finally:
+                b.stop()
+            table.append(["after SIGKILL of every process", f"{killed_s:.2f}", f"{fetch_s:.2f}",
+                          f"{mem['rss'] / 2**20:,.0f}", f"{mem['uss'] / 2**20:,.0f}"])
+            table.append(["empty data dir (anchor)", f"{empty_s:.2f}", "-", "-", "-"])
+            out |= {"killed_start_s": killed_s, "killed_fetch_s": fetch_s,
+                    "killed_rss": mem["rss"], "empty_start_s": empty_s}
+        finally:
+            shutil.rmtree(data, ignore_errors=True)
+        self.results["segments"] = out
+        return _table(["one partition", "exec -> ready s", "+ fetch of last record s",
+                       "RSS MiB", "USS MiB"], table)
+
+    # - idle and busy connections -
+
+    def connections(self) -> str:
+        a = self.args
+        data = self.fresh("connections")
+        b, _ = start(self.work, data, a.workers)
+        socks: list[socket.socket] = []
+        out: dict[str, Any] = {"idle": a.idle, "busy": a.busy}
+        table = []
+        try:
+            create_topic(b.bootstrap, "busy", 10, timeout=a.phase_timeout)
+            lines = self.work / "busy.txt"
+            write_lines(lines, a.busy_records, 100)
+            nodes = [f"{n.host}:{n.port}" for n in
+                     admin(b.bootstrap).list_topics(timeout=10).brokers.values()]
+            out["anchor_msg_s"] = self.busy(b, lines)
+            before = memory(b)
+            for i in range(a.idle):
+                host, port = nodes[i % len(nodes)].rsplit(":", 1)
+                s = socket.create_connection((host, int(port)), timeout=10)
+                socks.append(s)
+                api_versions(s, i)
+            time.sleep(0.5)
+            after = memory(b)
+            out["rss_per_conn"] = (after["rss"] - before["rss"]) / a.idle
+            out["uss_per_conn"] = (after["uss"] - before["uss"]) / a.idle
+            out["busy_msg_s"] = self.busy(b, lines)
+            for s in socks:
+                api_versions(s, 0)  # every idle one is still served
+        finally:
+            for s in socks:
+                s.close()
+            b.stop()
+            shutil.rmtree(data, ignore_errors=True)
+        self.results["connections"] = out
+        table.append([f"{a.busy} busy kcat producers alone (anchor)",
+                      f"{out['anchor_msg_s']:,.0f}", "-", "-"])
+        table.append([f"same beside {a.idle:,} idle connections", f"{out['busy_msg_s']:,.0f}",
+                      f"{out['rss_per_conn'] / 1024:.1f}", f"{out['uss_per_conn'] / 1024:.1f}"])
+        return _table(["load", "busy msg/s (all)", "RSS KiB/conn", "USS KiB/conn"], table)
+
+    def busy(self, b: Broker, lines: Path) -> float:
+        a = self.args
+        argv = ["kcat", "-P", "-b", b.bootstrap, "-t", "busy", "-l", str(lines), *KCAT_X]
+        seconds, _ = run_kcats([argv] * a.busy, [None] * a.busy, self.env_kcat, a.phase_timeout)
+        return a.busy * a.busy_records / seconds
+
+    # - large records -
+
+    def large(self) -> str:
+        a = self.args
+        data = self.fresh("large")
+        limit = 16 << 20
+        b, _ = start(self.work, data, a.workers, [f"message.max.bytes={limit}"])
+        big = ["-X", f"message.max.bytes={limit + 1024}"]
+        fetch = ["-X", f"fetch.message.max.bytes={limit + 1024}", "-X",
+                 f"fetch.max.bytes={2 * limit}", "-X", f"receive.message.max.bytes={3 * limit}"]
+        table = []
+        out = []
+        try:
+            for size, count in a.large:
+                topic = f"large-{size}"
+                create_topic(b.bootstrap, topic, 1, timeout=a.phase_timeout)
+                lines = self.work / f"large-{size}.txt"
+                write_lines(lines, count, size)
+                try:
+                    cpu0 = b.cpu()
+                    p_s, _ = run_kcats([["kcat", "-P", "-b", b.bootstrap, "-t", topic, "-l",
+                                         str(lines), *KCAT_X, *big]], [None], self.env_kcat,
+                                       a.phase_timeout)
+                    p_cpu = b.cpu() - cpu0
+                    cpu0 = b.cpu()
+                    c_s, got = run_kcats([["kcat", "-C", "-b", b.bootstrap, "-t", topic, "-e",
+                                           "-o", "beginning", "-q", "-c", str(count),
+                                           *KCAT_CONSUME_X, *fetch]], [None], self.env_kcat,
+                                         a.phase_timeout, count_stdout=True)
+                    c_cpu = b.cpu() - cpu0
+                    if got != count * (size + 1):
+                        raise PhaseError(f"kcat -C printed {got} bytes of {count * (size + 1)}")
+                finally:
+                    lines.unlink()
+                    delete_topic(b.bootstrap, topic)
+                row = {"size": size, "count": count, "produce_mb_s": count * size / p_s / 1e6,
+                       "consume_mb_s": count * size / c_s / 1e6,
+                       "produce_cpu_s_per_GB": p_cpu / (count * size / 1e9),
+                       "consume_cpu_s_per_GB": c_cpu / (count * size / 1e9)}
+                out.append(row)
+                table.append([f"{size / 2**20:g} MiB x {count}", f"{row['produce_mb_s']:,.0f}",
+                              f"{row['produce_cpu_s_per_GB']:.2f}",
+                              f"{row['consume_mb_s']:,.0f}", f"{row['consume_cpu_s_per_GB']:.2f}"])
+        finally:
+            b.stop()
+            shutil.rmtree(data, ignore_errors=True)
+        self.results["large"] = out
+        return _table(["kcat records", "produce MB/s", "broker CPU s/GB", "consume MB/s",
+                       "broker CPU s/GB"], table)
+
+    # - sustained produce, then catch-up while producing -
+
+    def sustained(self) -> str:
+        a = self.args
+        size = 10240
+        half = max(1000, a.sustained_bytes // size // 2)
+        data = self.fresh("sustained")
+        b, _ = start(self.work, data, a.workers)
+        table = []
+        try:
+            create_topic(b.bootstrap, "sustained", 6, timeout=a.phase_timeout)
+            t = a.phase_timeout
+            (first,) = run_loads([["produce", b.bootstrap, "sustained", str(half), str(size),
+                                   str(t)]], t + 30)
+            prod, cons = run_loads([
+                ["produce", b.bootstrap, "sustained", str(half), str(size), str(t)],
+                ["consume", b.bootstrap, "sustained", "6", str(half), str(t)]], t + 30)
+        finally:
+            b.stop()
+            shutil.rmtree(data, ignore_errors=True)
+        rate = {name: r["count"] * size / (r["t1"] - r["t0"]) / 1e6
+                for name, r in (("first", first), ("second", prod), ("catch_up", cons))}
+        if min(first["count"], prod["count"], cons["count"]) < half:
+            rate["incomplete"] = [first["count"], prod["count"], cons["count"]]
+        self.results["sustained"] = {"bytes": 2 * half * size, **rate}
+        table.append([f"produce the first {half * size / GiB:.2f} GiB alone",
+                      f"{rate['first']:,.0f}"])
+        table.append(["produce the second half, while", f"{rate['second']:,.0f}"])
+        table.append(["  a consumer reads the first half", f"{rate['catch_up']:,.0f}"])
+        return _table(["10 KiB records, confluent-kafka, 6 partitions", "MB/s"], table)
+
+
+def raise_nofile(need: int) -> int:
+    """Raise the soft descriptor limit towards ``need`` (up to the hard one); the new limit."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < need:
+        soft = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return soft
+
+
+def api_versions(s: socket.socket, correlation: int) -> None:
+    """ApiVersions v0 over ``s`` and read the whole answer."""
+    client = b"scale"
+    body = struct.pack(">hhih", 18, 0, correlation, len(client)) + client
+    s.sendall(struct.pack(">i", len(body)) + body)
+    (size,) = struct.unpack(">i", _read(s, 4))
+    _read(s, size)
+
+
+def _read(s: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise PhaseError("connection closed by the broker")
+        buf += chunk
+    return bytes(buf)
+
+
+# -- plot ---------------------------------------------------------------------------------------
+
+
+def plot(results: dict[str, Any], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [k for k in ("partitions", "start", "segments", "connections", "large",
+                          "sustained") if k in results]
+    extra = 1 if "partitions" in results else 0
+    n = len(panels) + extra
+    cols = min(3, n)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 4 * rows), squeeze=False)
+    axs = iter(axes.flat)
+    if "partitions" in results:
+        rate_ax, cpu_ax = next(axs), next(axs)
+        series: dict[str, list[tuple[int, float, float]]] = {}
+        for r in results["partitions"]:
+            series.setdefault(f"{r['phase']} {r['client']}", []).append(
+                (r["partitions"], r["msg_s"], r["cpu_s_per_M"]))
+        for label, pts in sorted(series.items()):
+            pts.sort()
+            rate_ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+            cpu_ax.plot([p[0] for p in pts], [p[2] for p in pts], marker="o", label=label)
+        for ax, what in ((rate_ax, "msg/s (median)"), (cpu_ax, "broker CPU s per M records")):
+            ax.set_xscale("log")
+            ax.set_xlabel("partitions")
+            ax.set_ylabel(what)
+            ax.legend(fontsize=7)
+            ax.grid(alpha=0.3)
+        rate_ax.set_title("throughput vs partitions")
+        cpu_ax.set_title("broker CPU per record vs partitions")
+    if "start" in results:
+        ax = next(axs)
+        s = results["start"]
+        ax.bar(["ready", "+leaders", "+first ack"], [s["start_s"], s["leaders_s"],
+                                                     s["first_ack_s"]])
+        ax.axhline(3, color="red", linestyle="--", linewidth=1, label="target 3 s")
+        ax.set_ylabel("seconds")
+        ax.set_title(f"start with {s['partitions']:,} partitions "
+                     f"(RSS {s['rss'] / GiB:.2f} GiB, USS {s['uss'] / GiB:.2f} GiB)",
+                     fontsize=9)
+        ax.legend(fontsize=7)
+    if "segments" in results:
+        ax = next(axs)
+        s = results["segments"]
+        ax.bar(["empty", "clean", "clean+fetch", "SIGKILL", "SIGKILL+fetch"],
+               [s["empty_start_s"], s["clean_start_s"], s["clean_fetch_s"],
+                s["killed_start_s"], s["killed_fetch_s"]])
+        ax.set_ylabel("seconds")
+        ax.set_title(f"one partition, {s['segment_files']:,} segments: start / recovery",
+                     fontsize=9)
+    if "connections" in results:
+        ax = next(axs)
+        s = results["connections"]
+        ax.bar(["busy alone", f"beside {s['idle']:,} idle"], [s["anchor_msg_s"],
+                                                               s["busy_msg_s"]])
+        ax.set_ylabel("msg/s, all busy producers")
+        ax.set_title(f"{s['busy']} busy producers; {s['uss_per_conn'] / 1024:.1f} KiB USS "
+                     "per idle connection", fontsize=9)
+    if "large" in results:
+        ax = next(axs)
+        rows_ = results["large"]
+        labels = [f"{r['size'] / 2**20:g} MiB" for r in rows_]
+        xs = range(len(rows_))
+        ax.bar([x - 0.2 for x in xs], [r["produce_mb_s"] for r in rows_], 0.4, label="produce")
+        ax.bar([x + 0.2 for x in xs], [r["consume_mb_s"] for r in rows_], 0.4, label="consume")
+        ax.set_xticks(list(xs), labels)
+        ax.set_ylabel("MB/s (kcat)")
+        ax.set_title("large records")
+        ax.legend(fontsize=7)
+    if "sustained" in results:
+        ax = next(axs)
+        s = results["sustained"]
+        ax.bar(["produce alone", "produce +", "catch-up"], [s["first"], s["second"],
+                                                           s["catch_up"]])
+        ax.set_ylabel("MB/s")
+        ax.set_title(f"sustained: {s['bytes'] / GiB:.1f} GiB of 10 KiB records", fontsize=9)
+    for ax in axs:
+        ax.axis("off")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+# -- main ---------------------------------------------------------------------------------------
+
+
+PARTS = ("partitions", "start", "segments", "connections", "large", "sustained")
+
+
+def _sizes(text: str) -> list[tuple[int, int]]:
+    out = []
+    for item in text.split(","):
+        size, count = item.split(":")
+        out.append((c.size_arg(size), int(count)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default=",".join(PARTS))
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--partitions", default="1,6,64,1000,10000")
+    ap.add_argument("--records", type=int, default=200_000)
+    ap.add_argument("--size", type=int, default=100)
+    ap.add_argument("--clients", default="kcat,ck")
+    ap.add_argument("--start-partitions", type=int, default=10_000)
+    ap.add_argument("--segments", type=int, default=1000)
+    ap.add_argument("--segment-bytes", type=c.size_arg, default=65536)
+    ap.add_argument("--idle", type=int, default=1000)
+    ap.add_argument("--busy", type=int, default=10)
+    ap.add_argument("--busy-records", type=int, default=20_000)
+    ap.add_argument("--large", type=_sizes, default=_sizes("1M:100,10M:10"))
+    ap.add_argument("--sustained-bytes", type=c.size_arg, default=2 * GiB)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--phase-timeout", type=float, default=120)
+    ap.add_argument("--plot", type=Path)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--dir", default=tempfile.gettempdir())
+    a = ap.parse_args(argv)
+    a.partitions = [int(x) for x in a.partitions.split(",")]
+    a.clients = a.clients.split(",")
+    parts = a.only.split(",")
+    if unknown := set(parts) - set(PARTS):
+        ap.error(f"unknown parts {sorted(unknown)}; choose from {', '.join(PARTS)}")
+    if shutil.which("kcat") is None:
+        ap.error("kcat is not installed (make setup installs it)")
+    need = 2 * a.idle + 200
+    if "connections" in parts and raise_nofile(need) < need:
+        ap.error(f"ulimit -n must allow {need} descriptors for --idle {a.idle}")
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    c.print_environment("bench_scale")
+    work = Path(tempfile.mkdtemp(prefix="shmq-scale-", dir=a.dir))
+    tables = []
+    scale = Scale(a, work)
+    t_start = time.monotonic()
+    try:
+        for part in PARTS:
+            if part not in parts:
+                continue
+            print(f"\n== {part}", flush=True)
+            t0 = time.monotonic()
+            tables.append((part, getattr(scale, part)(), time.monotonic() - t0))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    for part, table, seconds in tables:
+        print(f"\n{part} ({seconds:.0f} s)\n{table}")
+    print(f"\ntotal {time.monotonic() - t_start:.0f} s")
+    commit = c._commit()
+    results = {"commit": commit, "utc": stamp, "args": {k: str(v) for k, v in vars(a).items()},
+               **scale.results}
+    json_path = a.json or RESULTS / f"scale-{stamp}.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(results, indent=1))
+    plot_path = a.plot or RESULTS / f"scale-{stamp}.png"
+    plot(scale.results, plot_path, f"shmq bench_scale, commit {commit}, {stamp} UTC "
+         "(client and broker on the same 2 cores)")
+    print(f"  results: {json_path}\n  plot:    {plot_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
