@@ -805,3 +805,151 @@ def test_produce_batch_and_consume_arrow(clients: Clients) -> None:
         assert rb is not None and rb.num_rows >= 7
         assert rb.column("value").to_pylist()[:7] == first
         assert rb.schema.names[:4] == ["key", "value", "topic", "partition"]
+
+
+# -- compression, delivery timeout, worker deaths (issue 15, second session) -------------------
+
+CODECS = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+
+
+def _stored_batches(data_dir: Path, topic: str, partition: int) -> list[Any]:
+    """The partition's batches as kafka-python's record decoder reads them from the segment
+    files on disk (an independent oracle for what was written)."""
+    from kafka.record.default_records import DefaultRecordBatch
+
+    out = []
+    for seg in sorted(data_dir.glob(f"worker-*/{topic}-{partition}/*.log")):
+        data = seg.read_bytes()
+        pos = 0
+        while pos + 12 <= len(data):
+            length = int.from_bytes(data[pos + 8 : pos + 12], "big")
+            if length == 0:  # the preallocated tail
+                break
+            out.append(DefaultRecordBatch(data[pos : pos + 12 + length]))
+            pos += 12 + length
+    return out
+
+
+def test_compression_type_is_applied(clients: Clients, kafka: RunningBroker) -> None:
+    """compression.type compresses the stored batches as a Kafka client does; kafka-python's
+    decoder and confluent-kafka read them back."""
+    for name, codec in CODECS.items():
+        topic = new_topic(clients, partitions=1)
+        p = clients.producer(**{"compression.type": name, "linger.ms": 50})
+        errors: list[Any] = []
+        sent = [(f"k{i}".encode(), b"shmq compresses %04d " % i * 8) for i in range(200)]
+        for k, v in sent:
+            p.produce(topic, v, k, partition=0, on_delivery=lambda e, m, out=errors: out.append(e))
+        assert p.flush(15) == 0
+        assert errors == [None] * len(sent)
+        batches = _stored_batches(kafka.data_dir, topic, 0)
+        assert batches and {b.compression_type for b in batches} == {codec}, name
+        stored_bytes = sum(len(b._buffer) for b in batches)  # before kafka-python inflates them
+        stored = [(r.key, r.value) for b in batches for r in b]
+        assert stored == sent, name
+        assert stored_bytes < sum(len(v) for _, v in sent) / 2, name
+        c = clients.consumer(**{"group.id": f"g-{topic}"})
+        c.subscribe([topic])
+        got = drain(c, len(sent))
+        assert [(m.key(), m.value()) for m in got] == sent, name
+        c.close()
+
+
+def _stop(pid: int) -> None:
+    import os
+    import signal
+
+    os.kill(pid, signal.SIGSTOP)
+
+
+def _cont(pid: int) -> None:
+    import os
+    import signal
+
+    os.kill(pid, signal.SIGCONT)
+
+
+def test_delivery_timeout_of_a_batch_never_answered(tmp_path: Path) -> None:
+    """A live worker that never answers (SIGSTOPped): the records are reported _MSG_TIMED_OUT
+    after message.timeout.ms, as confluent-kafka reports them; the producer then goes on."""
+    b = start_broker(tmp_path / "data", workers=1)
+    try:
+        admin = shmq.AdminClient({"bootstrap.servers": b.bootstrap})
+        admin.create_topics([confluent_kafka.admin.NewTopic("stalled", 1, 1)])["stalled"].result(10)
+        for transport in TRANSPORTS:
+            clients = Clients(transport, b.bootstrap)
+            try:
+                p = clients.producer(**{"message.timeout.ms": 1500})
+                p.produce("stalled", b"warm-up", partition=0)
+                assert p.flush(10) == 0
+                worker = b.worker_pids()[1]
+                reports: list[Any] = []
+                _stop(worker)
+                try:
+                    started = time.monotonic()
+                    for i in range(5):
+                        p.produce("stalled", b"v%d" % i, partition=0,
+                                  on_delivery=lambda e, m, out=reports: out.append((e, m)))
+                        p.poll(0)
+                    assert p.flush(15) == 0, transport
+                    took = time.monotonic() - started
+                finally:
+                    _cont(worker)
+                assert [e.code() for e, _ in reports] == [KafkaError._MSG_TIMED_OUT] * 5, \
+                    (transport, reports)
+                assert [m.offset() for _, m in reports] == [None] * 5, transport
+                assert 1.0 < took < 12, (transport, took)
+                after: list[Any] = []
+                p.produce("stalled", b"after", partition=0,
+                          on_delivery=lambda e, m, out=after: out.append(e))
+                assert p.flush(20) == 0, transport
+                assert [e if e is None else e.code() for e in after] == [None], transport
+            finally:
+                clients.close()
+    finally:
+        assert b.stop() == 0, b.log_path.read_text()
+
+
+def test_worker_gone_for_good_is_reported_not_raised(tmp_path: Path) -> None:
+    """A worker killed while its controller cannot restart it: produce / poll / flush never
+    raise; the records are reported _MSG_TIMED_OUT after message.timeout.ms; once the worker is
+    back the producer delivers again."""
+    b = start_broker(tmp_path / "data", workers=1)
+    controller = b.proc.pid
+    clients = Clients("shm", b.bootstrap)
+    try:
+        admin = shmq.AdminClient({"bootstrap.servers": b.bootstrap})
+        admin.create_topics([confluent_kafka.admin.NewTopic("gone", 1, 1)])["gone"].result(10)
+        p = clients.producer(**{"message.timeout.ms": 2000})
+        p.produce("gone", b"warm-up", partition=0)
+        assert p.flush(10) == 0
+        worker = b.worker_pids()[1]
+        reports: list[Any] = []
+        _stop(controller)
+        try:
+            import os
+            import signal
+
+            os.kill(worker, signal.SIGKILL)
+            time.sleep(0.2)
+            for i in range(20):  # some while the death is being noticed, some after
+                p.produce("gone", b"v%d" % i, partition=0,
+                          on_delivery=lambda e, m: reports.append(e))
+                p.poll(0.01)
+            assert p.flush(20) == 0
+        finally:
+            _cont(controller)
+        assert len(reports) == 20
+        assert {e.code() for e in reports} == {KafkaError._MSG_TIMED_OUT}, reports
+        deadline = time.monotonic() + 30
+        while b.worker_pids().get(1) in (None, worker):  # the controller restarts it
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        after: list[Any] = []
+        p.produce("gone", b"after", partition=0, on_delivery=lambda e, m: after.append(e))
+        left = p.flush(30)
+        assert left == 0
+        assert [e if e is None else (e.code(), e.str()) for e in after] == [None]
+    finally:
+        clients.close()
+        assert b.stop() == 0, b.log_path.read_text()
