@@ -953,3 +953,84 @@ def test_worker_gone_for_good_is_reported_not_raised(tmp_path: Path) -> None:
     finally:
         clients.close()
         assert b.stop() == 0, b.log_path.read_text()
+
+
+# -- consumer paths, differential against confluent-kafka (second session) --------------------
+
+def test_incremental_assign_and_unassign(clients: Clients) -> None:
+    topic = new_topic(clients)
+    for part in range(PARTITIONS):
+        produce_n(clients, topic, 4, partition=part)
+    c = clients.consumer(**{"group.id": f"g-{topic}", "enable.auto.commit": False})
+    c.incremental_assign([TopicPartition(topic, 0, 1)])
+    c.incremental_assign([TopicPartition(topic, 2, 3)])
+    assert sorted((tp.topic, tp.partition) for tp in c.assignment()) == [(topic, 0), (topic, 2)]
+    got = sorted((m.partition(), m.offset()) for m in drain(c, 4))
+    assert got == [(0, 1), (0, 2), (0, 3), (2, 3)]
+    c.incremental_unassign([TopicPartition(topic, 0)])
+    assert [(tp.topic, tp.partition) for tp in c.assignment()] == [(topic, 2)]
+    produce_n(clients, topic, 2, partition=0)
+    produce_n(clients, topic, 2, partition=2)
+    got = sorted((m.partition(), m.offset()) for m in drain(c, 2, timeout=5))
+    assert got == [(2, 4), (2, 5)]
+    assert c.poll(0.5) is None  # nothing from the unassigned partition
+    c.incremental_assign([TopicPartition(topic, 1)])  # no offset: the reset policy (earliest)
+    got = sorted((m.partition(), m.offset()) for m in drain(c, 4))
+    assert got == [(1, 0), (1, 1), (1, 2), (1, 3)]
+
+
+def test_store_offsets_without_auto_store(clients: Clients) -> None:
+    topic = new_topic(clients, partitions=1)
+    produce_n(clients, topic, 10)
+    group = f"g-{topic}"
+    c = clients.consumer(**{"group.id": group, "enable.auto.commit": False,
+                            "enable.auto.offset.store": False})
+    c.assign([TopicPartition(topic, 0)])
+    got = drain(c, 10)
+    assert len(got) == 10
+    with pytest.raises(KafkaException) as nothing:  # nothing stored: nothing to commit
+        c.commit(asynchronous=False)
+    assert nothing.value.args[0].code() == KafkaError._NO_OFFSET
+    c.store_offsets(got[3])  # the message: its offset + 1 is stored
+    c.commit(asynchronous=False)
+    assert [tp.offset for tp in c.committed([TopicPartition(topic, 0)], timeout=10)] == [4]
+    c.store_offsets(offsets=[TopicPartition(topic, 0, 7)])
+    c.commit(asynchronous=False)
+    assert [tp.offset for tp in c.committed([TopicPartition(topic, 0)], timeout=10)] == [7]
+    c.close()
+    again = clients.consumer(**{"group.id": group})
+    again.assign([TopicPartition(topic, 0)])
+    assert [m.offset() for m in drain(again, 3)] == [7, 8, 9]
+
+
+def test_pattern_subscription(clients: Clients) -> None:
+    stem = f"pat{next(_topic_seq)}{clients.transport}"
+    admin = shmq.AdminClient({"bootstrap.servers": clients.bootstrap})
+    names = [f"{stem}-a", f"{stem}-b", f"x{stem}-c"]
+    futs = admin.create_topics([confluent_kafka.admin.NewTopic(n, 1, 1) for n in names])
+    for f in futs.values():
+        f.result(10)
+    p = clients.producer()
+    for n in names:
+        p.produce(n, n.encode(), partition=0)
+    assert p.flush(10) == 0
+    c = clients.consumer(**{"group.id": f"g-{stem}", "topic.metadata.refresh.interval.ms": 1000})
+    c.subscribe([f"^{stem}-.*"])
+    got = drain(c, 2)
+    assert sorted(m.value() for m in got) == [n.encode() for n in names[:2]]
+    assert c.poll(1.0) is None  # x...-c does not match
+
+
+def test_offsets_for_times(clients: Clients) -> None:
+    topic = new_topic(clients, partitions=1)
+    p = clients.producer()
+    for i in range(5):
+        p.produce(topic, b"v%d" % i, partition=0, timestamp=1_700_000_000_000 + 1000 * i)
+    assert p.flush(10) == 0
+    c = clients.consumer(**{"group.id": f"g-{topic}"})
+    asked = [TopicPartition(topic, 0, 1_700_000_002_000)]
+    assert [(tp.partition, tp.offset) for tp in c.offsets_for_times(asked, timeout=10)] == [(0, 2)]
+    late = [TopicPartition(topic, 0, 1_800_000_000_000)]
+    assert [tp.offset for tp in c.offsets_for_times(late, timeout=10)] == [-1]
+    c.assign(c.offsets_for_times(asked, timeout=10))
+    assert [m.value() for m in drain(c, 3)] == [b"v2", b"v3", b"v4"]
