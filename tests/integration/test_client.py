@@ -1034,3 +1034,69 @@ def test_offsets_for_times(clients: Clients) -> None:
     assert [tp.offset for tp in c.offsets_for_times(late, timeout=10)] == [-1]
     c.assign(c.offsets_for_times(asked, timeout=10))
     assert [m.value() for m in drain(c, 3)] == [b"v2", b"v3", b"v4"]
+
+
+KILLS = 10
+
+
+def test_producer_rides_through_worker_kills(tmp_path: Path) -> None:
+    """Workers SIGKILLed (and restarted by the controller) while a shm producer produces at
+    full rate: no exception out of produce / poll / flush, every record reported once, every
+    acknowledged record stored once, offsets dense."""
+    import os
+    import signal
+    import threading
+
+    b = start_broker(tmp_path / "data", workers=2)
+    clients = Clients("shm", b.bootstrap)
+    try:
+        admin = shmq.AdminClient({"bootstrap.servers": b.bootstrap})
+        admin.create_topics([confluent_kafka.admin.NewTopic("kills", 2, 1)])["kills"].result(10)
+        p = clients.producer()
+        p.list_topics("kills", timeout=10)
+        reports: dict[bytes, list[Any]] = {}
+
+        def delivered(err: Any, msg: Any) -> None:
+            reports.setdefault(msg.value(), []).append(err)
+
+        kills: list[int] = []
+
+        def killer() -> None:
+            for i in range(KILLS):
+                time.sleep(0.15)
+                node = 1 + i % 2
+                pid = b.worker_pids()[node]
+                os.kill(pid, signal.SIGKILL)
+                kills.append(node)
+                deadline = time.monotonic() + 30
+                while b.worker_pids().get(node) == pid and time.monotonic() < deadline:
+                    time.sleep(0.02)
+
+        th = threading.Thread(target=killer)
+        th.start()
+        sent = 0
+        started = time.monotonic()
+        try:
+            while th.is_alive() and time.monotonic() - started < 60:
+                for _ in range(200):
+                    p.produce("kills", b"v%07d" % sent, partition=sent % 2, on_delivery=delivered)
+                    sent += 1
+                p.poll(0)
+        finally:
+            th.join(60)
+        assert p.flush(60) == 0
+        assert len(kills) == KILLS
+        assert len(reports) == sent and all(len(v) == 1 for v in reports.values())
+        failed = {v: e[0] for v, e in reports.items() if e[0] is not None}
+        assert not failed, list(failed.items())[:3]
+        c = clients.consumer(**{"group.id": "kills-check"})
+        c.assign([TopicPartition("kills", 0), TopicPartition("kills", 1)])
+        got = drain(c, sent, timeout=60)
+        values = [m.value() for m in got]
+        assert sorted(values) == sorted(reports), "acknowledged records lost or repeated"
+        for part in (0, 1):
+            offsets = [m.offset() for m in got if m.partition() == part]
+            assert offsets == list(range(len(offsets)))
+    finally:
+        clients.close()
+        assert b.stop() == 0, b.log_path.read_text()
