@@ -1100,3 +1100,41 @@ def test_producer_rides_through_worker_kills(tmp_path: Path) -> None:
     finally:
         clients.close()
         assert b.stop() == 0, b.log_path.read_text()
+
+
+def test_transactions_and_read_committed(kafka: RunningBroker) -> None:
+    """A transactional.id makes shmq.Producer librdkafka's transactional producer over TCP
+    (shm has no transactional path: refused there by name); read_committed consumers of the
+    three kinds see the committed records and not the aborted ones."""
+    topic = new_topic(Clients("kafka", kafka.bootstrap), partitions=1)
+    with pytest.raises(KafkaException) as refused:
+        shmq.Producer({"bootstrap.servers": kafka.bootstrap, "shmq.transport": "shm",
+                       "transactional.id": "tx-shm"})
+    assert refused.value.args[0].code() == KafkaError._NOT_IMPLEMENTED
+    assert "transactional.id" in refused.value.args[0].str()
+    p = shmq.Producer({"bootstrap.servers": kafka.bootstrap, "transactional.id": "tx-auto"})
+    try:
+        assert p.transport == "kafka"
+        p.init_transactions(30)
+        p.begin_transaction()
+        p.produce(topic, b"committed", partition=0)
+        p.commit_transaction(30)
+        p.begin_transaction()
+        p.produce(topic, b"aborted", partition=0)
+        p.abort_transaction(30)
+        p.begin_transaction()
+        p.produce(topic, b"after", partition=0)
+        p.commit_transaction(30)
+    finally:
+        p.close()
+    for transport in TRANSPORTS:
+        clients = Clients(transport, kafka.bootstrap)
+        try:
+            c = clients.consumer(**{"group.id": f"g-{topic}-{transport}",
+                                    "isolation.level": "read_committed"})
+            c.assign([TopicPartition(topic, 0)])
+            got = drain(c, 2)
+            assert [m.value() for m in got] == [b"committed", b"after"], transport
+            assert c.poll(0.5) is None, transport
+        finally:
+            clients.close()
