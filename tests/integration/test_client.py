@@ -1138,3 +1138,43 @@ def test_transactions_and_read_committed(kafka: RunningBroker) -> None:
             assert c.poll(0.5) is None, transport
         finally:
             clients.close()
+
+
+def test_on_lost_when_max_poll_interval_passes(kafka: RunningBroker) -> None:
+    """A member that stops polling past max.poll.interval.ms leaves the group; its next poll
+    runs on_lost (not on_revoke) with its partitions, then it rejoins: the same on the three
+    clients (run side by side to wait for the interval once)."""
+    members = []
+    for transport in TRANSPORTS:
+        clients = Clients(transport, kafka.bootstrap)
+        topic = new_topic(clients, partitions=2)
+        calls: list[tuple[str, list[int]]] = []
+
+        def cb(kind: str, out: list = calls) -> Any:
+            return lambda c, parts: out.append((kind, sorted(tp.partition for tp in parts)))
+
+        c = clients.consumer(**{"group.id": f"g-{topic}", "session.timeout.ms": 6000,
+                                "max.poll.interval.ms": 6000})
+        c.subscribe([topic], on_assign=cb("assign"), on_revoke=cb("revoke"),
+                    on_lost=cb("lost"))
+        members.append((transport, clients, c, calls))
+    try:
+        deadline = time.monotonic() + 30
+        while any(not calls for _, _, _, calls in members):
+            assert time.monotonic() < deadline, [calls for *_, calls in members]
+            for _, _, c, _ in members:
+                c.poll(0.1)
+        for transport, _, _, calls in members:
+            assert calls == [("assign", [0, 1])], (transport, calls)
+        time.sleep(8)  # no poll: past max.poll.interval.ms
+        deadline = time.monotonic() + 30
+        while any(len(calls) < 3 for _, _, _, calls in members):
+            assert time.monotonic() < deadline, [calls for *_, calls in members]
+            for _, _, c, _ in members:
+                c.poll(0.1)
+        for transport, _, _, calls in members:
+            assert calls == [("assign", [0, 1]), ("lost", [0, 1]), ("assign", [0, 1])], \
+                (transport, calls)
+    finally:
+        for _, clients, _, _ in members:
+            clients.close()
