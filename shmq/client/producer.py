@@ -723,7 +723,10 @@ class ShmProducer(Producer, ProducerCore):
         else:
             part = self._sticky_partition(topic, n, nbytes)
         now = time.time_ns() // 1_000_000
-        step = self._batch_records
+        # a batch holds at most batch.num.messages records and batch.size bytes (the broker
+        # refuses one over message.max.bytes: MESSAGE_TOO_LARGE for every record of it)
+        step = max(1, min(self._batch_records,
+                          self._batch_bytes // (RECORD_MAX_OVERHEAD + longest)))
         with self._lock:
             plan: list[tuple[int, list[Any]]] = []
             if groups is None:
@@ -740,17 +743,20 @@ class ShmProducer(Producer, ProducerCore):
                     plan.append((p, [(ks[i], vals[i], now) for i in idx]))
             self._queued += count
             self._queued_bytes += nbytes
+            counted = 0
             for p, recs in plan:
                 k = (topic, p)
                 open_batch = self._open.get(k)
                 if open_batch is not None:  # earlier records go first
                     self._send(k, open_batch)
-                per = nbytes // count if count else 0
                 for at in range(0, len(recs), step):
                     chunk = recs[at : at + step]
                     batch = Batch(time.monotonic())
                     batch.prebuilt = chunk
-                    batch.nbytes = per * len(chunk)
+                    # the queued bytes, shared out so that they add up to nbytes exactly
+                    batch.nbytes = nbytes * (counted + len(chunk)) // count - \
+                        nbytes * counted // count
+                    counted += len(chunk)
                     self._send(k, batch)
         return count
 

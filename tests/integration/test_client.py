@@ -1178,3 +1178,23 @@ def test_on_lost_when_max_poll_interval_passes(kafka: RunningBroker) -> None:
     finally:
         for _, clients, _, _ in members:
             clients.close()
+
+
+@pytest.mark.parametrize("transport", ["shm", "kafka"])
+def test_large_produce_batch_is_stored(kafka: RunningBroker, transport: str) -> None:
+    """30,000 records of 100 B in one produce_batch: batches stay under batch.size (they were
+    cut by count alone, 10,000 records, over the broker's message.max.bytes: every record was
+    refused MESSAGE_TOO_LARGE, and without a callback nothing said so)."""
+    clients = Clients(transport, kafka.bootstrap)
+    try:
+        topic = new_topic(clients, partitions=1)
+        p = clients.producer(**{"queue.buffering.max.messages": 100_000})
+        values = [b"%0100d" % i for i in range(30_000)]
+        assert p.produce_batch(topic, values, partition=0) == len(values)
+        assert p.flush(30) == 0
+        c = clients.consumer(**{"group.id": f"g-{topic}"})
+        assert c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10) == (0, len(values))
+        if transport == "shm":
+            assert p._queued_bytes == 0
+    finally:
+        clients.close()
