@@ -548,7 +548,7 @@ class ShmConsumer(Consumer):
                                       message.offset() + 1)]
         if offsets is None:  # the offset store, as librdkafka: with enable.auto.offset.store
             self._store()    # off only what store_offsets put there (_NO_OFFSET if nothing)
-            got = self._c.commit(asynchronous=asynchronous)
+            got = self._c.commit(asynchronous=asynchronous)  # type: ignore[call-overload]
         else:
             got = self._c.commit(offsets=offsets,  # type: ignore[call-overload]
                                  asynchronous=asynchronous)
