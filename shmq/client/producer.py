@@ -567,21 +567,27 @@ class ShmProducer(Producer, ProducerCore):
         from shmq.ipc.session import AttachError
 
         topic, partition = k
-        records, reports = batch.records(), batch.reports()
-        nbytes = batch.nbytes
+        reports = batch.reports()
+        nbytes, count = batch.nbytes, batch.count()
 
         def answered(result: Any) -> None:
-            self._answered(result, records, reports, nbytes)
+            self._answered(result, count, reports, nbytes)
 
         try:
-            self._broker.send_batch(topic, partition, records, acks=self._acks,
-                                    timeout=max(self._linger, 1.0), on_delivery=answered,
-                                    compression=self._codec,
-                                    compression_level=self._codec_level)
+            if batch.prebuilt is None and batch.headers is None and not self._codec:
+                # the open batch's lists as they are: no tuple per record
+                self._broker.send_columns(topic, partition, batch.keys, batch.values,
+                                          batch.stamps, acks=self._acks,
+                                          timeout=max(self._linger, 1.0), on_delivery=answered)
+            else:
+                self._broker.send_batch(topic, partition, batch.records(), acks=self._acks,
+                                        timeout=max(self._linger, 1.0), on_delivery=answered,
+                                        compression=self._codec,
+                                        compression_level=self._codec_level)
         except (BufferError, SessionLostError, AttachError, NotLocalError, OSError):
             return False  # the ring stayed full or the worker is away: it goes later
         except Exception:  # not sent and never to be answered: not queued any more
-            self._queued -= len(records)
+            self._queued -= count
             self._queued_bytes -= nbytes
             raise
         return True
@@ -636,10 +642,10 @@ class ShmProducer(Producer, ProducerCore):
             self._drain_backlog(k)
         self._expire_unsent()
 
-    def _answered(self, result: Any, records: list, reports: list | None, nbytes: int) -> None:
+    def _answered(self, result: Any, count: int, reports: list | None, nbytes: int) -> None:
         code = result.error_code
         if reports is None:
-            self._queued -= len(records)
+            self._queued -= count
             self._queued_bytes -= nbytes
             return
         err = None if not code else KafkaError(code, result.error_message or None) \
@@ -652,8 +658,8 @@ class ShmProducer(Producer, ProducerCore):
         topic, partition = result.topic, result.partition
         out = self._reports
         for i, r in enumerate(reports):
-            if r is None:
-                out.append((None, len(records[i][1] or b"")))
+            if r is None:  # a record without a callback: only counted down by poll
+                out.append((None, 0))
                 continue
             cb, key, value, ts, hdrs = r
             if err is None and self._only_errors:
