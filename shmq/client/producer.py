@@ -9,9 +9,10 @@ Theory of operation (shared memory)
 -----------------------------------
 * ``produce`` checks its arguments as confluent-kafka does (same exceptions), serializes, picks
   the partition (explicit; a callable partitioner; else Java's murmur2 of the key; else sticky
-  for keyless records) and appends the record to its partition's open batch: a Python list,
-  encoded in one Cython pass into the worker's submit ring when the batch goes
-  (``shmq.ipc.client.LocalBroker.send_batch``: RecordBatch v2, producer id and sequence).
+  for keyless records) and appends the record to its partition's open batch: parallel lists of
+  keys, values and times, encoded by one Cython function with no object per record when the
+  batch goes (``shmq.ipc.client.LocalBroker.send_columns``: RecordBatch v2, producer id and
+  sequence; ``send_batch`` for batches with headers or compression).
 * A batch goes when it reaches ``batch.num.messages`` / ``batch.size``, when ``linger.ms`` has
   passed since its first record (a daemon thread watches the open batches, so records go out
   without ``poll`` as librdkafka's do), or -- unless the user set ``linger.ms`` -- as soon as
