@@ -87,7 +87,14 @@ def produce_role(bootstrap: str, topic: str, n: int, kind: str, ready, go, out) 
                     p.poll(0.001)
     left = p.flush(120)
     t1 = time.monotonic()
-    out.put(("producer", t0, t1, left, time.process_time() - c0))
+    cpu = time.process_time() - c0
+    # persisted, not only reported: a row whose batches were refused must not count
+    wm = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-wm"})
+    _, high = wm.get_watermark_offsets(confluent_kafka.TopicPartition(topic, 0), timeout=30)
+    wm.close()
+    if high != n + 1:  # the warm-up record and n
+        raise RuntimeError(f"{kind}: {high - 1} of {n} records stored")
+    out.put(("producer", t0, t1, left, cpu))
     p.close() if shm else p.flush(1)
 
 

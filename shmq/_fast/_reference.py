@@ -11,6 +11,7 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
+from shmq._fast._client_reference import murmur2_partition  # the one murmur2 twin
 from shmq._fast._errors import CorruptRecordError, InvalidRecordError
 
 HEADER_SIZE = 61
@@ -541,32 +542,6 @@ def fill_headers(
     return rows, headers, klen, vlen, list_nulls, value_nulls, bad_keys
 
 
-def _murmur2(data: bytes) -> int:
-    """Kafka's ``Utils.murmur2`` (seed 0x9747b28c) on 32-bit wrapping arithmetic."""
-    m, mask = 0x5BD1E995, 0xFFFFFFFF
-    n = len(data)
-    h = (0x9747B28C ^ n) & mask
-    for i in range(0, n - n % 4, 4):
-        k = int.from_bytes(data[i : i + 4], "little")
-        k = (k * m) & mask
-        k ^= k >> 24
-        k = (k * m) & mask
-        h = (h * m) & mask
-        h ^= k
-    tail = data[n - n % 4 :]
-    if len(tail) == 3:
-        h ^= tail[2] << 16
-    if len(tail) >= 2:
-        h ^= tail[1] << 8
-    if len(tail) >= 1:
-        h ^= tail[0]
-        h = (h * m) & mask
-    h ^= h >> 13
-    h = (h * m) & mask
-    h ^= h >> 15
-    return h
-
-
 def murmur2_partitions(offsets: Any, data: Any, valid: Any, partitions: int, out: Any) -> None:
     n = len(out)
     if partitions <= 0:
@@ -584,7 +559,7 @@ def murmur2_partitions(offsets: Any, data: Any, valid: Any, partitions: int, out
         a, b = int(offsets[i]), int(offsets[i + 1])
         if a < 0 or b < a or b > len(raw):
             raise ValueError(f"key {i}: offsets {a}..{b} outside the data")
-        out[i] = (_murmur2(raw[a:b]) & 0x7FFFFFFF) % partitions
+        out[i] = murmur2_partition(raw[a:b], partitions)
 
 
 def encode_arrow_batch_into(out: Any, pos: int, limit: int, rows: Any, key_offsets: Any,

@@ -100,3 +100,23 @@ def encode_batch_into(out: Any, pos: int, limit: int, records: list, timestamp: 
         raise BufferError("underlying buffer is not writable")
     view[pos : pos + size] = batch
     return size
+
+
+def encode_columns_into(out: Any, pos: int, limit: int, keys: list, values: list, stamps: list,
+                        producer_id: int = -1, producer_epoch: int = -1,
+                        base_sequence: int = -1) -> int:
+    """Twin of ``ring.encode_columns_into``: record ``i`` is ``(keys[i], values[i], stamps[i])``
+    (bytes or None, bytes or None, int), no headers; ``encode_batch_into``'s general form."""
+    if not (isinstance(keys, list) and isinstance(values, list) and isinstance(stamps, list)):
+        raise TypeError("keys, values and stamps must be lists")
+    if not values:
+        raise ValueError("a record batch holds at least one record")
+    if len(keys) != len(values) or len(stamps) != len(values):
+        raise ValueError("keys, values and stamps differ in length")
+    for k, v in zip(keys, values, strict=True):
+        if (k is not None and type(k) is not bytes) or (v is not None and type(v) is not bytes):
+            raise TypeError("keys and values must be bytes or None")
+    if not all(isinstance(t, int) for t in stamps):
+        raise TypeError("stamps must be ints")
+    return encode_batch_into(out, pos, limit, list(zip(keys, values, stamps, strict=True)),
+                             stamps[0], producer_id, producer_epoch, base_sequence)

@@ -1005,32 +1005,8 @@ def fill_headers(list bodies not None, const int64_t[::1] meta not None,
 
 # --- Kafka's default partitioner ---------------------------------------------------------------
 
-cdef inline uint32_t _murmur2(const unsigned char *p, Py_ssize_t n) noexcept nogil:
-    """Kafka's ``Utils.murmur2`` (seed 0x9747b28c), on uint32 as Java's int arithmetic wraps."""
-    cdef uint32_t m = 0x5bd1e995
-    cdef uint32_t h = <uint32_t>0x9747b28c ^ <uint32_t>n
-    cdef uint32_t k
-    cdef Py_ssize_t i, n4 = n // 4
-    for i in range(n4):
-        k = (<uint32_t>p[4 * i] | (<uint32_t>p[4 * i + 1] << 8) | (<uint32_t>p[4 * i + 2] << 16)
-             | (<uint32_t>p[4 * i + 3] << 24))
-        k *= m
-        k ^= k >> 24
-        k *= m
-        h *= m
-        h ^= k
-    i = n & ~3
-    if n % 4 == 3:
-        h ^= <uint32_t>p[i + 2] << 16
-    if n % 4 >= 2:
-        h ^= <uint32_t>p[i + 1] << 8
-    if n % 4 >= 1:
-        h ^= <uint32_t>p[i]
-        h *= m
-    h ^= h >> 13
-    h *= m
-    h ^= h >> 15
-    return h
+cdef extern from "_murmur2.h":
+    uint32_t _murmur2 "shmq_murmur2" (const unsigned char *p, Py_ssize_t n) noexcept nogil
 
 
 def murmur2_partitions(const int32_t[::1] offsets not None, const unsigned char[::1] data not None,

@@ -4,30 +4,8 @@
 from libc.stdint cimport int32_t, uint32_t
 
 
-cdef inline uint32_t _murmur2(const unsigned char *data, Py_ssize_t length) noexcept nogil:
-    cdef uint32_t m = 0x5BD1E995U, k
-    cdef uint32_t h = (<uint32_t>0x9747B28CU) ^ <uint32_t>length
-    cdef Py_ssize_t i, n4 = length // 4
-    for i in range(n4):
-        k = (<uint32_t>data[4 * i] | (<uint32_t>data[4 * i + 1] << 8)
-             | (<uint32_t>data[4 * i + 2] << 16) | (<uint32_t>data[4 * i + 3] << 24))
-        k *= m
-        k ^= k >> 24
-        k *= m
-        h *= m
-        h ^= k
-    cdef Py_ssize_t tail = n4 * 4, rest = length & 3
-    if rest == 3:
-        h ^= <uint32_t>data[tail + 2] << 16
-    if rest >= 2:
-        h ^= <uint32_t>data[tail + 1] << 8
-    if rest >= 1:
-        h ^= data[tail]
-        h *= m
-    h ^= h >> 13
-    h *= m
-    h ^= h >> 15
-    return h
+cdef extern from "_murmur2.h":  # the one murmur2 kernel, shared with batch.pyx
+    uint32_t _murmur2 "shmq_murmur2" (const unsigned char *data, Py_ssize_t length) noexcept nogil
 
 
 def murmur2(const unsigned char[::1] data not None):

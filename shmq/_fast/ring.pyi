@@ -18,3 +18,16 @@ def encode_batch_into(
     base_sequence: int = -1,
     attributes: int = 0,
 ) -> int: ...
+
+
+def encode_columns_into(
+    out: Buffer,
+    pos: int,
+    limit: int,
+    keys: list[bytes | None],
+    values: list[bytes | None],
+    stamps: list[int],
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+) -> int: ...

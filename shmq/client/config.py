@@ -143,8 +143,10 @@ class ClientConfig:
                 raise invalid("buffer.memory", raw) from None
             merged["queue.buffering.max.kbytes"] = kbytes
         if "transactional.id" in merged and role == "producer":
-            raise not_supported("transactional.id", "shmq has no transactions yet (the "
-                                "transaction coordinator is issue 16); drop transactional.id")
+            if self.transport == "shm":  # auto: librdkafka's transactions, over TCP
+                raise not_supported("transactional.id", "the shared-memory producer has no "
+                                    "transactions: use shmq.transport=kafka (or auto)")
+            self.transport = "kafka"
         self.rd = merged  # what librdkafka gets (and validates)
 
     # -- reading values back --------------------------------------------------------------------

@@ -534,7 +534,8 @@ class ShmConsumer(Consumer):
     def commit(self, message: Any = None, offsets: Any = None, asynchronous: bool = True
                ) -> Any:
         """confluent-kafka's ``commit``: a message's offset + 1, explicit offsets, or (neither)
-        the positions of everything handed out."""
+        the offset store: the positions of everything handed out, unless
+        ``enable.auto.offset.store`` is off, then what ``store_offsets`` stored."""
         self._check_open()
         if message is not None and offsets is not None:
             raise kafka_exception(KafkaError._INVALID_ARG,
@@ -545,14 +546,12 @@ class ShmConsumer(Consumer):
                                       "message with error: '" + str(message.error()) + "'")
             offsets = [TopicPartition(message.topic(), message.partition(),
                                       message.offset() + 1)]
-        if offsets is None:
-            self._settle()
-            offsets = [TopicPartition(p.topic, p.partition, p.position)
-                       for p in self._parts.values() if p.position is not None]
-            if not offsets:
-                raise kafka_exception(KafkaError._NO_OFFSET)
-        got = self._c.commit(offsets=offsets,  # type: ignore[call-overload]
-                             asynchronous=asynchronous)
+        if offsets is None:  # the offset store, as librdkafka: with enable.auto.offset.store
+            self._store()    # off only what store_offsets put there (_NO_OFFSET if nothing)
+            got = self._c.commit(asynchronous=asynchronous)  # type: ignore[call-overload]
+        else:
+            got = self._c.commit(offsets=offsets,  # type: ignore[call-overload]
+                                 asynchronous=asynchronous)
         if self.interceptors:
             self.interceptors.notify("on_commit", got if got is not None else offsets)
         return got

@@ -9,9 +9,10 @@ Theory of operation (shared memory)
 -----------------------------------
 * ``produce`` checks its arguments as confluent-kafka does (same exceptions), serializes, picks
   the partition (explicit; a callable partitioner; else Java's murmur2 of the key; else sticky
-  for keyless records) and appends the record to its partition's open batch: a Python list,
-  encoded in one Cython pass into the worker's submit ring when the batch goes
-  (``shmq.ipc.client.LocalBroker.send_batch``: RecordBatch v2, producer id and sequence).
+  for keyless records) and appends the record to its partition's open batch: parallel lists of
+  keys, values and times, encoded by one Cython function with no object per record when the
+  batch goes (``shmq.ipc.client.LocalBroker.send_columns``: RecordBatch v2, producer id and
+  sequence; ``send_batch`` for batches with headers or compression).
 * A batch goes when it reaches ``batch.num.messages`` / ``batch.size``, when ``linger.ms`` has
   passed since its first record (a daemon thread watches the open batches, so records go out
   without ``poll`` as librdkafka's do), or -- unless the user set ``linger.ms`` -- as soon as
@@ -52,7 +53,7 @@ from shmq._fast._client_reference import (
     partition_for,
 )
 from shmq.client._common import Interceptors, Message, Serdes, kafka_exception
-from shmq.client.config import ClientConfig, invalid, resolve_callable
+from shmq.client.config import COMPRESSION, ClientConfig, invalid, resolve_callable
 from shmq.client.transport import local_data_dir
 
 ERR_PURGE_QUEUE = KafkaError._PURGE_QUEUE
@@ -299,7 +300,7 @@ class ShmProducer(Producer, ProducerCore):
     produce = ProducerCore.produce  # the compiled common case, not the base's declaration
 
     def _setup(self, config: ClientConfig, data_dir: Any) -> None:
-        from shmq.ipc.client import LocalBroker
+        from shmq.ipc.client import REATTACH_TIMEOUT_S, LocalBroker
 
         self._common_setup(config)
         self._meta = confluent_kafka.Producer(config.rd)  # validates every key; metadata
@@ -320,19 +321,33 @@ class ShmProducer(Producer, ProducerCore):
         self._acks = config.acks()
         self._default_cb = config.rd.get("on_delivery", config.rd.get("delivery.report.callback"))
         self._only_errors = config.get_bool("delivery.report.only.error")
+        codec = config.get_str("compression.codec")
+        if codec not in COMPRESSION:  # librdkafka accepted it: "inherit", say
+            codec = "none"
+        self._codec = COMPRESSION[codec]
+        level = config.get_int("compression.level")
+        self._codec_level = None if level < 0 else level
         idempotent = config.idempotence()
         in_flight = config.get_int("max.in.flight.requests.per.connection")
+        message_timeout = config.get_int("message.timeout.ms") / 1000.0
+        if message_timeout <= 0:  # librdkafka's 0: no limit
+            message_timeout = float("inf")
         self._broker = LocalBroker(
             data_dir, idempotent=idempotent,
             max_in_flight=max(1, min(in_flight, 5)) if idempotent else max(1, in_flight),
-            delivery_timeout=config.get_int("message.timeout.ms") / 1000.0,
+            delivery_timeout=message_timeout,
+            # a worker that does not come back fails its batches when their time is up
+            # (_MSG_TIMED_OUT); past 30 s they fail NETWORK_EXCEPTION, a retriable error
+            reattach_timeout=min(REATTACH_TIMEOUT_S, message_timeout + 0.1),
             retry_backoff=config.get_int("retry.backoff.ms") / 1000.0)
         self._plain = not (self.interceptors or self.serdes.active)
         self._counts: dict[str, int] = {}
         self._unknown_until: dict[str, float] = {}
         self._held: list[tuple] = []   # records to topics not known yet (deadline, args...)
-        self._message_timeout = config.get_int("message.timeout.ms") / 1000.0
+        self._message_timeout = message_timeout
         self._open: dict[tuple[str, int], Batch] = {}
+        # sealed batches the ring did not take yet (full ring, worker restarting), in order
+        self._backlog: dict[tuple[str, int], deque[Batch]] = {}
         self._sticky: dict[str, tuple[int, int]] = {}  # partition, bytes left
         self._reports: deque[tuple[Any, Any]] = deque()
         self._queued = 0          # records not yet reported (len())
@@ -468,9 +483,8 @@ class ShmProducer(Producer, ProducerCore):
         if batch.count() >= self._batch_records or batch.nbytes >= self._batch_bytes:
             self._send(k, batch)
         elif fresh and self._eager:
-            broker = self._broker
-            broker.poll(0)
-            if broker.can_send(topic, partition):
+            self._pump(0)
+            if self._broker.can_send(topic, partition):
                 self._send(k, batch)  # room in flight: a lone record does not linger
             else:
                 self._wake.set()
@@ -527,31 +541,112 @@ class ShmProducer(Producer, ProducerCore):
         return p
 
     def _send(self, k: tuple[str, int], batch: Batch) -> None:
-        """Seal the open batch of ``k`` and hand it to the ring (lock held)."""
+        """Seal the open batch of ``k`` and hand it to the ring (lock held).  A batch the ring
+        cannot take now -- full, or its worker restarting -- waits in the partition's backlog,
+        in order, until it can, or until ``message.timeout.ms`` fails it (``_expire_unsent``):
+        a worker's death never raises out of ``produce`` or ``poll``."""
         if self._open.get(k) is batch:
             del self._open[k]
+        queue = self._backlog.get(k)
+        if queue is not None:  # earlier batches wait: this one goes after them
+            queue.append(batch)
+            self._drain_backlog(k)
+        elif not self._hand_over(k, batch):
+            self._backlog[k] = deque((batch,))
+            self._wake.set()
+
+    def _drain_backlog(self, k: tuple[str, int]) -> None:
+        queue = self._backlog[k]
+        while queue and self._broker.can_send(*k) and self._hand_over(k, queue[0]):
+            queue.popleft()
+        if not queue:
+            del self._backlog[k]
+
+    def _hand_over(self, k: tuple[str, int], batch: Batch) -> bool:
+        """``send_batch``; False when the batch could not go now and is to be kept."""
+        from shmq.ipc.client import NotLocalError, SessionLostError
+        from shmq.ipc.session import AttachError
+
         topic, partition = k
-        records, reports = batch.records(), batch.reports()
-        nbytes = batch.nbytes
+        reports = batch.reports()
+        nbytes, count = batch.nbytes, batch.count()
 
         def answered(result: Any) -> None:
-            self._answered(result, records, reports, nbytes)
+            self._answered(result, count, reports, nbytes)
 
         try:
-            self._broker.send_batch(topic, partition, records, acks=self._acks,
-                                    timeout=max(self._linger, 1.0), on_delivery=answered)
-        except BufferError:  # the ring stayed full: keep the batch open, it goes later
-            self._open.setdefault(k, batch)
-            self._wake.set()
+            if batch.prebuilt is None and batch.headers is None and not self._codec:
+                # the open batch's lists as they are: no tuple per record
+                self._broker.send_columns(topic, partition, batch.keys, batch.values,
+                                          batch.stamps, acks=self._acks,
+                                          timeout=max(self._linger, 1.0), on_delivery=answered)
+            else:
+                self._broker.send_batch(topic, partition, batch.records(), acks=self._acks,
+                                        timeout=max(self._linger, 1.0), on_delivery=answered,
+                                        compression=self._codec,
+                                        compression_level=self._codec_level)
+        except (BufferError, SessionLostError, AttachError, NotLocalError, OSError):
+            return False  # the ring stayed full or the worker is away: it goes later
         except Exception:  # not sent and never to be answered: not queued any more
-            self._queued -= len(records)
+            self._queued -= count
             self._queued_bytes -= nbytes
             raise
+        return True
 
-    def _answered(self, result: Any, records: list, reports: list | None, nbytes: int) -> None:
+    def _pump(self, timeout: float = 0.0) -> None:
+        """The broker's answers (lock held).  A worker that did not come back has had its
+        batches answered with errors already: that is reported, not raised."""
+        from shmq.ipc.client import SessionLostError
+
+        try:
+            self._broker.poll(timeout)
+        except SessionLostError:
+            pass
+
+    def _unsent(self) -> list[tuple[tuple[str, int], Batch]]:
+        out = [(k, b) for k, q in self._backlog.items() for b in q]
+        return out + list(self._open.items())
+
+    def _fail_unsent(self, k: tuple[str, int], batch: Batch, err: KafkaError) -> None:
+        """Report every record of a batch that never went (lock held)."""
+        topic, partition = k
+        reports = batch.reports()
+        for i, rec in enumerate(batch.records()):
+            key, value, ts = (None, rec, 0) if type(rec) is bytes else rec[:3]
+            hdrs = rec[3] if type(rec) is tuple and len(rec) > 3 else None
+            r = reports[i] if reports is not None else None
+            cb = r[0] if r is not None else None
+            self._reports.append((cb, Message(topic, partition, -1001, key, value, hdrs,
+                                              err, (TIMESTAMP_CREATE_TIME, ts))))
+        self._queued_bytes -= batch.nbytes
+
+    def _expire_unsent(self) -> None:
+        """Batches that could not go within ``message.timeout.ms`` of their first record are
+        reported ``_MSG_TIMED_OUT`` (lock held)."""
+        if not (self._backlog or self._open):
+            return
+        limit = time.monotonic() - self._message_timeout
+        for k, batch in self._unsent():
+            if batch.opened <= limit:
+                if self._open.get(k) is batch:
+                    del self._open[k]
+                else:
+                    queue = self._backlog[k]
+                    queue.remove(batch)
+                    if not queue:
+                        del self._backlog[k]
+                self._fail_unsent(k, batch, KafkaError(ERR_MSG_TIMED_OUT))
+
+    def _send_waiting(self) -> None:
+        """Backlogs first, then open batches refused before (lock held)."""
+        for k in list(self._backlog):
+            self._drain_backlog(k)
+        self._expire_unsent()
+
+    def _answered(self, result: Any, count: int, reports: list | None, nbytes: int) -> None:
         code = result.error_code
         if reports is None:
-            self._queued -= len(records)
+            self._queued -= count
             self._queued_bytes -= nbytes
             return
         err = None if not code else KafkaError(code, result.error_message or None) \
@@ -564,8 +659,8 @@ class ShmProducer(Producer, ProducerCore):
         topic, partition = result.topic, result.partition
         out = self._reports
         for i, r in enumerate(reports):
-            if r is None:
-                out.append((None, len(records[i][1] or b"")))
+            if r is None:  # a record without a callback: only counted down by poll
+                out.append((None, 0))
                 continue
             cb, key, value, ts, hdrs = r
             if err is None and self._only_errors:
@@ -635,7 +730,10 @@ class ShmProducer(Producer, ProducerCore):
         else:
             part = self._sticky_partition(topic, n, nbytes)
         now = time.time_ns() // 1_000_000
-        step = self._batch_records
+        # a batch holds at most batch.num.messages records and batch.size bytes (the broker
+        # refuses one over message.max.bytes: MESSAGE_TOO_LARGE for every record of it)
+        step = max(1, min(self._batch_records,
+                          self._batch_bytes // (RECORD_MAX_OVERHEAD + longest)))
         with self._lock:
             plan: list[tuple[int, list[Any]]] = []
             if groups is None:
@@ -652,17 +750,20 @@ class ShmProducer(Producer, ProducerCore):
                     plan.append((p, [(ks[i], vals[i], now) for i in idx]))
             self._queued += count
             self._queued_bytes += nbytes
+            counted = 0
             for p, recs in plan:
                 k = (topic, p)
                 open_batch = self._open.get(k)
                 if open_batch is not None:  # earlier records go first
                     self._send(k, open_batch)
-                per = nbytes // count if count else 0
                 for at in range(0, len(recs), step):
                     chunk = recs[at : at + step]
                     batch = Batch(time.monotonic())
                     batch.prebuilt = chunk
-                    batch.nbytes = per * len(chunk)
+                    # the queued bytes, shared out so that they add up to nbytes exactly
+                    batch.nbytes = nbytes * (counted + len(chunk)) // count - \
+                        nbytes * counted // count
+                    counted += len(chunk)
                     self._send(k, batch)
         return count
 
@@ -690,7 +791,7 @@ class ShmProducer(Producer, ProducerCore):
         while True:
             self._retry_held()
             with self._lock:
-                self._broker.poll(0)
+                self._pump(0)
             served = self._serve()
             if served:
                 return served
@@ -699,7 +800,7 @@ class ShmProducer(Producer, ProducerCore):
                 return 0
             with self._lock:
                 if self._queued and self._broker.flush(0):
-                    self._broker.poll(min(left, 0.005))
+                    self._pump(min(left, 0.005))
                     continue
             time.sleep(min(left, 0.005) if self._queued else min(left, 0.05))
 
@@ -716,10 +817,8 @@ class ShmProducer(Producer, ProducerCore):
         while True:
             self._retry_held()
             with self._lock:
-                self._broker.poll(0)
-                for k, batch in list(self._open.items()):  # refused by a full ring before
-                    if self._broker.can_send(*k):
-                        self._send(k, batch)
+                self._pump(0)
+                self._send_waiting()  # refused by a full ring or a restarting worker before
             self._serve()
             if not self._queued:
                 return 0
@@ -727,7 +826,7 @@ class ShmProducer(Producer, ProducerCore):
             if left <= 0:
                 return self._queued
             with self._lock:
-                self._broker.poll(min(left, 0.005))
+                self._pump(min(left, 0.005))
 
     def __len__(self) -> int:
         return self._queued
@@ -740,17 +839,10 @@ class ShmProducer(Producer, ProducerCore):
             return
         with self._lock:
             err = KafkaError(ERR_PURGE_QUEUE)
-            for (topic, partition), batch in list(self._open.items()):
-                reports = batch.reports()
-                for i, rec in enumerate(batch.records()):
-                    key, value, ts = (None, rec, 0) if type(rec) is bytes else rec[:3]
-                    hdrs = rec[3] if type(rec) is tuple and len(rec) > 3 else None
-                    r = reports[i] if reports is not None else None
-                    cb = r[0] if r is not None else None
-                    self._reports.append((cb, Message(topic, partition, -1001, key, value, hdrs,
-                                                      err, (TIMESTAMP_CREATE_TIME, ts))))
-                self._queued_bytes -= batch.nbytes
+            for k, batch in self._unsent():
+                self._fail_unsent(k, batch, err)
             self._open.clear()
+            self._backlog.clear()
 
     # -- linger -----------------------------------------------------------------------------
 
@@ -762,9 +854,10 @@ class ShmProducer(Producer, ProducerCore):
             self._wake.clear()  # before looking: a batch opened from now on sets it again
             while not self._stop:
                 with self._lock:
-                    self._broker.poll(0)
+                    self._pump(0)
+                    self._send_waiting()
                     now = time.monotonic()
-                    due = None
+                    due = now + EAGER_CHECK_S if self._backlog else None
                     for k, batch in list(self._open.items()):
                         ready = self._eager or now - batch.opened >= self._linger
                         if ready and self._broker.can_send(*k):
@@ -787,8 +880,13 @@ class ShmProducer(Producer, ProducerCore):
         self._wake.set()
         self._thread.join()
         self.closed = True
+        from shmq.ipc.client import SessionLostError
+
         with self._lock:
-            self._broker.close(timeout=0 if left else 5.0)
+            try:
+                self._broker.close(timeout=0 if left else 5.0)
+            except SessionLostError:
+                pass  # its batches were answered with errors; the rest is released
         self._meta.close(0)  # type: ignore[call-arg]
         self.interceptors.close()
         return not left

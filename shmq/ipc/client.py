@@ -85,6 +85,13 @@ RETRIABLE = frozenset({NOT_LEADER, 5, REQUEST_TIMED_OUT, 19, 20, 56})
 # (KIP-360's fallback without epoch bumps) once nothing is in flight.
 UNKNOWN_PRODUCER_STATE = frozenset({NETWORK_EXCEPTION, OUT_OF_ORDER_SEQUENCE, 47, 59})
 DEFAULT_DELIVERY_TIMEOUT_S = 120.0   # Java's delivery.timeout.ms
+# A batch not delivered within the delivery timeout (no answer from a live worker, a worker that
+# does not come back, retries that ran out of time) is answered with librdkafka's local
+# ``_MSG_TIMED_OUT`` (-192), what confluent-kafka reports; Java's is a TimeoutException.
+MSG_TIMED_OUT = -192
+BATCH_HEADER_SIZE = 61               # RecordBatch v2's fixed part, up to the records count
+_NO_VIEW = bytearray()               # what a writer's size pass gets: it writes nothing
+EXPIRY_CHECK_S = 0.01                # how often poll looks for batches past their deadline
 RETRY_BACKOFF_S = 0.1                # retry.backoff.ms of Java and librdkafka
 
 
@@ -93,6 +100,26 @@ def _restamp(batch: bytearray, producer_id: int, producer_epoch: int, sequence: 
     which is computed again)."""
     struct.pack_into(">qhi", batch, 43, producer_id, producer_epoch, sequence)
     struct.pack_into(">I", batch, 17, _fast.crc32c(memoryview(batch)[21:]))
+
+
+def compressed_batch(records: list[Any], now: int, codec: int,
+                     level: int | None = None) -> bytearray:
+    """``records`` (``send_batch``'s forms) as one RecordBatch v2 whose records are compressed
+    with Kafka codec ``codec``, as the Java client writes it: the 61-byte header uncompressed,
+    the codec in attribute bits 0-2, the record stream compressed (``shmq.protocol.compression``,
+    cramjam).  Producer id, epoch and sequence are stamped (and the CRC computed) by the sender."""
+    from shmq.protocol import compression as codecs
+
+    encode = _fast.ring.encode_batch_into
+    size = -encode(_NO_VIEW, 0, 0, records, now, -1, -1, -1)
+    plain = bytearray(size)
+    encode(plain, 0, size, records, now, -1, -1, -1)
+    body = codecs.compress(codec, memoryview(plain)[BATCH_HEADER_SIZE:], level)
+    batch = plain[:BATCH_HEADER_SIZE] + body
+    struct.pack_into(">i", batch, 8, len(batch) - 12)                   # batchLength
+    attributes = struct.unpack_from(">h", batch, 21)[0]
+    struct.pack_into(">h", batch, 21, (attributes & ~0x07) | codec)    # the codec bits
+    return batch
 
 
 def _seq_order(sequence: int, origin: int) -> int:
@@ -385,6 +412,8 @@ class LocalBroker:
         self._resend_at: dict[tuple[str, int], float] = {}
         self._rewinding: set[tuple[str, int]] = set()
         self._corr = 0
+        self._scratch: bytearray | None = None  # send_batch's encoding buffer, reused
+        self._expiry_check = 0.0
         self.reattached = 0
         self.losses: list[tuple[int, float]] = []  # (node id, when its death was noticed)
         self.closed = False
@@ -426,7 +455,7 @@ class LocalBroker:
     def _session(self, node_id: int, timeout: float = 10.0) -> _Session:
         session = self.sessions.get(node_id)
         if session is None or not session.alive:
-            if session is not None:
+            if session is not None and session.view is not None:
                 return self._reattach(session)
             session = _Session(self, node_id, self.submit_bytes, self.completion_bytes, timeout)
             self.sessions[node_id] = session
@@ -470,8 +499,11 @@ class LocalBroker:
                         f = entry.future
                         if f.acks != 0:
                             self._unanswered[(f.topic, f.partition)] -= 1
-                        f._set(BatchResult(f.topic, f.partition, -1, f.count, NETWORK_EXCEPTION,
-                                           why, -1, -1))
+                        code = MSG_TIMED_OUT if time.monotonic() >= f._deadline else \
+                            NETWORK_EXCEPTION
+                        if f._sequenced:  # whether the worker appended it is unknown:
+                            self._reset_producer = True  # a new producer id (KIP-360)
+                        f._set(BatchResult(f.topic, f.partition, -1, f.count, code, why, -1, -1))
                     raise SessionLostError(f"{why}: {exc}") from exc
                 time.sleep(delay)
                 delay = min(delay * 2, 0.1)
@@ -479,7 +511,11 @@ class LocalBroker:
         self.sessions[dead.node_id] = session
         self.reattached += 1
         for entry, data in todo:
-            at = self._reserve(session, len(data), deadline)
+            # they all fitted the old ring at once: a fresh ring of the same size takes them
+            # without waiting (no poll here, which could reattach again halfway through)
+            at = session.submit.reserve(len(data))
+            if at < 0:
+                at = self._reserve(session, len(data), deadline)
             assert session.view is not None
             session.view[at : at + len(data)] = data
             entry.at, entry.length = at, len(data)
@@ -512,11 +548,14 @@ class LocalBroker:
 
     def send_batch(self, topic: str, partition: int, records: list[Any], *,
                    acks: int | str = -1, timeout: float = 30.0,
-                   on_delivery: Callable[[BatchResult], Any] | None = None) -> BatchFuture:
+                   on_delivery: Callable[[BatchResult], Any] | None = None,
+                   compression: int = 0, compression_level: int | None = None) -> BatchFuture:
         """Encode ``records`` as one batch into the ring of the partition's leader.
 
         A record is ``bytes`` (a value) or ``(key, value[, timestamp_ms[, headers]])``.
-        ``acks`` is Kafka's (0, 1, -1 / "all"; the default is Kafka's all).  Returns a
+        ``acks`` is Kafka's (0, 1, -1 / "all"; the default is Kafka's all).  ``compression``
+        is Kafka's codec id (``shmq.protocol.compression``: 1 gzip, 2 snappy, 3 lz4, 4 zstd):
+        the records are compressed as a Kafka client compresses them.  Returns a
         ``BatchFuture``; ``on_delivery(result)`` runs from ``poll``.  Raises ``BufferError``
         when the ring stays full for ``timeout`` seconds (nothing was sent)."""
         if not isinstance(records, list):
@@ -525,13 +564,73 @@ class LocalBroker:
             raise ValueError("a batch holds at least one record")
         now = int(time.time() * 1000)
         encode = _fast.ring.encode_batch_into
+        if compression:
+            batch = compressed_batch(records, now, compression, compression_level)
+
+            def write_compressed(view: Any, at: int, size: int, pid: int, epoch: int,
+                                 seq: int) -> int:
+                if size >= 0:
+                    _restamp(batch, pid, epoch, seq)
+                    view[at : at + len(batch)] = batch
+                return len(batch)
+
+            return self._submit(topic, partition, write_compressed, len(records), acks, timeout,
+                                on_delivery)
+
+        def encode_into(buf: Any, at: int, limit: int, pid: int, epoch: int, seq: int) -> int:
+            return encode(buf, at, limit, records, now, pid, epoch, seq)
+
+        return self._send_encoder(topic, partition, len(records), encode_into, acks, timeout,
+                                  on_delivery)
+
+    def send_columns(self, topic: str, partition: int, keys: list[bytes | None],
+                     values: list[bytes | None], stamps: list[int], *, acks: int | str = -1,
+                     timeout: float = 30.0,
+                     on_delivery: Callable[[BatchResult], Any] | None = None) -> BatchFuture:
+        """``send_batch`` of records kept as parallel lists (a producer's open batch): record
+        ``i`` is ``(keys[i], values[i], stamps[i])``, bytes or None and a time in ms, no headers;
+        encoded with no object per record (``_fast.ring.encode_columns_into``)."""
+        if not values:
+            raise ValueError("a batch holds at least one record")
+        encode = _fast.ring.encode_columns_into
+
+        def encode_into(buf: Any, at: int, limit: int, pid: int, epoch: int, seq: int) -> int:
+            return encode(buf, at, limit, keys, values, stamps, pid, epoch, seq)
+
+        return self._send_encoder(topic, partition, len(values), encode_into, acks, timeout,
+                                  on_delivery)
+
+    def _send_encoder(self, topic: str, partition: int, count: int,
+                      encode_into: Callable[[Any, int, int, int, int, int], int],
+                      acks: int | str, timeout: float,
+                      on_delivery: Callable[[BatchResult], Any] | None) -> BatchFuture:
+        """``_submit`` with an encoder ``encode_into(buf, at, limit, pid, epoch, seq)`` that
+        returns the size written, or ``-size`` when it does not fit.  The batch is encoded once,
+        into a reused scratch buffer, when its size is asked for, and the ring gets a copy:
+        asking the encoder for the size alone costs its whole first pass, which the write
+        would run again (half of produce's CPU)."""
+        scratch = self._scratch if self._scratch is not None else bytearray(1 << 16)
+        self._scratch = None  # in use (a nested send takes its own)
+        encoded = 0
 
         def write(view: Any, at: int, size: int, pid: int, epoch: int, seq: int) -> int:
-            if size < 0:  # the size alone (the first pass; nothing is written)
-                return -encode(view, 0, 0, records, now, pid, epoch, seq)
-            return encode(view, at, size, records, now, pid, epoch, seq)
+            nonlocal scratch, encoded
+            if size < 0:
+                got = encode_into(scratch, 0, len(scratch), pid, epoch, seq)
+                if got < 0:  # larger than any batch before: grow, then once more
+                    scratch = bytearray(max(-got, 2 * len(scratch)))
+                    got = encode_into(scratch, 0, len(scratch), pid, epoch, seq)
+                encoded = got
+                return got
+            if size != encoded:  # not asked for the size first: encode in place
+                return encode_into(view, at, size, pid, epoch, seq)
+            view[at : at + size] = memoryview(scratch)[:size]
+            return size
 
-        return self._submit(topic, partition, write, len(records), acks, timeout, on_delivery)
+        try:
+            return self._submit(topic, partition, write, count, acks, timeout, on_delivery)
+        finally:
+            self._scratch = scratch
 
     def send_encoded(self, topic: str, partition: int, batch: Any, *, acks: int | str = -1,
                      timeout: float = 30.0,
@@ -636,20 +735,21 @@ class LocalBroker:
         if len(name) > 0xFFFF:
             raise ValueError("topic name too long")
         node = self._node_for(topic, partition)
-        session = self._session(node)
-        size = write(session.view, 0, -1)
+        size = write(_NO_VIEW, 0, -1)  # the size pass needs no ring (a worker may die now)
         entry_size = rings.PRODUCE_HEADER_SIZE + len(name) + size
-        if entry_size > session.max_entry:
-            raise ValueError(f"a batch of {entry_size} bytes does not fit the ring "
-                             f"({session.max_entry} bytes at most): send smaller batches")
         while True:
+            session = self._session(node)  # reattached when the worker died (or raises
+            if entry_size > session.max_entry:  # SessionLostError after the timeout)
+                raise ValueError(f"a batch of {entry_size} bytes does not fit the ring "
+                                 f"({session.max_entry} bytes at most): send smaller batches")
             try:
                 at = self._reserve(session, entry_size, deadline)
-                break
             except SessionLostError:
-                session = self._session(node)  # reattached (or raises after the timeout)
+                continue
+            if session.view is not None and session.alive:
+                break
+            # the session was closed while we waited for room: its reservation is void
         view = session.view
-        assert view is not None
         rings.PRODUCE_HEADER.pack_into(view, at, entry_size, rings.PRODUCE, 0, self._next_corr(),
                                        partition, len(name), future.acks, 0, 0)
         body = at + rings.PRODUCE_HEADER_SIZE
@@ -681,6 +781,8 @@ class LocalBroker:
             for session in list(self.sessions.values()):
                 handled += self._poll_session(session)
             self._due_resends()
+            if time.monotonic() >= self._expiry_check:
+                handled += self._expire()
             left = deadline - time.monotonic()
             waiting = [s for s in self.sessions.values() if s.by_corr or not s.alive]
             if handled or left <= 0 or not (waiting or self._resend):
@@ -716,17 +818,21 @@ class LocalBroker:
                     session.worker_gone()
         if not session.alive and session.view is not None:
             handled += self._read_completions(session)  # answers written before it died
+            if session.view is None:  # reattached meanwhile (a resend went to its node)
+                return handled
             if any(e.future.value is None for e in session.inflight):
                 self._reattach(session)
             else:
                 session.close()
-                self.sessions.pop(session.node_id, None)
+                if self.sessions.get(session.node_id) is session:
+                    del self.sessions[session.node_id]
         return handled
 
     def _read_completions(self, session: _Session) -> int:
         completion, view = session.completion, session.view
         assert view is not None
         handled = 0
+        resend: list[tuple[str, int]] = []
         while True:
             try:
                 entry = completion.peek()
@@ -764,7 +870,7 @@ class LocalBroker:
                         handled += 1
                     if not self._unanswered[key] and (key in self._resend
                                                       or key in self._rewinding):
-                        self._schedule_resend(key)
+                        resend.append(key)
             completion.advance(length)
         if handled:
             if completion.release():
@@ -778,7 +884,35 @@ class LocalBroker:
             if e.future.value is None:
                 f = e.future
                 f._set(BatchResult(f.topic, f.partition, -1, f.count, 0, None, -1, -1))
+        for key in resend:  # once this ring is read: sending may poll it again
+            if not self._unanswered.get(key, 0):
+                self._schedule_resend(key)
         return handled
+
+    def _expire(self) -> int:
+        """Answer ``MSG_TIMED_OUT`` to every batch in flight past its delivery timeout (a live
+        worker that never answers: stopped, wedged), as librdkafka's ``message.timeout.ms`` and
+        Java's ``delivery.timeout.ms`` do.  The batch may still be appended if the worker wakes
+        up (as with Kafka); its late answer is ignored.  The broker's idea of this producer's
+        sequences is then unknown: a new producer id once nothing is in flight (KIP-360's
+        fallback)."""
+        now = time.monotonic()
+        self._expiry_check = now + EXPIRY_CHECK_S
+        expired = 0
+        for session in list(self.sessions.values()):
+            for entry in session.inflight:
+                f = entry.future
+                if f.value is not None or now < f._deadline:
+                    continue
+                if session.by_corr.pop(entry.corr, None) is not None:
+                    self._unanswered[(f.topic, f.partition)] -= 1
+                if f._sequenced:
+                    self._reset_producer = True
+                f._set(BatchResult(f.topic, f.partition, -1, f.count, MSG_TIMED_OUT,
+                                   f"no answer within the delivery timeout "
+                                   f"({self.delivery_timeout:g} s)", -1, -1))
+                expired += 1
+        return expired
 
     # -- failed batches ---------------------------------------------------------------------
 
@@ -831,7 +965,9 @@ class LocalBroker:
         seq = self._confirmed.get(key, 0)
         for f, batch in todo:
             if now >= f._deadline:
-                f._set(BatchResult(f.topic, f.partition, -1, f.count, REQUEST_TIMED_OUT,
+                if f._sequenced:
+                    self._reset_producer = True
+                f._set(BatchResult(f.topic, f.partition, -1, f.count, MSG_TIMED_OUT,
                                    "delivery timeout passed while retrying", -1, -1))
                 continue
             if f._sequenced:
@@ -846,7 +982,7 @@ class LocalBroker:
 
             try:
                 self._enqueue(topic, partition, write, f, now + 30.0)
-            except (BufferError, SessionLostError, NotLocalError) as exc:
+            except (BufferError, SessionLostError, NotLocalError, AttachError, OSError) as exc:
                 f._set(BatchResult(f.topic, f.partition, -1, f.count, NETWORK_EXCEPTION,
                                    f"could not send the batch again: {exc}", -1, -1))
         if any(f._sequenced for f, _ in todo):

@@ -805,3 +805,396 @@ def test_produce_batch_and_consume_arrow(clients: Clients) -> None:
         assert rb is not None and rb.num_rows >= 7
         assert rb.column("value").to_pylist()[:7] == first
         assert rb.schema.names[:4] == ["key", "value", "topic", "partition"]
+
+
+# -- compression, delivery timeout, worker deaths (issue 15, second session) -------------------
+
+CODECS = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+
+
+def _stored_batches(data_dir: Path, topic: str, partition: int) -> list[Any]:
+    """The partition's batches as kafka-python's record decoder reads them from the segment
+    files on disk (an independent oracle for what was written)."""
+    from kafka.record.default_records import DefaultRecordBatch
+
+    out = []
+    for seg in sorted(data_dir.glob(f"worker-*/{topic}-{partition}/*.log")):
+        data = seg.read_bytes()
+        pos = 0
+        while pos + 12 <= len(data):
+            length = int.from_bytes(data[pos + 8 : pos + 12], "big")
+            if length == 0:  # the preallocated tail
+                break
+            out.append(DefaultRecordBatch(data[pos : pos + 12 + length]))
+            pos += 12 + length
+    return out
+
+
+def test_compression_type_is_applied(clients: Clients, kafka: RunningBroker) -> None:
+    """compression.type compresses the stored batches as a Kafka client does; kafka-python's
+    decoder and confluent-kafka read them back."""
+    for name, codec in CODECS.items():
+        topic = new_topic(clients, partitions=1)
+        p = clients.producer(**{"compression.type": name, "linger.ms": 50})
+        errors: list[Any] = []
+        sent = [(f"k{i}".encode(), b"shmq compresses %04d " % i * 8) for i in range(200)]
+        for k, v in sent:
+            p.produce(topic, v, k, partition=0, on_delivery=lambda e, m, out=errors: out.append(e))
+        assert p.flush(15) == 0
+        assert errors == [None] * len(sent)
+        batches = _stored_batches(kafka.data_dir, topic, 0)
+        assert batches and {b.compression_type for b in batches} == {codec}, name
+        stored_bytes = sum(len(b._buffer) for b in batches)  # before kafka-python inflates them
+        stored = [(r.key, r.value) for b in batches for r in b]
+        assert stored == sent, name
+        assert stored_bytes < sum(len(v) for _, v in sent) / 2, name
+        c = clients.consumer(**{"group.id": f"g-{topic}"})
+        c.subscribe([topic])
+        got = drain(c, len(sent))
+        assert [(m.key(), m.value()) for m in got] == sent, name
+        c.close()
+
+
+def _stop(pid: int) -> None:
+    import os
+    import signal
+
+    os.kill(pid, signal.SIGSTOP)
+
+
+def _cont(pid: int) -> None:
+    import os
+    import signal
+
+    os.kill(pid, signal.SIGCONT)
+
+
+def test_delivery_timeout_of_a_batch_never_answered(tmp_path: Path) -> None:
+    """A live worker that never answers (SIGSTOPped): the records are reported _MSG_TIMED_OUT
+    after message.timeout.ms, as confluent-kafka reports them; the producer then goes on."""
+    b = start_broker(tmp_path / "data", workers=1)
+    try:
+        admin = shmq.AdminClient({"bootstrap.servers": b.bootstrap})
+        admin.create_topics([confluent_kafka.admin.NewTopic("stalled", 1, 1)])["stalled"].result(10)
+        for transport in TRANSPORTS:
+            clients = Clients(transport, b.bootstrap)
+            try:
+                p = clients.producer(**{"message.timeout.ms": 1500})
+                p.produce("stalled", b"warm-up", partition=0)
+                assert p.flush(10) == 0
+                worker = b.worker_pids()[1]
+                reports: list[Any] = []
+                _stop(worker)
+                try:
+                    started = time.monotonic()
+                    for i in range(5):
+                        p.produce("stalled", b"v%d" % i, partition=0,
+                                  on_delivery=lambda e, m, out=reports: out.append((e, m)))
+                        p.poll(0)
+                    assert p.flush(15) == 0, transport
+                    took = time.monotonic() - started
+                finally:
+                    _cont(worker)
+                assert [e.code() for e, _ in reports] == [KafkaError._MSG_TIMED_OUT] * 5, \
+                    (transport, reports)
+                assert [m.offset() for _, m in reports] == [None] * 5, transport
+                assert 1.0 < took < 12, (transport, took)
+                after: list[Any] = []
+                p.produce("stalled", b"after", partition=0,
+                          on_delivery=lambda e, m, out=after: out.append(e))
+                assert p.flush(20) == 0, transport
+                assert [e if e is None else e.code() for e in after] == [None], transport
+            finally:
+                clients.close()
+    finally:
+        assert b.stop() == 0, b.log_path.read_text()
+
+
+def test_worker_gone_for_good_is_reported_not_raised(tmp_path: Path) -> None:
+    """A worker killed while its controller cannot restart it: produce / poll / flush never
+    raise; the records are reported _MSG_TIMED_OUT after message.timeout.ms; once the worker is
+    back the producer delivers again."""
+    b = start_broker(tmp_path / "data", workers=1)
+    controller = b.proc.pid
+    clients = Clients("shm", b.bootstrap)
+    try:
+        admin = shmq.AdminClient({"bootstrap.servers": b.bootstrap})
+        admin.create_topics([confluent_kafka.admin.NewTopic("gone", 1, 1)])["gone"].result(10)
+        p = clients.producer(**{"message.timeout.ms": 2000})
+        p.produce("gone", b"warm-up", partition=0)
+        assert p.flush(10) == 0
+        worker = b.worker_pids()[1]
+        reports: list[Any] = []
+        _stop(controller)
+        try:
+            import os
+            import signal
+
+            os.kill(worker, signal.SIGKILL)
+            time.sleep(0.2)
+            for i in range(20):  # some while the death is being noticed, some after
+                p.produce("gone", b"v%d" % i, partition=0,
+                          on_delivery=lambda e, m: reports.append(e))
+                p.poll(0.01)
+            assert p.flush(20) == 0
+        finally:
+            _cont(controller)
+        assert len(reports) == 20
+        assert {e.code() for e in reports} == {KafkaError._MSG_TIMED_OUT}, reports
+        deadline = time.monotonic() + 30
+        while b.worker_pids().get(1) in (None, worker):  # the controller restarts it
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        after: list[Any] = []
+        p.produce("gone", b"after", partition=0, on_delivery=lambda e, m: after.append(e))
+        left = p.flush(30)
+        assert left == 0
+        assert [e if e is None else (e.code(), e.str()) for e in after] == [None]
+    finally:
+        clients.close()
+        assert b.stop() == 0, b.log_path.read_text()
+
+
+# -- consumer paths, differential against confluent-kafka (second session) --------------------
+
+def test_incremental_assign_and_unassign(clients: Clients) -> None:
+    topic = new_topic(clients)
+    for part in range(PARTITIONS):
+        produce_n(clients, topic, 4, partition=part)
+    c = clients.consumer(**{"group.id": f"g-{topic}", "enable.auto.commit": False})
+    c.incremental_assign([TopicPartition(topic, 0, 1)])
+    c.incremental_assign([TopicPartition(topic, 2, 3)])
+    assert sorted((tp.topic, tp.partition) for tp in c.assignment()) == [(topic, 0), (topic, 2)]
+    got = sorted((m.partition(), m.offset()) for m in drain(c, 4))
+    assert got == [(0, 1), (0, 2), (0, 3), (2, 3)]
+    c.incremental_unassign([TopicPartition(topic, 0)])
+    assert [(tp.topic, tp.partition) for tp in c.assignment()] == [(topic, 2)]
+    produce_n(clients, topic, 2, partition=0)
+    produce_n(clients, topic, 2, partition=2)
+    got = sorted((m.partition(), m.offset()) for m in drain(c, 2, timeout=5))
+    assert got == [(2, 4), (2, 5)]
+    assert c.poll(0.5) is None  # nothing from the unassigned partition
+    c.incremental_assign([TopicPartition(topic, 1)])  # no offset: the reset policy (earliest)
+    got = sorted((m.partition(), m.offset()) for m in drain(c, 4))
+    assert got == [(1, 0), (1, 1), (1, 2), (1, 3)]
+
+
+def test_store_offsets_without_auto_store(clients: Clients) -> None:
+    topic = new_topic(clients, partitions=1)
+    produce_n(clients, topic, 10)
+    group = f"g-{topic}"
+    c = clients.consumer(**{"group.id": group, "enable.auto.commit": False,
+                            "enable.auto.offset.store": False})
+    c.assign([TopicPartition(topic, 0)])
+    got = drain(c, 10)
+    assert len(got) == 10
+    with pytest.raises(KafkaException) as nothing:  # nothing stored: nothing to commit
+        c.commit(asynchronous=False)
+    assert nothing.value.args[0].code() == KafkaError._NO_OFFSET
+    c.store_offsets(got[3])  # the message: its offset + 1 is stored
+    c.commit(asynchronous=False)
+    assert [tp.offset for tp in c.committed([TopicPartition(topic, 0)], timeout=10)] == [4]
+    c.store_offsets(offsets=[TopicPartition(topic, 0, 7)])
+    c.commit(asynchronous=False)
+    assert [tp.offset for tp in c.committed([TopicPartition(topic, 0)], timeout=10)] == [7]
+    c.close()
+    again = clients.consumer(**{"group.id": group})
+    again.assign([TopicPartition(topic, 0)])
+    assert [m.offset() for m in drain(again, 3)] == [7, 8, 9]
+
+
+def test_pattern_subscription(clients: Clients) -> None:
+    stem = f"pat{next(_topic_seq)}{clients.transport}"
+    admin = shmq.AdminClient({"bootstrap.servers": clients.bootstrap})
+    names = [f"{stem}-a", f"{stem}-b", f"x{stem}-c"]
+    futs = admin.create_topics([confluent_kafka.admin.NewTopic(n, 1, 1) for n in names])
+    for f in futs.values():
+        f.result(10)
+    p = clients.producer()
+    for n in names:
+        p.produce(n, n.encode(), partition=0)
+    assert p.flush(10) == 0
+    c = clients.consumer(**{"group.id": f"g-{stem}", "topic.metadata.refresh.interval.ms": 1000})
+    c.subscribe([f"^{stem}-.*"])
+    got = drain(c, 2)
+    assert sorted(m.value() for m in got) == [n.encode() for n in names[:2]]
+    assert c.poll(1.0) is None  # x...-c does not match
+
+
+def test_offsets_for_times(clients: Clients) -> None:
+    topic = new_topic(clients, partitions=1)
+    p = clients.producer()
+    for i in range(5):
+        p.produce(topic, b"v%d" % i, partition=0, timestamp=1_700_000_000_000 + 1000 * i)
+    assert p.flush(10) == 0
+    c = clients.consumer(**{"group.id": f"g-{topic}"})
+    asked = [TopicPartition(topic, 0, 1_700_000_002_000)]
+    assert [(tp.partition, tp.offset) for tp in c.offsets_for_times(asked, timeout=10)] == [(0, 2)]
+    late = [TopicPartition(topic, 0, 1_800_000_000_000)]
+    assert [tp.offset for tp in c.offsets_for_times(late, timeout=10)] == [-1]
+    c.assign(c.offsets_for_times(asked, timeout=10))
+    assert [m.value() for m in drain(c, 3)] == [b"v2", b"v3", b"v4"]
+
+
+KILLS = 10
+
+
+def test_producer_rides_through_worker_kills(tmp_path: Path) -> None:
+    """Workers SIGKILLed (and restarted by the controller) while a shm producer produces at
+    full rate: no exception out of produce / poll / flush, every record reported once, every
+    acknowledged record stored once, offsets dense."""
+    import os
+    import signal
+    import threading
+
+    b = start_broker(tmp_path / "data", workers=2)
+    clients = Clients("shm", b.bootstrap)
+    try:
+        admin = shmq.AdminClient({"bootstrap.servers": b.bootstrap})
+        admin.create_topics([confluent_kafka.admin.NewTopic("kills", 2, 1)])["kills"].result(10)
+        p = clients.producer()
+        p.list_topics("kills", timeout=10)
+        reports: dict[bytes, list[Any]] = {}
+
+        def delivered(err: Any, msg: Any) -> None:
+            reports.setdefault(msg.value(), []).append(err)
+
+        kills: list[int] = []
+
+        def killer() -> None:
+            for i in range(KILLS):
+                time.sleep(0.15)
+                node = 1 + i % 2
+                pid = b.worker_pids()[node]
+                os.kill(pid, signal.SIGKILL)
+                kills.append(node)
+                deadline = time.monotonic() + 30
+                while b.worker_pids().get(node) == pid and time.monotonic() < deadline:
+                    time.sleep(0.02)
+
+        th = threading.Thread(target=killer)
+        th.start()
+        sent = 0
+        started = time.monotonic()
+        try:
+            while th.is_alive() and time.monotonic() - started < 60:
+                for _ in range(200):
+                    p.produce("kills", b"v%07d" % sent, partition=sent % 2, on_delivery=delivered)
+                    sent += 1
+                p.poll(0)
+        finally:
+            th.join(60)
+        assert p.flush(60) == 0
+        assert len(kills) == KILLS
+        assert len(reports) == sent and all(len(v) == 1 for v in reports.values())
+        failed = {v: e[0] for v, e in reports.items() if e[0] is not None}
+        assert not failed, list(failed.items())[:3]
+        c = clients.consumer(**{"group.id": "kills-check"})
+        c.assign([TopicPartition("kills", 0), TopicPartition("kills", 1)])
+        got = drain(c, sent, timeout=60)
+        values = [m.value() for m in got]
+        assert sorted(values) == sorted(reports), "acknowledged records lost or repeated"
+        for part in (0, 1):
+            offsets = [m.offset() for m in got if m.partition() == part]
+            assert offsets == list(range(len(offsets)))
+    finally:
+        clients.close()
+        assert b.stop() == 0, b.log_path.read_text()
+
+
+def test_transactions_and_read_committed(kafka: RunningBroker) -> None:
+    """A transactional.id makes shmq.Producer librdkafka's transactional producer over TCP
+    (shm has no transactional path: refused there by name); read_committed consumers of the
+    three kinds see the committed records and not the aborted ones."""
+    topic = new_topic(Clients("kafka", kafka.bootstrap), partitions=1)
+    with pytest.raises(KafkaException) as refused:
+        shmq.Producer({"bootstrap.servers": kafka.bootstrap, "shmq.transport": "shm",
+                       "transactional.id": "tx-shm"})
+    assert refused.value.args[0].code() == KafkaError._NOT_IMPLEMENTED
+    assert "transactional.id" in refused.value.args[0].str()
+    p = shmq.Producer({"bootstrap.servers": kafka.bootstrap, "transactional.id": "tx-auto"})
+    try:
+        assert p.transport == "kafka"
+        p.init_transactions(30)
+        p.begin_transaction()
+        p.produce(topic, b"committed", partition=0)
+        p.commit_transaction(30)
+        p.begin_transaction()
+        p.produce(topic, b"aborted", partition=0)
+        p.abort_transaction(30)
+        p.begin_transaction()
+        p.produce(topic, b"after", partition=0)
+        p.commit_transaction(30)
+    finally:
+        p.close()
+    for transport in TRANSPORTS:
+        clients = Clients(transport, kafka.bootstrap)
+        try:
+            c = clients.consumer(**{"group.id": f"g-{topic}-{transport}",
+                                    "isolation.level": "read_committed"})
+            c.assign([TopicPartition(topic, 0)])
+            got = drain(c, 2)
+            assert [m.value() for m in got] == [b"committed", b"after"], transport
+            assert c.poll(0.5) is None, transport
+        finally:
+            clients.close()
+
+
+def test_on_lost_when_max_poll_interval_passes(kafka: RunningBroker) -> None:
+    """A member that stops polling past max.poll.interval.ms leaves the group; its next poll
+    runs on_lost (not on_revoke) with its partitions, then it rejoins: the same on the three
+    clients (run side by side to wait for the interval once)."""
+    members = []
+    for transport in TRANSPORTS:
+        clients = Clients(transport, kafka.bootstrap)
+        topic = new_topic(clients, partitions=2)
+        calls: list[tuple[str, list[int]]] = []
+
+        def cb(kind: str, out: list = calls) -> Any:
+            return lambda c, parts: out.append((kind, sorted(tp.partition for tp in parts)))
+
+        c = clients.consumer(**{"group.id": f"g-{topic}", "session.timeout.ms": 6000,
+                                "max.poll.interval.ms": 6000})
+        c.subscribe([topic], on_assign=cb("assign"), on_revoke=cb("revoke"),
+                    on_lost=cb("lost"))
+        members.append((transport, clients, c, calls))
+    try:
+        deadline = time.monotonic() + 30
+        while any(not calls for _, _, _, calls in members):
+            assert time.monotonic() < deadline, [calls for *_, calls in members]
+            for _, _, c, _ in members:
+                c.poll(0.1)
+        for transport, _, _, calls in members:
+            assert calls == [("assign", [0, 1])], (transport, calls)
+        time.sleep(8)  # no poll: past max.poll.interval.ms
+        deadline = time.monotonic() + 30
+        while any(len(calls) < 3 for _, _, _, calls in members):
+            assert time.monotonic() < deadline, [calls for *_, calls in members]
+            for _, _, c, _ in members:
+                c.poll(0.1)
+        for transport, _, _, calls in members:
+            assert calls == [("assign", [0, 1]), ("lost", [0, 1]), ("assign", [0, 1])], \
+                (transport, calls)
+    finally:
+        for _, clients, _, _ in members:
+            clients.close()
+
+
+@pytest.mark.parametrize("transport", ["shm", "kafka"])
+def test_large_produce_batch_is_stored(kafka: RunningBroker, transport: str) -> None:
+    """30,000 records of 100 B in one produce_batch: batches stay under batch.size (they were
+    cut by count alone, 10,000 records, over the broker's message.max.bytes: every record was
+    refused MESSAGE_TOO_LARGE, and without a callback nothing said so)."""
+    clients = Clients(transport, kafka.bootstrap)
+    try:
+        topic = new_topic(clients, partitions=1)
+        p = clients.producer(**{"queue.buffering.max.messages": 100_000})
+        values = [b"%0100d" % i for i in range(30_000)]
+        assert p.produce_batch(topic, values, partition=0) == len(values)
+        assert p.flush(30) == 0
+        c = clients.consumer(**{"group.id": f"g-{topic}"})
+        assert c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10) == (0, len(values))
+        if transport == "shm":
+            assert p._queued_bytes == 0
+    finally:
+        clients.close()
