@@ -26,18 +26,24 @@ def remove(names: set[str]) -> None:
 
 
 def _mapped_by_live_processes() -> set[str]:
-    """Names some process maps right now: a broker running beside the tests owns those, and
-    they are neither this suite's leftovers nor ours to remove."""
+    """Names some other process maps or holds open right now: a broker running beside the
+    tests owns those (a controller opens its table before it maps it), and they are neither
+    this suite's leftovers nor ours to remove."""
     names: set[str] = set()
     me = str(os.getpid())
+    prefix = os.path.join(SHM_DIR, WATCHED)
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or pid == me:  # our own mappings are leaks, not a broker's
             continue
         try:
             with open(f"/proc/{pid}/maps") as f:
                 for line in f:
-                    if "/dev/shm/" + WATCHED in line:
+                    if prefix in line:
                         names.add(line.rsplit("/", 1)[-1].split()[0])
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith(prefix):
+                    names.add(os.path.basename(target))
         except OSError:
             continue
     return names
