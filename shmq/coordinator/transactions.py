@@ -231,6 +231,8 @@ class TransactionCoordinator:
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task] = set()
         self.closed = False
+        # EndTxn is answered once the markers are written (else once Prepare* is durable)
+        self.answer_after_markers = True
 
     # -- life cycle -----------------------------------------------------------------------
 
@@ -259,10 +261,11 @@ class TransactionCoordinator:
             self._spawn(self._complete(m, m.state == TxnState.PREPARE_COMMIT))
         self._schedule()
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Future:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     def close(self) -> None:
         self.closed = True
@@ -302,8 +305,8 @@ class TransactionCoordinator:
         p = self.partition_for(m.transactional_id)
         try:
             end = self.log.append(p, [(txn_key(m.transactional_id), txn_value(m))])
-            if wait:
-                await self.log.durable(p, end)
+            if wait:  # the flush goes on if the client leaves meanwhile (this is cancelled)
+                await asyncio.shield(self.log.durable(p, end))
             else:
                 self._spawn(self._durable_later(p, end))
         except (OSError, ValueError) as exc:
@@ -461,8 +464,13 @@ class TransactionCoordinator:
         if m.busy:
             return CONCURRENT_TRANSACTIONS
         if m.state == TxnState.ONGOING:
+            # the coordinator's own task, not the request's: a client that leaves (its
+            # connection closed, the request cancelled) must not stop the transaction halfway,
+            # in Prepare* with no one left to write its markers
             m.busy = True
-            return await self._prepare_and_complete(m, commit)
+            prepared: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            self._spawn(self._prepare_and_complete(m, commit, prepared))
+            return await asyncio.shield(prepared)
         if m.state == TxnState.COMPLETE_COMMIT:  # a retry of an EndTxn that succeeded
             return NONE if commit else INVALID_TXN_STATE
         if m.state == TxnState.COMPLETE_ABORT:
@@ -471,16 +479,37 @@ class TransactionCoordinator:
             return CONCURRENT_TRANSACTIONS
         return INVALID_TXN_STATE  # Empty
 
-    async def _prepare_and_complete(self, m: TxnMetadata, commit: bool) -> int:
-        """Ongoing -> Prepare* (durable) -> markers -> Complete* (call with ``busy`` set)."""
+    async def _prepare_and_complete(self, m: TxnMetadata, commit: bool,
+                                    answer: asyncio.Future[int] | None = None) -> int:
+        """Ongoing -> Prepare* (durable) -> markers -> Complete* (call with ``busy`` set).
+        ``answer`` gets the EndTxn's error code once the transaction's end is decided (its
+        Prepare record durable) or could not be."""
         old = (m.state, set(m.partitions))
         m.state = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
-        error = await self._persist(m)
+        try:
+            error = await self._persist(m)
+        except BaseException:
+            m.state, m.partitions = old
+            m.busy = False
+            if answer is not None and not answer.done():
+                answer.set_result(COORDINATOR_NOT_AVAILABLE)
+            raise
         if error:
             m.state, m.partitions = old
             m.busy = False
+        if answer is not None and not answer.done() and (error or not self.answer_after_markers):
+            answer.set_result(error)
+        if error:
             return error
-        return await self._complete(m, commit)
+        try:
+            error = await self._complete(m, commit)
+        except BaseException:  # stopping: the Prepare record has the markers written at start
+            if answer is not None and not answer.done():
+                answer.set_result(COORDINATOR_NOT_AVAILABLE)
+            raise
+        if answer is not None and not answer.done():
+            answer.set_result(error)
+        return error
 
     async def _complete(self, m: TxnMetadata, commit: bool) -> int:
         try:

@@ -523,6 +523,48 @@ def test_late_or_unexpected_transactional_writes_are_refused(broker) -> None:
     c.close()
 
 
+def test_end_txn_whose_client_leaves_still_completes(broker) -> None:
+    """The client of an EndTxn closes its connection while the markers cannot be written (the
+    workers are stopped): the coordinator still finishes the transaction once they can be (as
+    Kafka's marker channel does), it is not left in PrepareCommit for good (which fenced every
+    later producer of the id with CONCURRENT_TRANSACTIONS: the wedge of the kill soak)."""
+    create_topic(broker.bootstrap, "gone", 1)
+    port = int(broker.bootstrap.rsplit(":", 1)[1])
+    resp = _request(port, 22, 1, _str("t-gone") + struct.pack(">i", 60_000))
+    err, pid, epoch = struct.unpack_from(">hqh", resp, 8)
+    assert err == 0
+    add = _str("t-gone") + struct.pack(">qh", pid, epoch) + struct.pack(">i", 1) \
+        + _str("gone") + struct.pack(">ii", 1, 0)
+    resp = _request(port, 24, 2, add)
+    assert struct.unpack_from(">h", resp, len(resp) - 2)[0] == 0
+    describe = b"\x02" + b"\x07t-gone" + b"\x00"
+
+    def state() -> str:
+        raw = _request(port, 65, 0, describe, flexible=True)
+        return _kio_response(65, 0, raw).transaction_states[0].transaction_state
+
+    pids = list(broker.worker_pids().values())
+    for w in pids:
+        os.kill(w, signal.SIGSTOP)
+    try:
+        header = struct.pack(">hhi", 26, 2, 7) + _str("test")
+        frame = header + _str("t-gone") + struct.pack(">qhb", pid, epoch, 1)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(struct.pack(">i", len(frame)) + frame)
+            time.sleep(1.0)  # the coordinator is writing the markers; the client goes away
+        time.sleep(0.5)
+        assert state() == "PrepareCommit"
+    finally:
+        for w in pids:
+            os.kill(w, signal.SIGCONT)
+    deadline = time.monotonic() + 30
+    while state() != "CompleteCommit" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert state() == "CompleteCommit"
+    resp = _request(port, 22, 1, _str("t-gone") + struct.pack(">i", 60_000))
+    assert struct.unpack_from(">hqh", resp, 8) == (0, pid, epoch + 1)
+
+
 def test_transactions_cli(broker) -> None:
     import sys
 
