@@ -231,8 +231,6 @@ class TransactionCoordinator:
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task] = set()
         self.closed = False
-        # EndTxn is answered once the markers are written (else once Prepare* is durable)
-        self.answer_after_markers = True
 
     # -- life cycle -----------------------------------------------------------------------
 
@@ -482,8 +480,15 @@ class TransactionCoordinator:
     async def _prepare_and_complete(self, m: TxnMetadata, commit: bool,
                                     answer: asyncio.Future[int] | None = None) -> int:
         """Ongoing -> Prepare* (durable) -> markers -> Complete* (call with ``busy`` set).
-        ``answer`` gets the EndTxn's error code once the transaction's end is decided (its
-        Prepare record durable) or could not be."""
+        ``answer`` gets the EndTxn's error code once the markers are written and the
+        transaction is Complete*, or once it could not be (a Prepare* record that could not be
+        written; the controller stopping).
+
+        Kafka answers EndTxn once Prepare* is written and sends the markers behind it; clients
+        then retry the next transaction's AddPartitionsToTxn on CONCURRENT_TRANSACTIONS until
+        the markers are in.  Measured here with librdkafka (perf/bench_txn.py), that retry's
+        backoff made transactions of 100 records 3-5x slower than answering after the markers
+        (perf/README.md), so EndTxn waits for them."""
         old = (m.state, set(m.partitions))
         m.state = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
         try:
@@ -497,9 +502,9 @@ class TransactionCoordinator:
         if error:
             m.state, m.partitions = old
             m.busy = False
-        if answer is not None and not answer.done() and (error or not self.answer_after_markers):
-            answer.set_result(error)
         if error:
+            if answer is not None and not answer.done():
+                answer.set_result(error)
             return error
         try:
             error = await self._complete(m, commit)
