@@ -565,6 +565,78 @@ def test_end_txn_whose_client_leaves_still_completes(broker) -> None:
     assert struct.unpack_from(">hqh", resp, 8) == (0, pid, epoch + 1)
 
 
+def test_write_txn_markers_bad_input_and_offsets(broker) -> None:
+    """WriteTxnMarkers (27) on the wire: markers into partitions a node does not host, negative
+    and unknown partitions, an empty topic name are UNKNOWN_TOPIC_OR_PARTITION; a truncated
+    request closes its connection only; on the controller a COMMIT marker into
+    ``__consumer_offsets`` makes a producer's pending transactional offsets visible, as the
+    transaction coordinator's own marker does (kafka-transactions.sh abort/commit by hand)."""
+    from kafka_wire import Wire
+
+    create_topic(broker.bootstrap, "wm", 2)
+    with Wire(broker.bootstrap) as wire:
+        leader = wire.leader("wm", 0)
+        other = next(("127.0.0.1", w["port"]) for w in broker.run_info["workers"]
+                     if w["port"] != leader[1])
+
+        def codes(to, *markers, version=1):
+            body = {"markers": [{"producer_id": pid, "producer_epoch": 0,
+                                 "transaction_result": commit, "coordinator_epoch": 0,
+                                 "topics": [{"name": t, "partition_indexes": ps}
+                                            for t, ps in topics.items()],
+                                 "transaction_version": 0}
+                                for pid, commit, topics in markers]}
+            r = wire.send(27, version, body, to=to)
+            return {(m["producer_id"], t["name"], p["partition_index"]): p["error_code"]
+                    for m in r["markers"] for t in m["topics"] for p in t["partitions"]}
+
+        assert codes(leader, (77, False, {"wm": [-1, 9], "": [0], "nope": [0]})) == {
+            (77, "wm", -1): 3, (77, "wm", 9): 3, (77, "", 0): 3, (77, "nope", 0): 3}
+        # a worker hosts its own partitions only; the controller hosts none of wm's
+        hosted = codes(other, (78, False, {"wm": [0, 1]}), version=2)
+        assert sorted(hosted.values()) == [0, 3]
+        assert codes(wire.bootstrap, (79, False, {"wm": [0]})) == {(79, "wm", 0): 3}
+        assert codes(leader, (80, False, {"wm": [0]}), (81, True, {"wm": [0]})) == {
+            (80, "wm", 0): 0, (81, "wm", 0): 0}
+    # a transactional offset commit left pending, committed by a marker sent by hand
+    port = int(broker.bootstrap.rsplit(":", 1)[1])
+    from shmq.coordinator.records import partition_for
+
+    p = txn_producer(broker.bootstrap, "tid-wm")
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce("wm", b"x", partition=0)
+    group = "g-wm"
+    # read_uncommitted: OffsetFetch without require_stable (else UNSTABLE_OFFSET_COMMIT, retried)
+    meta = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group,
+                     "isolation.level": "read_uncommitted"})
+    p.send_offsets_to_transaction([TopicPartition("wm", 0, 42)],
+                                  meta.consumer_group_metadata(), 30)
+    p.flush(30)
+    raw = _request(port, 65, 0, b"\x02" + b"\x07tid-wm" + b"\x00", flexible=True)
+    state = _kio_response(65, 0, raw).transaction_states[0]
+    pid, epoch = state.producer_id, state.producer_epoch
+    assert meta.committed([TopicPartition("wm", 0)], timeout=10)[0].offset < 0
+    with Wire(broker.bootstrap) as wire:
+        part = partition_for(group, 50)
+        body = {"markers": [{"producer_id": pid, "producer_epoch": epoch,
+                             "transaction_result": True, "coordinator_epoch": 0,
+                             "topics": [{"name": "__consumer_offsets",
+                                         "partition_indexes": [part, 50]}]}]}
+        r = wire.send(27, 1, body)
+        got = {p["partition_index"]: p["error_code"] for p in r["markers"][0]["topics"][0]["partitions"]}
+        assert got == {part: 0, 50: 3}
+    assert meta.committed([TopicPartition("wm", 0)], timeout=10)[0].offset == 42
+    meta.close()
+    p.commit_transaction(30)
+    # a truncated WriteTxnMarkers ends its connection only
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        frame = struct.pack(">hhi", 27, 1, 9) + _str("x") + b"\x00\x02\x00\x00"
+        s.sendall(struct.pack(">i", len(frame)) + frame)
+        assert s.recv(10) == b""
+    assert _request(port, 22, 1, _str("tid-wm2") + struct.pack(">i", 60_000))[8:10] == b"\x00\x00"
+
+
 def test_transactions_cli(broker) -> None:
     import sys
 
