@@ -637,6 +637,43 @@ def test_write_txn_markers_bad_input_and_offsets(broker) -> None:
     assert _request(port, 22, 1, _str("tid-wm2") + struct.pack(">i", 60_000))[8:10] == b"\x00\x00"
 
 
+def test_retry_of_a_written_batch_after_its_transaction_ended(broker) -> None:
+    """A transactional batch written, its answer lost (a worker killed), its transaction
+    aborted, then the client's retry of it: answered as a duplicate with its offsets, not
+    INVALID_TXN_STATE.  The refusal told librdkafka the sequence numbers were unused; it gave
+    them to the next transaction's records, which the log then took for duplicates of the
+    aborted batch: 100 records lost in the 100,000-record kill soak.  A batch never written
+    still gets INVALID_TXN_STATE (KIP-890)."""
+    from shmq.protocol.records import encode_batch
+
+    create_topic(broker.bootstrap, "retry", 1)
+    port = int(broker.bootstrap.rsplit(":", 1)[1])
+    resp = _request(port, 22, 1, _str("t-retry") + struct.pack(">i", 60_000))
+    err, pid, epoch = struct.unpack_from(">hqh", resp, 8)
+    assert err == 0
+
+    def batch(seq: int, n: int = 3) -> bytes:
+        return bytes(encode_batch([(None, b"v%d" % (seq + i)) for i in range(n)],
+                                  producer_id=pid, producer_epoch=epoch, base_sequence=seq,
+                                  transactional=True))
+
+    leader = next(w["port"] for w in broker.run_info["workers"]
+                  if _produce(w["port"], "t-retry", "retry", 0, batch(0)) != 6)
+    add = _str("t-retry") + struct.pack(">qh", pid, epoch) + struct.pack(">i", 1) \
+        + _str("retry") + struct.pack(">ii", 1, 0)
+    resp = _request(port, 24, 2, add)
+    assert struct.unpack_from(">h", resp, len(resp) - 2)[0] == 0
+    assert _produce(leader, "t-retry", "retry", 0, batch(0)) == 0
+    resp = _request(port, 26, 2, _str("t-retry") + struct.pack(">qhb", pid, epoch, 0))
+    assert struct.unpack_from(">h", resp, 8)[0] == 0  # aborted
+    assert _produce(leader, "t-retry", "retry", 0, batch(0)) == 0  # the retry: a duplicate
+    assert _produce(leader, "t-retry", "retry", 0, batch(3)) == 48  # never written: refused
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "retry-g",
+                  "isolation.level": "read_uncommitted"})
+    assert c.get_watermark_offsets(TopicPartition("retry", 0), timeout=10)[1] == 4  # 3 + ABORT
+    c.close()
+
+
 def test_transactions_cli(broker) -> None:
     import sys
 
