@@ -43,9 +43,16 @@ it or its timeout aborts it.
            | int64 lastUpdateTimestampMs | int64 transactionStartTimestampMs
 
 The coordinator epoch written into markers is the leader epoch of the id's ``__transaction_state``
-partition: 0, as node 0 leads it for good.  Not done: KIP-890 (transaction version 2, which
-needs EndTxn v5 for the client to learn the epoch bumped at every end) and AddPartitionsToTxn
-v4 (the batched form of ``verify``, which the workers reach over their control channel).
+partition: 0, as node 0 leads it for good.  Not done: transaction version 2 (KIP-890 part 2:
+the ``transaction.version`` feature, EndTxn v5 with its epoch bump at every end, Produce v12
+adding partitions implicitly, TxnOffsetCommit v5, ``__transaction_state`` value v1), so no
+such feature is advertised and clients run version 0/1 (README, "Transactions and
+exactly-once"); and AddPartitionsToTxn v4 (the batched form of ``verify``, which the workers
+reach over their control channel).
+
+EndTxn's end (Prepare, markers, Complete) runs in a task of the coordinator's own, so a client
+that closes its connection meanwhile (its request cancelled) does not leave the transaction in
+Prepare* with nobody writing its markers.
 """
 
 from __future__ import annotations
