@@ -509,7 +509,6 @@ class TransactionCoordinator:
         if error:
             m.state, m.partitions = old
             m.busy = False
-        if error:
             if answer is not None and not answer.done():
                 answer.set_result(error)
             return error
