@@ -7,7 +7,7 @@
 //   group     BOOTSTRAP TOPIC GROUP COUNT [k=v...] subscribe, read COUNT records, commit, leave
 //   producers BOOTSTRAP TOPIC PARTITION           DescribeProducers of a partition
 //   admin     BOOTSTRAP TOPIC GROUP               one line per admin call (see admin())
-//   txn       BOOTSTRAP TOPIC SOURCE GROUP TID    transactions: commit, abort, fencing, offsets (see txn())
+//   txn       BOOTSTRAP TOPIC SOURCE GROUP TID    transactions: commit, abort, admin abort, fencing, offsets (see txn())
 //
 // A record line is tab-separated: partition, offset (or -1 on input), timestamp type, timestamp,
 // key, value, headers.  Keys and values are hex ("-" for null); headers are "hexkey:hexvalue"
@@ -30,6 +30,7 @@ import java.io.BufferedReader;
 import java.io.InputStreamReader;
 import java.nio.charset.StandardCharsets;
 
+import org.apache.kafka.clients.admin.AbortTransactionSpec;
 import org.apache.kafka.clients.admin.Admin;
 import org.apache.kafka.clients.admin.AlterConfigOp;
 import org.apache.kafka.clients.admin.Config;
@@ -257,7 +258,8 @@ public class JavaClient {
     }
 
     /** A transactional producer commits (with offsets of GROUP on SOURCE-0), aborts (with other
-     *  offsets), commits, leaves a transaction open and is fenced by a second producer of the same
+     *  offsets), commits, leaves a transaction open (which the admin client aborts in partition 0,
+     *  as kafka-transactions.sh abort does, with WriteTxnMarkers) and is fenced by a second producer of the same
      *  transactional id, which commits; then read_committed and read_uncommitted consumers read
      *  TOPIC, and the group's committed offset and the transaction's state are read back. */
     static void txn(String bootstrap, String topic, String source, String group, String tid) throws Exception {
@@ -289,6 +291,18 @@ public class JavaClient {
             first.beginTransaction();
             send(first, topic, "o-", 0, 4);
             return "ok";
+        });
+        // kafka-transactions.sh abort --topic --partition ...: WriteTxnMarkers to the leader
+        step("abortTransaction", () -> {
+            try (Admin admin = Admin.create(Map.of("bootstrap.servers", bootstrap))) {
+                TopicPartition tp = new TopicPartition(topic, 0);
+                ProducerState open = admin.describeProducers(List.of(tp)).partitionResult(tp).get()
+                    .activeProducers().stream()
+                    .filter(p -> p.currentTransactionStartOffset().isPresent()).findFirst().get();
+                admin.abortTransaction(new AbortTransactionSpec(tp, open.producerId(),
+                    (short) open.producerEpoch(), open.coordinatorEpoch().orElse(0))).all().get();
+                return "ok txnStart=" + open.currentTransactionStartOffset().getAsLong();
+            }
         });
         KafkaProducer<byte[], byte[]> second = txnProducer(bootstrap, tid);
         step("second initTransactions", () -> { second.initTransactions(); return "ok"; });
