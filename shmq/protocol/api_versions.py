@@ -51,6 +51,7 @@ OFFSET_FOR_LEADER_EPOCH = 23
 ADD_PARTITIONS_TO_TXN = 24
 ADD_OFFSETS_TO_TXN = 25
 END_TXN = 26
+WRITE_TXN_MARKERS = 27
 TXN_OFFSET_COMMIT = 28
 DESCRIBE_CONFIGS = 32
 ALTER_CONFIGS = 33
@@ -100,6 +101,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     TXN_OFFSET_COMMIT: (0, 4),  # 5 is transaction version 2
     DESCRIBE_TRANSACTIONS: (0, 0),
     LIST_TRANSACTIONS: (0, 1),
+    WRITE_TXN_MARKERS: (1, 2),  # inter-broker; Kafka 4.3 advertises 1-2 on its client listener
 }
 
 # Versions advertised but rejected with UNSUPPORTED_VERSION when used.

@@ -328,7 +328,7 @@ class PartitionLog:
             if not commit and first is not None:
                 unstable = ps.first_unstable_offset()
                 entry = AbortedTxn(pid, first, offset, offset + 1 if unstable is None else unstable)
-                if entry[:3] not in {a[:3] for a in self.aborted[-64:]}:
+                if not self._abort_indexed(offset):
                     self._index_abort(seg.base_offset, entry)
         ps.load_from_batches(rows[prev:])
 
@@ -347,9 +347,14 @@ class PartitionLog:
                 logging.getLogger(__name__).warning("%s: %s; rebuilt from the log", path, exc)
                 entries = []
                 path.unlink()
-            kept = [e for e in entries if e.last_offset < leo]
-            if len(kept) != len(entries) or (entries and path.stat().st_size
-                                             != len(entries) * txn_index.ENTRY_SIZE):
+            # one entry per ABORT marker, in marker order: a file written before the replay's
+            # duplicate check looked at every entry may hold the same one several times (each
+            # listed in Fetch's aborted list, and read_committed consumers then dropped the
+            # producer's committed batches after it, waiting for aborts that never come)
+            kept = sorted({e.last_offset: e for e in reversed(entries)
+                           if e.last_offset < leo}.values(), key=lambda e: e.last_offset)
+            if kept != entries or (entries and path.stat().st_size
+                                   != len(entries) * txn_index.ENTRY_SIZE):
                 txn_index.rewrite(path, kept)
             self.aborted.extend(kept)
         self._aborted_ends = [e.last_offset for e in self.aborted]
@@ -368,11 +373,30 @@ class PartitionLog:
                 if len(kept) != len(entries):
                     txn_index.rewrite(path, kept)
 
+    def _abort_indexed(self, marker_offset: int) -> bool:
+        """Whether the ABORT marker at ``marker_offset`` is in the ``.txnindex`` already."""
+        from bisect import bisect_left
+
+        i = bisect_left(self._aborted_ends, marker_offset)
+        return i < len(self._aborted_ends) and self._aborted_ends[i] == marker_offset
+
     def _index_abort(self, segment_base: int, entry: AbortedTxn) -> None:
-        txn_index.append(txn_index.path_for(self.directory, segment_base), entry)
+        """Index an aborted transaction, keeping the entries in marker order (an entry found
+        missing at recovery may belong before others: its segment's file is rewritten)."""
+        from bisect import bisect_left
+
+        path = txn_index.path_for(self.directory, segment_base)
         self._txn_dirty.add(segment_base)
-        self.aborted.append(entry)
-        self._aborted_ends.append(entry.last_offset)
+        if not self._aborted_ends or entry.last_offset > self._aborted_ends[-1]:
+            txn_index.append(path, entry)
+            self.aborted.append(entry)
+            self._aborted_ends.append(entry.last_offset)
+            return
+        i = bisect_left(self._aborted_ends, entry.last_offset)
+        self.aborted.insert(i, entry)
+        self._aborted_ends.insert(i, entry.last_offset)
+        txn_index.rewrite(path, sorted([*txn_index.read(path), entry],
+                                       key=lambda e: e.last_offset))
 
     @property
     def last_stable_offset(self) -> int:

@@ -170,13 +170,13 @@ class Wire:
 
 
 def record_batch(records: list[tuple[bytes | None, bytes | None, int]], *, codec: int = 0,
-                 producer_id: int = -1, producer_epoch: int = -1, base_sequence: int = -1
-                 ) -> bytes:
+                 producer_id: int = -1, producer_epoch: int = -1, base_sequence: int = -1,
+                 transactional: bool = False) -> bytes:
     """A RecordBatch v2 of (key, value, timestamp) built by kafka-python (an independent encoder):
     the same bytes for both brokers."""
     from kafka.record.default_records import DefaultRecordBatchBuilder
 
-    b = DefaultRecordBatchBuilder(magic=2, compression_type=codec, is_transactional=False,
+    b = DefaultRecordBatchBuilder(magic=2, compression_type=codec, is_transactional=transactional,
                                   producer_id=producer_id, producer_epoch=producer_epoch,
                                   base_sequence=base_sequence, batch_size=1 << 30)
     for i, (key, value, ts) in enumerate(records):

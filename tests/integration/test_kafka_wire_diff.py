@@ -531,6 +531,103 @@ def test_idempotent_duplicate_answers_the_original_timestamp(kafka: apache_kafka
     on_both(kafka, shmq, idempotence_scenario)
 
 
+# -- WriteTxnMarkers ----------------------------------------------------------------------------
+
+WRITE_TXN_MARKERS = 27
+
+
+def markers_body(*markers: tuple, version: int = 1) -> dict:
+    """(producer id, epoch, commit, coordinator epoch, {topic: [partitions]}[, txn version])"""
+    out = []
+    for pid, epoch, commit, coordinator_epoch, topics, *tv in markers:
+        m = {"producer_id": pid, "producer_epoch": epoch, "transaction_result": commit,
+             "coordinator_epoch": coordinator_epoch,
+             "topics": [{"name": t, "partition_indexes": ps} for t, ps in topics.items()]}
+        if version >= 2:
+            m["transaction_version"] = tv[0] if tv else 0
+        out.append(m)
+    return {"markers": out}
+
+
+def write_txn_markers_scenario(wire: Wire, topic: str) -> Any:
+    """kafka-transactions.sh's abort of a hanging transaction and a coordinator's markers, sent
+    by hand to the partition's leader: what is written, what is refused, and what a
+    read_committed reader then sees."""
+    create_topic(wire, topic, 2)
+    leader = wire.leader(topic, 0)
+    out: dict[str, Any] = {}
+    tid = f"{topic}-tid"
+
+    def send(name: str, *markers: tuple, version: int = 1, to: Any = leader) -> None:
+        r = wire.send(WRITE_TXN_MARKERS, version, markers_body(*markers, version=version), to=to)
+        # the producer id is the broker's own; topics come in a Java HashMap's order on Kafka
+        out[name] = [{"producer_id": "<pid>" if m["producer_id"] == pid else m["producer_id"],
+                      "topics": sorted(m["topics"], key=lambda t: t["name"])}
+                     for m in r["markers"]]
+
+    pid = -1
+    send("empty")
+    deadline = time.monotonic() + 30
+    for _ in range(2):  # epoch 1: an older epoch exists
+        while True:  # Kafka creates __transaction_state at the first FindCoordinator
+            wire.send(10, 4, {"key_type": 1, "coordinator_keys": [tid]})
+            r = wire.send(INIT_PRODUCER_ID, 4, {"transactional_id": tid,
+                                                "transaction_timeout": 60_000,
+                                                "producer_id": -1, "producer_epoch": -1})
+            if r["error_code"] not in (14, 15, 16, 51) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert r["error_code"] == 0, r
+    pid, epoch = r["producer_id"], r["producer_epoch"]
+    r = wire.send(24, 3, {"v3_and_below_transactional_id": tid,
+                          "v3_and_below_producer_id": pid, "v3_and_below_producer_epoch": epoch,
+                          "v3_and_below_topics": [{"name": topic, "partitions": [0]}]})
+    out["add partitions"] = r["results_by_topic_v3_and_below"]
+    body = produce_body(topic, 0, record_batch(records(3), producer_id=pid, producer_epoch=epoch,
+                                               base_sequence=0, transactional=True))
+    body["transactional_id"] = tid
+    out["transactional produce"] = wire.send(PRODUCE, 9, body, to=leader)[
+        "responses"][0]["partition_responses"][0]
+    lso = list_offsets_body(topic, 0, -1)
+    lso["isolation_level"] = 1
+    out["lso while open"] = wire.send(LIST_OFFSETS, 8, lso, to=leader)["topics"]
+    send("unknown topic and partition", (pid, epoch, False, 0, {topic: [7], "nope-" + topic: [0]}))
+    send("older producer epoch", (pid, epoch - 1, False, 0, {topic: [0]}))
+    send("abort", (pid, epoch, False, 3, {topic: [0]}))
+    send("older coordinator epoch", (pid, epoch, False, 2, {topic: [0]}))
+    send("two markers of one producer", (pid, epoch, True, 3, {topic: [0]}),
+         (pid, epoch, False, 3, {topic: [0]}))
+    send("v2, transaction version 0", (pid, epoch, False, 3, {topic: [0]}, 0), version=2)
+    out["lso after"] = wire.send(LIST_OFFSETS, 8, lso, to=leader)["topics"]
+    fetch = fetch_body(topic, 0, 0)
+    fetch["isolation_level"] = 1
+    got = wire.send(FETCH, 12, fetch, to=leader)["responses"][0]["partitions"][0]
+    out["read_committed"] = {k: got[k] for k in ("error_code", "high_watermark",
+                                                 "last_stable_offset")}
+    out["aborted"] = [(a["producer_id"] == pid, a["first_offset"])
+                      for a in got["aborted_transactions"]]
+    wire.send(26, 3, {"transactional_id": tid, "producer_id": pid, "producer_epoch": epoch,
+                      "committed": False})  # the coordinator's own end (its markers: no-ops)
+    return out
+
+
+def test_write_txn_markers(kafka: apache_kafka.KafkaBroker, shmq: RunningBroker) -> None:
+    """WriteTxnMarkers v1-2 (issue 16 item 3) at a partition's leader: an ABORT ends the open
+    transaction (the LSO moves, Fetch lists it aborted); unknown topics and partitions are
+    UNKNOWN_TOPIC_OR_PARTITION, an older producer epoch INVALID_PRODUCER_EPOCH, an older
+    coordinator epoch TRANSACTION_COORDINATOR_FENCED; answers are grouped by producer id."""
+    got = on_both(kafka, shmq, write_txn_markers_scenario)
+    assert got["empty"] == []
+    codes = {name: sorted(p["error_code"] for m in got[name] for t in m["topics"]
+                          for p in t["partitions"])
+             for name in ("unknown topic and partition", "older producer epoch", "abort",
+                          "older coordinator epoch", "two markers of one producer")}
+    assert codes == {"unknown topic and partition": [3, 3], "older producer epoch": [47],
+                     "abort": [0], "older coordinator epoch": [52],
+                     "two markers of one producer": [0]}, got
+    assert got["aborted"] == [[True, 0]], got
+
+
 # -- Fetch ------------------------------------------------------------------------------------
 
 

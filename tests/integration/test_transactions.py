@@ -523,6 +523,157 @@ def test_late_or_unexpected_transactional_writes_are_refused(broker) -> None:
     c.close()
 
 
+def test_end_txn_whose_client_leaves_still_completes(broker) -> None:
+    """The client of an EndTxn closes its connection while the markers cannot be written (the
+    workers are stopped): the coordinator still finishes the transaction once they can be (as
+    Kafka's marker channel does), it is not left in PrepareCommit for good (which fenced every
+    later producer of the id with CONCURRENT_TRANSACTIONS: the wedge of the kill soak)."""
+    create_topic(broker.bootstrap, "gone", 1)
+    port = int(broker.bootstrap.rsplit(":", 1)[1])
+    resp = _request(port, 22, 1, _str("t-gone") + struct.pack(">i", 60_000))
+    err, pid, epoch = struct.unpack_from(">hqh", resp, 8)
+    assert err == 0
+    add = _str("t-gone") + struct.pack(">qh", pid, epoch) + struct.pack(">i", 1) \
+        + _str("gone") + struct.pack(">ii", 1, 0)
+    resp = _request(port, 24, 2, add)
+    assert struct.unpack_from(">h", resp, len(resp) - 2)[0] == 0
+    describe = b"\x02" + b"\x07t-gone" + b"\x00"
+
+    def state() -> str:
+        raw = _request(port, 65, 0, describe, flexible=True)
+        return _kio_response(65, 0, raw).transaction_states[0].transaction_state
+
+    pids = list(broker.worker_pids().values())
+    for w in pids:
+        os.kill(w, signal.SIGSTOP)
+    try:
+        header = struct.pack(">hhi", 26, 2, 7) + _str("test")
+        frame = header + _str("t-gone") + struct.pack(">qhb", pid, epoch, 1)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(struct.pack(">i", len(frame)) + frame)
+            time.sleep(1.0)  # the coordinator is writing the markers; the client goes away
+        time.sleep(0.5)
+        assert state() == "PrepareCommit"
+    finally:
+        for w in pids:
+            os.kill(w, signal.SIGCONT)
+    deadline = time.monotonic() + 30
+    while state() != "CompleteCommit" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert state() == "CompleteCommit"
+    resp = _request(port, 22, 1, _str("t-gone") + struct.pack(">i", 60_000))
+    assert struct.unpack_from(">hqh", resp, 8) == (0, pid, epoch + 1)
+
+
+def test_write_txn_markers_bad_input_and_offsets(broker) -> None:
+    """WriteTxnMarkers (27) on the wire: markers into partitions a node does not host, negative
+    and unknown partitions, an empty topic name are UNKNOWN_TOPIC_OR_PARTITION; a truncated
+    request closes its connection only; on the controller a COMMIT marker into
+    ``__consumer_offsets`` makes a producer's pending transactional offsets visible, as the
+    transaction coordinator's own marker does (kafka-transactions.sh abort/commit by hand)."""
+    from kafka_wire import Wire
+
+    create_topic(broker.bootstrap, "wm", 2)
+    with Wire(broker.bootstrap) as wire:
+        leader = wire.leader("wm", 0)
+        other = next(("127.0.0.1", w["port"]) for w in broker.run_info["workers"]
+                     if w["port"] != leader[1])
+
+        def codes(to, *markers, version=1):
+            body = {"markers": [{"producer_id": pid, "producer_epoch": 0,
+                                 "transaction_result": commit, "coordinator_epoch": 0,
+                                 "topics": [{"name": t, "partition_indexes": ps}
+                                            for t, ps in topics.items()],
+                                 "transaction_version": 0}
+                                for pid, commit, topics in markers]}
+            r = wire.send(27, version, body, to=to)
+            return {(m["producer_id"], t["name"], p["partition_index"]): p["error_code"]
+                    for m in r["markers"] for t in m["topics"] for p in t["partitions"]}
+
+        assert codes(leader, (77, False, {"wm": [-1, 9], "": [0], "nope": [0]})) == {
+            (77, "wm", -1): 3, (77, "wm", 9): 3, (77, "", 0): 3, (77, "nope", 0): 3}
+        # a worker hosts its own partitions only; the controller hosts none of wm's
+        hosted = codes(other, (78, False, {"wm": [0, 1]}), version=2)
+        assert sorted(hosted.values()) == [0, 3]
+        assert codes(wire.bootstrap, (79, False, {"wm": [0]})) == {(79, "wm", 0): 3}
+        assert codes(leader, (80, False, {"wm": [0]}), (81, True, {"wm": [0]})) == {
+            (80, "wm", 0): 0, (81, "wm", 0): 0}
+    # a transactional offset commit left pending, committed by a marker sent by hand
+    port = int(broker.bootstrap.rsplit(":", 1)[1])
+    from shmq.coordinator.records import partition_for
+
+    p = txn_producer(broker.bootstrap, "tid-wm")
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce("wm", b"x", partition=0)
+    group = "g-wm"
+    # read_uncommitted: OffsetFetch without require_stable (else UNSTABLE_OFFSET_COMMIT, retried)
+    meta = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group,
+                     "isolation.level": "read_uncommitted"})
+    p.send_offsets_to_transaction([TopicPartition("wm", 0, 42)],
+                                  meta.consumer_group_metadata(), 30)
+    p.flush(30)
+    raw = _request(port, 65, 0, b"\x02" + b"\x07tid-wm" + b"\x00", flexible=True)
+    state = _kio_response(65, 0, raw).transaction_states[0]
+    pid, epoch = state.producer_id, state.producer_epoch
+    assert meta.committed([TopicPartition("wm", 0)], timeout=10)[0].offset < 0
+    with Wire(broker.bootstrap) as wire:
+        part = partition_for(group, 50)
+        body = {"markers": [{"producer_id": pid, "producer_epoch": epoch,
+                             "transaction_result": True, "coordinator_epoch": 0,
+                             "topics": [{"name": "__consumer_offsets",
+                                         "partition_indexes": [part, 50]}]}]}
+        r = wire.send(27, 1, body)
+        got = {p["partition_index"]: p["error_code"] for p in r["markers"][0]["topics"][0]["partitions"]}
+        assert got == {part: 0, 50: 3}
+    assert meta.committed([TopicPartition("wm", 0)], timeout=10)[0].offset == 42
+    meta.close()
+    p.commit_transaction(30)
+    # a truncated WriteTxnMarkers ends its connection only
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        frame = struct.pack(">hhi", 27, 1, 9) + _str("x") + b"\x00\x02\x00\x00"
+        s.sendall(struct.pack(">i", len(frame)) + frame)
+        assert s.recv(10) == b""
+    assert _request(port, 22, 1, _str("tid-wm2") + struct.pack(">i", 60_000))[8:10] == b"\x00\x00"
+
+
+def test_retry_of_a_written_batch_after_its_transaction_ended(broker) -> None:
+    """A transactional batch written, its answer lost (a worker killed), its transaction
+    aborted, then the client's retry of it: answered as a duplicate with its offsets, not
+    INVALID_TXN_STATE.  The refusal told librdkafka the sequence numbers were unused; it gave
+    them to the next transaction's records, which the log then took for duplicates of the
+    aborted batch: 100 records lost in the 100,000-record kill soak.  A batch never written
+    still gets INVALID_TXN_STATE (KIP-890)."""
+    from shmq.protocol.records import encode_batch
+
+    create_topic(broker.bootstrap, "retry", 1)
+    port = int(broker.bootstrap.rsplit(":", 1)[1])
+    resp = _request(port, 22, 1, _str("t-retry") + struct.pack(">i", 60_000))
+    err, pid, epoch = struct.unpack_from(">hqh", resp, 8)
+    assert err == 0
+
+    def batch(seq: int, n: int = 3) -> bytes:
+        return bytes(encode_batch([(None, b"v%d" % (seq + i)) for i in range(n)],
+                                  producer_id=pid, producer_epoch=epoch, base_sequence=seq,
+                                  transactional=True))
+
+    leader = next(w["port"] for w in broker.run_info["workers"]
+                  if _produce(w["port"], "t-retry", "retry", 0, batch(0)) != 6)
+    add = _str("t-retry") + struct.pack(">qh", pid, epoch) + struct.pack(">i", 1) \
+        + _str("retry") + struct.pack(">ii", 1, 0)
+    resp = _request(port, 24, 2, add)
+    assert struct.unpack_from(">h", resp, len(resp) - 2)[0] == 0
+    assert _produce(leader, "t-retry", "retry", 0, batch(0)) == 0
+    resp = _request(port, 26, 2, _str("t-retry") + struct.pack(">qhb", pid, epoch, 0))
+    assert struct.unpack_from(">h", resp, 8)[0] == 0  # aborted
+    assert _produce(leader, "t-retry", "retry", 0, batch(0)) == 0  # the retry: a duplicate
+    assert _produce(leader, "t-retry", "retry", 0, batch(3)) == 48  # never written: refused
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "retry-g",
+                  "isolation.level": "read_uncommitted"})
+    assert c.get_watermark_offsets(TopicPartition("retry", 0), timeout=10)[1] == 4  # 3 + ABORT
+    c.close()
+
+
 def test_transactions_cli(broker) -> None:
     import sys
 

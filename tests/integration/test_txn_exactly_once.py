@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -130,6 +131,8 @@ class Copier:
                     self._rewind(c)
                 except KafkaException as exc:
                     err = exc.args[0]
+                    print(f"{time.strftime('%H:%M:%S')} copier: transaction {self.txns}: "
+                          f"{err}", file=sys.stderr)
                     if err.txn_requires_abort():
                         try:
                             p.abort_transaction(30)

@@ -37,6 +37,7 @@ from shmq.broker.handlers import (
     offset_for_leader_epoch,
     sync_group,
     txn_offset_commit,
+    write_txn_markers,
 )
 
 HANDLERS = {
@@ -71,4 +72,5 @@ HANDLERS = {
     28: txn_offset_commit.handle,
     65: describe_transactions.handle,
     66: list_transactions.handle,
+    27: write_txn_markers.handle,
 }

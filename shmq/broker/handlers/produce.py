@@ -198,6 +198,7 @@ async def flush_for_acks(ctx: BrokerContext,
 
 
 _PID_EPOCH = struct.Struct(">qh")
+_SEQ = _DELTA = struct.Struct(">i")
 
 
 async def _verify_txn(ctx: BrokerContext, transactional_id: str | None, topic: str, index: int,
@@ -212,9 +213,19 @@ async def _verify_txn(ctx: BrokerContext, transactional_id: str | None, topic: s
     if pid < 0 or log is None:
         return NONE
     entry = log.producer_state.last_entry(pid)
-    if entry is not None and entry.current_txn_first_offset is not None \
-            and entry.producer_epoch == epoch:
-        return NONE
+    if entry is not None and entry.producer_epoch == epoch:
+        if entry.current_txn_first_offset is not None:
+            return NONE
+        # a retry of a batch already in the log (its answer was lost: the worker died, the
+        # connection broke) whose transaction has ended since: answered as the duplicate it is,
+        # with its offsets, not INVALID_TXN_STATE, which tells the client it was never written
+        # (librdkafka then hands the same sequence numbers to the next transaction's records,
+        # and the log takes them for duplicates of the aborted batch: lost).  Nothing is
+        # appended, so no transaction can hang.
+        first_seq, delta = _SEQ.unpack_from(records, 53)[0], _DELTA.unpack_from(records, 23)[0]
+        last_seq = (first_seq + delta) % (1 << 31)
+        if any(b.first_seq == first_seq and b.last_seq == last_seq for b in entry.batches):
+            return NONE
     if transactional_id is None:
         return INVALID_TXN_STATE
     verify = getattr(ctx.controller, "verify_txn", None)

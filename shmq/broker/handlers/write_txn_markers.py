@@ -1,4 +1,4 @@
-"""Transaction markers in a worker (Kafka's WriteTxnMarkers, 27, as the leader applies it).
+"""Transaction markers (Kafka's WriteTxnMarkers, 27, as the partition's leader applies it).
 
 The transaction coordinator (controller) sends ``[topic, partition, producer id, epoch,
 commit]`` lists over the control channel; each becomes a control batch appended to the
@@ -7,6 +7,18 @@ watermark, last stable offset (state table) and waiting fetches move, and the lo
 before the answer, as Kafka appends markers with acks=all.  One error code per marker: NONE,
 UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER_OR_FOLLOWER, INVALID_PRODUCER_EPOCH or
 TRANSACTION_COORDINATOR_FENCED, KAFKA_STORAGE_ERROR for an I/O failure.
+
+On the wire (``handle``: v1-2, as Kafka 4.3 advertises it on its client listener, for its
+brokers' transaction coordinators and for ``kafka-transactions.sh abort`` of a hanging
+transaction) every node serves the partitions it hosts: a worker its own, the controller
+``__consumer_offsets`` (the group coordinator's marker, which commits or drops the producer's
+transactional offsets).  A partition the node does not host is UNKNOWN_TOPIC_OR_PARTITION, as
+on a Kafka broker without a replica of it; answers are grouped by producer id, as Kafka's.
+The marker's ``transaction_version`` (v2) is read and changes nothing: shmq's coordinator runs
+transaction version 0, and a marker of any version is checked as Kafka checks those (an older
+producer epoch: INVALID_PRODUCER_EPOCH; an older coordinator epoch:
+TRANSACTION_COORDINATOR_FENCED).  There is no authorizer, so no CLUSTER_ACTION check (Kafka
+without one allows it too).
 """
 
 from __future__ import annotations
@@ -17,6 +29,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from shmq.broker.context import BrokerContext
+from shmq.broker.handlers._build import build, response_module
+from shmq.broker.metadata import OFFSETS_TOPIC
 from shmq.errors import KafkaApiError
 
 log = logging.getLogger("shmq.worker")
@@ -25,7 +39,8 @@ NONE, UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER, KAFKA_STORAGE_ERROR = 0, 3, 6, 56
 
 
 async def write_markers(ctx: BrokerContext, markers: Sequence[Sequence[Any]],
-                        coordinator_epoch: int) -> list[int]:
+                        coordinator_epoch: int, elsewhere: int = NOT_LEADER) -> list[int]:
+    """``elsewhere``: the code for a partition of a known topic this worker does not host."""
     errors: list[int] = []
     touched: dict[int, Any] = {}
     for topic, partition, producer_id, producer_epoch, commit in markers:
@@ -35,7 +50,7 @@ async def write_markers(ctx: BrokerContext, markers: Sequence[Sequence[Any]],
             continue
         plog = ctx.log_for(topic, partition)
         if plog is None:
-            errors.append(NOT_LEADER)
+            errors.append(elsewhere)
             continue
         try:
             plog.append_control(int(producer_id), int(producer_epoch), coordinator_epoch,
@@ -61,3 +76,59 @@ async def write_markers(ctx: BrokerContext, markers: Sequence[Sequence[Any]],
             log.error("cannot flush transaction markers: %s", exc)
             return [KAFKA_STORAGE_ERROR if e == NONE else e for e in errors]
     return errors
+
+
+async def _offsets_markers(ctx: BrokerContext, markers: Sequence[Sequence[Any]],
+                           coordinator_epoch: int) -> list[int]:
+    """On the controller: markers into ``__consumer_offsets`` through the group coordinator."""
+    coordinator = ctx.coordinator
+    errors: list[int] = []
+    written: dict[int, int] = {}
+    for topic, partition, producer_id, producer_epoch, commit in markers:
+        if topic != OFFSETS_TOPIC or not 0 <= partition < coordinator.log.partitions:
+            errors.append(UNKNOWN_TOPIC_OR_PARTITION)
+            continue
+        try:
+            p, end = coordinator.write_txn_marker(partition, producer_id, producer_epoch,
+                                                  coordinator_epoch, commit)
+        except KafkaApiError as exc:
+            errors.append(exc.code)
+            continue
+        except OSError as exc:
+            log.error("cannot write a transaction marker into %s-%d: %s", topic, partition, exc)
+            errors.append(KAFKA_STORAGE_ERROR)
+            continue
+        written[p] = max(end, written.get(p, 0))
+        errors.append(NONE)
+    try:
+        for p, end in written.items():
+            await coordinator.log.durable(p, end)
+    except OSError as exc:
+        log.error("cannot flush transaction markers: %s", exc)
+        return [KAFKA_STORAGE_ERROR if e == NONE else e for e in errors]
+    return errors
+
+
+async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
+    cls, m = response_module(27, header.api_version)
+    on_controller = getattr(ctx, "coordinator", None) is not None
+    results: dict[int, dict[str, dict[int, int]]] = {}  # producer id -> topic -> partition
+    for marker in request.markers:
+        pid, epoch = int(marker.producer_id), int(marker.producer_epoch)
+        wanted = [(t.name, int(p), pid, epoch, bool(marker.transaction_result))
+                  for t in marker.topics for p in t.partition_indexes]
+        if on_controller:
+            codes = await _offsets_markers(ctx, wanted, int(marker.coordinator_epoch))
+        else:
+            codes = await write_markers(ctx, wanted, int(marker.coordinator_epoch),
+                                        elsewhere=UNKNOWN_TOPIC_OR_PARTITION)
+        topics = results.setdefault(pid, {})
+        for (topic, partition, *_), code in zip(wanted, codes, strict=True):
+            topics.setdefault(topic, {})[partition] = code
+    return build(cls, markers=tuple(
+        build(m.WritableTxnMarkerResult, producer_id=pid, topics=tuple(
+            build(m.WritableTxnMarkerTopicResult, name=topic, partitions=tuple(
+                build(m.WritableTxnMarkerPartitionResult, partition_index=p, error_code=code)
+                for p, code in parts.items()))
+            for topic, parts in topics.items()))
+        for pid, topics in results.items()))

@@ -7,6 +7,7 @@
 //   group     BOOTSTRAP TOPIC GROUP COUNT [k=v...] subscribe, read COUNT records, commit, leave
 //   producers BOOTSTRAP TOPIC PARTITION           DescribeProducers of a partition
 //   admin     BOOTSTRAP TOPIC GROUP               one line per admin call (see admin())
+//   txn       BOOTSTRAP TOPIC SOURCE GROUP TID    transactions: commit, abort, admin abort, fencing, offsets (see txn())
 //
 // A record line is tab-separated: partition, offset (or -1 on input), timestamp type, timestamp,
 // key, value, headers.  Keys and values are hex ("-" for null); headers are "hexkey:hexvalue"
@@ -29,6 +30,7 @@ import java.io.BufferedReader;
 import java.io.InputStreamReader;
 import java.nio.charset.StandardCharsets;
 
+import org.apache.kafka.clients.admin.AbortTransactionSpec;
 import org.apache.kafka.clients.admin.Admin;
 import org.apache.kafka.clients.admin.AlterConfigOp;
 import org.apache.kafka.clients.admin.Config;
@@ -43,7 +45,10 @@ import org.apache.kafka.clients.admin.OffsetSpec;
 import org.apache.kafka.clients.admin.ProducerState;
 import org.apache.kafka.clients.admin.RecordsToDelete;
 import org.apache.kafka.clients.admin.TopicDescription;
+import org.apache.kafka.clients.admin.TransactionDescription;
+import org.apache.kafka.clients.admin.TransactionListing;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
+import org.apache.kafka.clients.consumer.ConsumerGroupMetadata;
 import org.apache.kafka.clients.consumer.ConsumerRebalanceListener;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
@@ -71,6 +76,7 @@ public class JavaClient {
             case "group" -> group(args[1], args[2], args[3], Integer.parseInt(args[4]), settings(args, 5));
             case "producers" -> producers(args[1], args[2], Integer.parseInt(args[3]));
             case "admin" -> admin(args[1], args[2], args[3]);
+            case "txn" -> txn(args[1], args[2], args[3], args[4], args[5]);
             default -> throw new IllegalArgumentException("unknown command " + cmd);
         }
     }
@@ -205,6 +211,145 @@ public class JavaClient {
         Map<String, OffsetAndMetadata> out = new HashMap<>();
         m.forEach((tp, om) -> out.put(tp.toString(), om));
         return out;
+    }
+
+    // -- transactions -----------------------------------------------------------------------------
+
+    static KafkaProducer<byte[], byte[]> txnProducer(String bootstrap, String tid) {
+        Properties p = new Properties();
+        p.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        p.put(ProducerConfig.KEY_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
+        p.put(ProducerConfig.VALUE_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
+        p.put(ProducerConfig.TRANSACTIONAL_ID_CONFIG, tid);
+        return new KafkaProducer<>(p);
+    }
+
+    static void send(KafkaProducer<byte[], byte[]> producer, String topic, String prefix, int from, int to)
+            throws Exception {
+        for (int i = from; i < to; i++) {
+            producer.send(new ProducerRecord<>(topic, i % 2, null, (prefix + i).getBytes(StandardCharsets.UTF_8)));
+        }
+        producer.flush();
+    }
+
+    /** Every record of TOPIC's partitions up to the end offsets its isolation level sees (the
+     *  last stable offset for read_committed), as "isolation partition offset value" lines. */
+    static void readAll(String bootstrap, String topic, String isolation) {
+        Properties extra = new Properties();
+        extra.put(ConsumerConfig.ISOLATION_LEVEL_CONFIG, isolation);
+        try (KafkaConsumer<byte[], byte[]> c = consumer(bootstrap, extra)) {
+            List<TopicPartition> tps = List.of(new TopicPartition(topic, 0), new TopicPartition(topic, 1));
+            c.assign(tps);
+            c.seekToBeginning(tps);
+            Map<TopicPartition, Long> end = c.endOffsets(tps, Duration.ofSeconds(30));
+            List<String> got = new ArrayList<>();
+            long deadline = System.currentTimeMillis() + 60_000;
+            while (System.currentTimeMillis() < deadline
+                   && tps.stream().anyMatch(tp -> c.position(tp) < end.get(tp))) {
+                for (ConsumerRecord<byte[], byte[]> r : c.poll(Duration.ofMillis(200))) {
+                    got.add(isolation + "\t" + r.partition() + "\t" + r.offset() + "\t"
+                        + new String(r.value(), StandardCharsets.UTF_8));
+                }
+            }
+            got.forEach(System.out::println);
+            tps.forEach(tp -> System.out.println(isolation + " end\t" + tp.partition() + "\t" + end.get(tp)
+                + "\tposition " + c.position(tp)));
+        }
+    }
+
+    /** A transactional producer commits (with offsets of GROUP on SOURCE-0), aborts (with other
+     *  offsets), commits, leaves a transaction open (which the admin client aborts in partition 0,
+     *  as kafka-transactions.sh abort does, with WriteTxnMarkers) and is fenced by a second producer of the same
+     *  transactional id, which commits; then read_committed and read_uncommitted consumers read
+     *  TOPIC, and the group's committed offset and the transaction's state are read back. */
+    static void txn(String bootstrap, String topic, String source, String group, String tid) throws Exception {
+        ConsumerGroupMetadata groupMetadata = new ConsumerGroupMetadata(group);
+        TopicPartition src = new TopicPartition(source, 0);
+        KafkaProducer<byte[], byte[]> first = txnProducer(bootstrap, tid);
+        step("initTransactions", () -> { first.initTransactions(); return "ok"; });
+        step("commit", () -> {
+            first.beginTransaction();
+            send(first, topic, "c-", 0, 10);
+            first.sendOffsetsToTransaction(Map.of(src, new OffsetAndMetadata(5)), groupMetadata);
+            first.commitTransaction();
+            return "ok";
+        });
+        step("abort", () -> {
+            first.beginTransaction();
+            send(first, topic, "a-", 0, 6);
+            first.sendOffsetsToTransaction(Map.of(src, new OffsetAndMetadata(9)), groupMetadata);
+            first.abortTransaction();
+            return "ok";
+        });
+        step("commit again", () -> {
+            first.beginTransaction();
+            send(first, topic, "c-", 10, 14);
+            first.commitTransaction();
+            return "ok";
+        });
+        step("open", () -> {
+            first.beginTransaction();
+            send(first, topic, "o-", 0, 4);
+            return "ok";
+        });
+        // kafka-transactions.sh abort --topic --partition ...: WriteTxnMarkers to the leader
+        step("abortTransaction", () -> {
+            try (Admin admin = Admin.create(Map.of("bootstrap.servers", bootstrap))) {
+                TopicPartition tp = new TopicPartition(topic, 0);
+                ProducerState open = admin.describeProducers(List.of(tp)).partitionResult(tp).get()
+                    .activeProducers().stream()
+                    .filter(p -> p.currentTransactionStartOffset().isPresent()).findFirst().get();
+                admin.abortTransaction(new AbortTransactionSpec(tp, open.producerId(),
+                    (short) open.producerEpoch(), open.coordinatorEpoch().orElse(0))).all().get();
+                return "ok txnStart=" + open.currentTransactionStartOffset().getAsLong();
+            }
+        });
+        KafkaProducer<byte[], byte[]> second = txnProducer(bootstrap, tid);
+        step("second initTransactions", () -> { second.initTransactions(); return "ok"; });
+        step("fenced commit", () -> { first.commitTransaction(); return "ok"; });
+        first.close(Duration.ofSeconds(5));
+        step("second commit", () -> {
+            second.beginTransaction();
+            send(second, topic, "c-", 14, 16);
+            second.sendOffsetsToTransaction(Map.of(src, new OffsetAndMetadata(12)), groupMetadata);
+            second.commitTransaction();
+            return "ok";
+        });
+        second.close(Duration.ofSeconds(5));
+        readAll(bootstrap, topic, "read_committed");
+        readAll(bootstrap, topic, "read_uncommitted");
+        try (Admin admin = Admin.create(Map.of("bootstrap.servers", bootstrap))) {
+            step("listConsumerGroupOffsets", () -> {
+                Map<TopicPartition, OffsetAndMetadata> m =
+                    admin.listConsumerGroupOffsets(group).partitionsToOffsetAndMetadata().get();
+                return new TreeMap<>(toNames(m)).toString().replaceAll("leaderEpoch=[^,]*, ", "");
+            });
+            step("describeTransactions", () -> {
+                long deadline = System.currentTimeMillis() + 10_000;
+                TransactionDescription d;
+                do {  // Kafka answers EndTxn before its markers are written
+                    d = admin.describeTransactions(List.of(tid)).description(tid).get();
+                } while (!d.state().toString().startsWith("Complete") && System.currentTimeMillis() < deadline
+                         && sleep(100));
+                return d.state() + " partitions=" + d.topicPartitions().size();
+            });
+            step("listTransactions", () -> {
+                List<String> out = new ArrayList<>();
+                for (TransactionListing l : admin.listTransactions().all().get()) {
+                    if (l.transactionalId().equals(tid)) out.add(l.transactionalId() + " " + l.state());
+                }
+                return out.toString();
+            });
+        }
+    }
+
+    static boolean sleep(long ms) {
+        try {
+            Thread.sleep(ms);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        }
+        return true;
     }
 
     // -- producers --------------------------------------------------------------------------------

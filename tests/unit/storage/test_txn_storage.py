@@ -123,6 +123,35 @@ def test_txn_state_survives_restart(tmp_path, how: str) -> None:
     again.close()
 
 
+def test_replay_from_an_old_snapshot_indexes_each_abort_once(tmp_path) -> None:
+    """Crashes that replay more than 64 aborted transactions after the last snapshot (one
+    producer, as a consume-transform-produce copier): each restart indexed the older ones again
+    (the duplicate check looked at the last 64 entries), Fetch listed them several times, and
+    read_committed consumers dropped the producer's committed batches after them (the kill
+    soak read 9,800 of 100,000).  A file holding duplicates from before is cleaned at load."""
+    log = open_log(tmp_path)
+    for i in range(100):
+        log.append(txn_batch(PID, 0, 3 * i, n=3))
+        log.append_control(PID, 0, 0, commit=i % 2 == 0)
+    log.update_high_watermark(log.log_end_offset)
+    before = list(log.aborted)
+    assert len(before) == 50
+    path = txn_index.path_for(log.directory, 0)
+    for _ in range(3):
+        log.crash_close()
+        for p in log.directory.glob("*.snapshot"):
+            p.unlink()
+        log = open_log(tmp_path)
+        assert log.aborted == before
+        assert txn_index.read(path) == before
+    log.crash_close()
+    txn_index.rewrite(path, before + before[10:20])  # as the bug left them
+    log = open_log(tmp_path)
+    assert log.aborted == before and txn_index.read(path) == before
+    assert len(log.aborted_transactions(0, log.log_end_offset)) == 50
+    log.close()
+
+
 def test_truncation_drops_index_entries(tmp_path) -> None:
     log = open_log(tmp_path)
     log.append(txn_batch(PID, 0, 0))
