@@ -384,6 +384,21 @@ public class JavaClient {
         System.out.flush();
     }
 
+    /** The topic as describeTopics shows it once it has {@code partitions} partitions: a broker
+     * applies a CreatePartitions to its metadata shortly after the call returns (Kafka's
+     * brokers learn it from the controller's log), so a describe right after may show the old
+     * count. Waits at most 15 s, then returns what it sees. */
+    static TopicDescription awaitPartitions(Admin admin, String topic, int partitions) throws Exception {
+        long deadline = System.nanoTime() + 15_000_000_000L;
+        while (true) {
+            TopicDescription d = admin.describeTopics(List.of(topic)).allTopicNames().get().get(topic);
+            if (d.partitions().size() >= partitions || System.nanoTime() > deadline) {
+                return d;
+            }
+            Thread.sleep(50);
+        }
+    }
+
     static void admin(String bootstrap, String topic, String group) throws Exception {
         try (Admin admin = Admin.create(Map.of("bootstrap.servers", bootstrap))) {
             ConfigResource res = new ConfigResource(ConfigResource.Type.TOPIC, topic);
@@ -419,8 +434,7 @@ public class JavaClient {
             step("createPartitions manual assignment", () -> {
                 admin.createPartitions(Map.of(topic + "-m",
                     NewPartitions.increaseTo(3, List.of(List.of(1))))).all().get();
-                TopicDescription d = admin.describeTopics(List.of(topic + "-m")).allTopicNames().get()
-                    .get(topic + "-m");
+                TopicDescription d = awaitPartitions(admin, topic + "-m", 3);
                 return "partitions=" + d.partitions().size() + " p2:replicas="
                     + d.partitions().get(2).replicas().get(0).id();
             });
@@ -471,6 +485,7 @@ public class JavaClient {
             });
             step("createPartitions 3", () -> {
                 admin.createPartitions(Map.of(topic, NewPartitions.increaseTo(3))).all().get();
+                awaitPartitions(admin, topic, 3);
                 return describe.get();
             });
             step("createPartitions 2", () -> {
