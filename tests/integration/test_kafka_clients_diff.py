@@ -25,7 +25,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from conftest import RunningBroker, start_broker
 from kafka_clients import CODECS, JAVA_SOURCE, KCAT, READERS, WRITERS, Got, Rec, java, sample
 from kafka_differences import assert_same
-from test_groups import CkGroup, covers, produce, wait_until
+from test_groups import CkGroup, covers, crash_mid_join, produce, wait_until
 
 BASE_TS = (int(time.time()) - 600) * 1000
 # both brokers' default group.min.session.timeout.ms is 6000 (test_groups' FAST asks for 3000)
@@ -141,6 +141,41 @@ def test_group_rebalances_alike(both: dict[str, str], strategy: str) -> None:
         runs[name] = group_run(bootstrap, topic, f"{topic}-g", strategy)
     assert_same(runs["shmq"], runs["kafka"])
     assert runs["kafka"]["three members"] == [2, 2, 2] and runs["kafka"]["read"] == 300
+
+
+# Kafka's minimum session timeout (group.min.session.timeout.ms, 6000 on both brokers) for the
+# member that dies; the survivors rebalance within max.poll.interval.ms, 45 s (test_groups).
+CRASHER_SESSION_MS = 6000
+REBALANCE_TIMEOUT_S = 45
+
+
+@pytest.mark.parametrize("crasher", ["new", "existing"])
+def test_member_dying_mid_join_resumes_alike(both: dict[str, str], tmp_path: Any,
+                                             crasher: str) -> None:
+    """Issue 21 item 1 on both brokers: a consumer killed while its JoinGroup is parked (longer
+    than its own session timeout) does not freeze the group until the rebalance timeout.  Kafka
+    keeps it counted as joined (the parked request outlives its connection), completes the join
+    when the others rejoin and expires it by its session timeout; the survivors own every
+    partition again within the session timeout plus one rebalance.  The two brokers run at once
+    (each its own group and clients), so the test costs one run."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        futures = {name: pool.submit(crash_mid_join, bootstrap, crasher,
+                                     _scratch(tmp_path, name), CRASHER_SESSION_MS)
+                   for name, bootstrap in both.items()}
+        took = {name: f.result() for name, f in futures.items()}
+    print(f"\n{crasher} member killed mid-join, survivors own every partition after: "
+          + ", ".join(f"{name} {t:.1f} s" for name, t in took.items()))
+    bound = CRASHER_SESSION_MS / 1000 + 8
+    for name, t in took.items():
+        assert t < bound < REBALANCE_TIMEOUT_S / 3, (name, took)
+
+
+def _scratch(tmp_path: Any, name: str) -> Any:
+    path = tmp_path / name
+    path.mkdir()
+    return path
 
 
 # -- Kafka's Java client -----------------------------------------------------------------------
