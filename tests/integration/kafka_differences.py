@@ -19,6 +19,7 @@ defect of shmq and is fixed there, unless it is in this table:
 | 9 | CLI errors | one line on stderr, exit code 1 | `Error: ...` on stdout (consumer-groups exits 0) or a Java stack trace on stderr | a script sees the failure in the exit code; the message is Kafka's |
 | 10 | order of hash-kept lists | sorted (topics in a multi-topic `--describe`, groups in ListGroups, partitions of a reset plan) | a Java HashMap's order | Kafka documents no order; it changes with the names |
 | 11 | offset commit records in `__consumer_offsets` | OffsetCommitValue v3 (as Kafka 3.x and 4.0 write it) | v4: the same fields, flexible, the topic id as a tagged field | Burrow (and other sarama-based lag monitors) decode versions 0, 1 and 3 only and report no group on v4 (tests/integration/test_burrow.py); Kafka's own formatters, tools and coordinator read v3 alike |
+| 12 | a compressed batch that does not decompress (valid CRC) | CORRUPT_MESSAGE | UNKNOWN_SERVER_ERROR: the codec's exception escapes `LogValidator` unhandled (`KafkaException: ... Not in GZIP format` in the broker log) | the cause is named; both refuse the batch and store nothing (test_kafka_wire_diff.py::test_produce_undecompressible_batch) |
 
 Open defects of shmq that the differential tests hit are not here: those tests carry
 ``known_defect(issue, item)``, a strict xfail that turns red once the fix lands.

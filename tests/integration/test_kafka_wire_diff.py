@@ -482,6 +482,88 @@ def test_produce_timestamps_out_of_range(kafka: apache_kafka.KafkaBroker,
     assert answers["two hours ahead"][:2] == [32, [0, 1]]
 
 
+def stored_batches(wire: Wire, topic: str) -> list[dict]:
+    """Every batch of the partition as fetched: the header fields a broker may rewrite, a log
+    append time replaced by "<now>", whether the CRC holds (the ``crc32c`` package), and the
+    record bytes after the header."""
+    r = wire.send(FETCH, 12, fetch_body(topic, 0, 0), to=wire.leader(topic))
+    data = r["responses"][0]["partitions"][0]["records"] or b""
+    out = []
+    while len(data) >= 61:
+        size = struct.unpack_from(">i", data, 8)[0] + 12
+        b, data = data[:size], data[size:]
+        attributes, _, base_ts, max_ts = struct.unpack_from(">hiqq", b, 21)
+        log_append_time = bool(attributes & 0x08)
+        out.append({"offset": struct.unpack_from(">q", b, 0)[0], "attributes": attributes,
+                    "base_timestamp": base_ts,
+                    "max_timestamp": "<now>" if log_append_time else max_ts,
+                    "crc_ok": crc32c.crc32c(b[21:]) == struct.unpack_from(">I", b, 17)[0],
+                    "records": b[61:]})
+    return out
+
+
+def test_produce_batch_header_timestamps(kafka: apache_kafka.KafkaBroker,
+                                         shmq: RunningBroker) -> None:
+    """``LogValidator`` (issue 21 item 3): the stored max timestamp is derived from the records,
+    not the producer's header (``setMaxTimestamp``, CRC recomputed); a producer-set LogAppendTime
+    attribute is INVALID_TIMESTAMP on a LogAppendTime topic and on a CreateTime topic when a
+    record has no timestamp, and rewritten to CreateTime otherwise; a LogAppendTime topic stamps
+    the broker's clock in the header.  Compared: the answers and every stored batch header."""
+    def log_append_time(batch: bytes) -> bytes:  # the attribute bit, the codec kept
+        return patch_batch(batch, 21, (struct.unpack_from(">h", batch, 21)[0] | 0x08
+                                       ).to_bytes(2, "big"))
+
+    gzip = record_batch(records(3, 3, value_size=300), codec=1)
+    assert struct.unpack_from(">h", gzip, 21)[0] & 7 == 1  # compressed (kafka-python may not)
+    lying = patch_batch(record_batch(records(3)), 35, (T0 - 5).to_bytes(8, "big"))
+    lying_gzip = patch_batch(gzip, 35, (T0).to_bytes(8, "big"))
+    append_time = log_append_time(record_batch(records(2, 6)))
+    append_time_gzip = log_append_time(record_batch(records(2, 8, value_size=300), codec=1))
+    untimed = log_append_time(record_batch([(b"k", b"v", -1)]))
+
+    def answer(r: dict) -> tuple:
+        return (r["error_code"], sorted(e["batch_index"] for e in r.get("record_errors") or []),
+                r["base_offset"])
+
+    def scenario(wire: Wire, topic: str) -> Any:
+        create_topic(wire, topic)
+        create_topic(wire, topic + "-lat", **{"message.timestamp.type": "LogAppendTime"})
+        out: dict[str, Any] = {}
+        for name, batch in (("lying max", lying), ("lying max, gzip", lying_gzip),
+                            ("LogAppendTime attribute", append_time),
+                            ("LogAppendTime attribute, gzip", append_time_gzip),
+                            ("LogAppendTime attribute, no timestamp", untimed)):
+            out[name] = answer(produce(wire, topic, batch))
+            out[name + " on a LogAppendTime topic"] = answer(produce(wire, topic + "-lat", batch))
+        out["plain on a LogAppendTime topic"] = answer(
+            produce(wire, topic + "-lat", record_batch(records(2))))
+        out["stored"] = stored_batches(wire, topic)
+        out["stored on the LogAppendTime topic"] = stored_batches(wire, topic + "-lat")
+        return out
+
+    got = on_both(kafka, shmq, scenario, drop=("log_append_time",))
+    assert [b["max_timestamp"] for b in got["stored"]] == [T0 + 2, T0 + 5, T0 + 7, T0 + 9]
+    assert [b["attributes"] for b in got["stored"]] == [0, 1, 0, 1]  # CreateTime, as the topic
+    assert got["LogAppendTime attribute on a LogAppendTime topic"][0] == 32
+
+
+def test_produce_undecompressible_batch(kafka: apache_kafka.KafkaBroker,
+                                        shmq: RunningBroker) -> None:
+    """A batch whose attributes say gzip over bytes that are not gzip, with a valid CRC: Kafka's
+    decompression throws a KafkaException that ReplicaManager answers as UNKNOWN_SERVER_ERROR;
+    shmq answers CORRUPT_MESSAGE (kafka_differences.py, row 12).  Nothing is stored on either."""
+    plain = record_batch(records(2))
+    gzip_claimed = patch_batch(plain, 21, (0x01).to_bytes(2, "big"))
+    answers = {}
+    for name, bootstrap in (("kafka", kafka.bootstrap), ("shmq", shmq.bootstrap)):
+        topic = f"diff-{uuid.uuid4().hex[:10]}"
+        with Wire(bootstrap) as wire:
+            create_topic(wire, topic)
+            answers[name] = [produce(wire, topic, gzip_claimed)["error_code"],
+                             produce(wire, topic, plain)["base_offset"]]
+    assert answers == {"kafka": [-1, 0], "shmq": [2, 0]}
+
+
 # -- Idempotence ----------------------------------------------------------------------------
 
 
