@@ -473,6 +473,10 @@ def test_produce_timestamps_out_of_range(kafka: apache_kafka.KafkaBroker,
         }
         out = {case: answer(produce(wire, topic, record_batch(recs)))
                for case, recs in cases.items()}
+        # a compressed batch is decompressed and every record checked alike
+        out["gzip, the middle one ahead"] = answer(produce(wire, topic, record_batch(
+            [(b"k", b"v" * 300, now), (b"k", b"v" * 300, future), (b"k", b"v" * 300, now)],
+            codec=1)))
         out["log append time"] = answer(produce(wire, topic + "-lat", record_batch(
             [(b"k", b"v", T0), (b"k", b"v", future)])))
         return out
@@ -480,6 +484,7 @@ def test_produce_timestamps_out_of_range(kafka: apache_kafka.KafkaBroker,
     answers = on_both(kafka, shmq, scenario)
     assert answers["old, one of three"][:2] == [32, [1]]
     assert answers["two hours ahead"][:2] == [32, [0, 1]]
+    assert answers["gzip, the middle one ahead"][:2] == [32, [1]]
 
 
 def stored_batches(wire: Wire, topic: str) -> list[dict]:
@@ -611,6 +616,43 @@ def test_idempotent_sequences_and_epochs(kafka: apache_kafka.KafkaBroker,
 def test_idempotent_duplicate_answers_the_original_timestamp(kafka: apache_kafka.KafkaBroker,
                                                              shmq: RunningBroker) -> None:
     on_both(kafka, shmq, idempotence_scenario)
+
+
+def test_idempotent_duplicate_on_a_log_append_time_topic(kafka: apache_kafka.KafkaBroker,
+                                                         shmq: RunningBroker) -> None:
+    """Issue 21 item 5: a duplicate's answer carries the original batch's log append time
+    (``UnifiedLog.append`` answers the duplicate's ``BatchMetadata.timestamp``), not -1 or the
+    broker's clock at the retry."""
+    def scenario(wire: Wire, topic: str) -> Any:
+        create_topic(wire, topic, **{"message.timestamp.type": "LogAppendTime"})
+        pid, epoch = init_producer_id(wire)
+        batch = record_batch(records(2), producer_id=pid, producer_epoch=epoch, base_sequence=0)
+        first = produce(wire, topic, batch)
+        time.sleep(0.05)  # a later clock for the retry
+        retry = produce(wire, topic, batch)
+        return {"first": first, "retry": retry,
+                "same log append time": retry["log_append_time"] == first["log_append_time"]}
+
+    got = on_both(kafka, shmq, scenario)
+    assert got["same log append time"] is True and got["first"]["log_append_time"] == "<now>"
+
+
+def test_list_offsets_over_records_without_timestamps(kafka: apache_kafka.KafkaBroker,
+                                                      shmq: RunningBroker) -> None:
+    """Issue 21 item 5: every record without a timestamp (-1): MAX_TIMESTAMP (-3) finds the first
+    record (offset 0, timestamp -1), as Kafka's ``UnifiedLog.fetchOffsetByTimestamp``; a lookup
+    by time finds nothing."""
+    def scenario(wire: Wire, topic: str) -> Any:
+        create_topic(wire, topic)
+        produce(wire, topic, record_batch([(b"a", b"0", -1), (b"b", b"1", -1)]))
+        produce(wire, topic, record_batch([(b"c", b"2", -1)]))
+        leader = wire.leader(topic)
+        return {ts: wire.send(LIST_OFFSETS, 8, list_offsets_body(topic, 0, ts),
+                              to=leader)["topics"][0]["partitions"][0]
+                for ts in (-3, -2, -1, 0, T0)}
+
+    got = on_both(kafka, shmq, scenario)
+    assert (got[-3]["offset"], got[-3]["timestamp"]) == (0, -1)
 
 
 # -- Fetch ------------------------------------------------------------------------------------
