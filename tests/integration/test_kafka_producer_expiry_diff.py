@@ -26,13 +26,15 @@ import pytest
 from conftest import RunningBroker, reference_kafka, start_broker
 from kafka_differences import assert_same, normalise
 from kafka_wire import Wire, record_batch
-from test_kafka_wire_diff import create_topic, init_producer_id, produce
+from test_kafka_wire_diff import create_topic, describe_configs, init_producer_id, produce
 
 EXPIRATION_MS = 3000
 CHECK_MS = 250
 SETTINGS = {"producer.id.expiration.ms": str(EXPIRATION_MS),
             "producer.id.expiration.check.interval.ms": str(CHECK_MS)}
-DESCRIBE_PRODUCERS = 61
+DESCRIBE_PRODUCERS, INCREMENTAL_ALTER_CONFIGS = 61, 44
+BROKER, SET, DELETE = 4, 0, 1
+INVALID_CONFIG, INVALID_REQUEST = 40, 42
 OUT_OF_ORDER_SEQUENCE_NUMBER = 45
 DAY = 86_400_000
 # 0.4 s apart: longer than the expiration time plus four checks
@@ -131,3 +133,74 @@ def test_idle_producer_ids_are_forgotten_alike(kafka_expiring: apache_kafka.Kafk
     assert got["gapper retries 9"] == [0, end + 4]
     assert got["gapper skips to 20"][0] == OUT_OF_ORDER_SEQUENCE_NUMBER
     assert [p[0] for p in got["known at the end"]] == ["active", "gapper", "idle", "stale"]
+
+
+
+def configs_scenario(wire: Wire, topic: str) -> dict[str, Any]:
+    """DescribeConfigs and IncrementalAlterConfigs of the two settings; then the expiration time
+    raised cluster-wide at run time keeps an idle producer past the static 3 s, and deleting
+    the dynamic value lets the next check forget it."""
+    keys = list(SETTINGS)
+
+    def describe() -> Any:
+        return describe_configs(wire, [(BROKER, "1")], keys=keys) + describe_configs(
+            wire, [(BROKER, "")], keys=keys)
+
+    def alter(name: str, op: int, value: str | None, validate_only: bool = False,
+              resource: str = "") -> Any:
+        return wire.send(INCREMENTAL_ALTER_CONFIGS, 1, {"resources": [
+            {"resource_type": BROKER, "resource_name": resource, "configs": [
+                {"name": name, "config_operation": op, "value": value}]}],
+            "validate_only": validate_only})["responses"]
+
+    out: dict[str, Any] = {"described": describe()}
+    out["altered, validate only"] = [
+        alter("producer.id.expiration.ms", SET, "5000", True),
+        alter("producer.id.expiration.ms", SET, "5000", True, resource="1"),
+        alter("producer.id.expiration.ms", SET, "0", True),
+        alter("producer.id.expiration.ms", SET, "soon", True),
+        alter("producer.id.expiration.check.interval.ms", SET, "1000", True),
+        alter("log.retention.ms", SET, "soon", True),
+        alter("num.partitions", SET, "x", True)]
+    create_topic(wire, topic)
+    pid, epoch = init_producer_id(wire)
+
+    def producers() -> list[int]:
+        r = wire.send(DESCRIBE_PRODUCERS, 0, {"topics": [
+            {"name": topic, "partition_indexes": [0]}]}, to=wire.leader(topic))
+        return [a["producer_id"] == pid for a in r["topics"][0]["partitions"][0]["active_producers"]]
+
+    out["raised cluster-wide"] = alter("producer.id.expiration.ms", SET, "3600000")
+    try:
+        time.sleep(2 * CHECK_MS / 1000)  # Kafka applies it to its logs at once; shmq's workers
+        #                                 at the next metadata push
+        out["described while raised"] = describe()
+        produce(wire, topic, record_batch([(b"k", b"v", now_ms())], producer_id=pid,
+                                          producer_epoch=epoch, base_sequence=0))
+        time.sleep((EXPIRATION_MS + 2 * CHECK_MS) / 1000)
+        out["known past the static expiration time"] = producers()
+    finally:
+        out["lowered again"] = alter("producer.id.expiration.ms", DELETE, None)
+    time.sleep(4 * CHECK_MS / 1000)
+    out["known after"] = producers()
+    return out
+
+
+def test_expiration_configs_alike(kafka_expiring: apache_kafka.KafkaBroker,
+                                  shmq_expiring: RunningBroker) -> None:
+    """``producer.id.expiration.ms`` is a dynamic broker config in Kafka (per broker or
+    cluster-wide, ``DynamicProducerStateManagerConfig``) and is listed by DescribeConfigs; its
+    check interval is read-only.  The same descriptions, the same answers to changes, and the
+    same effect of a change at run time on both brokers."""
+    answers = {}
+    for name, bootstrap in (("kafka", kafka_expiring.bootstrap),
+                            ("shmq", shmq_expiring.bootstrap)):
+        with Wire(bootstrap) as wire:
+            answers[name] = normalise(configs_scenario(wire, f"pid-configs-{name}"),
+                                      drop=("documentation",))
+    assert_same(answers["shmq"], answers["kafka"])
+    got = answers["kafka"]
+    assert got["known past the static expiration time"] == [True]
+    assert got["known after"] == []
+    codes = [r[0]["error_code"] for r in got["altered, validate only"]]
+    assert codes == [0, 0] + [INVALID_REQUEST] * 5  # Kafka 4.3: not INVALID_CONFIG
