@@ -249,8 +249,10 @@ _CRASHER_SESSION_MS = 3000  # group.min.session.timeout.ms is 1000 here (Kafka's
 _SURVIVOR = {"session.timeout.ms": 10000, "heartbeat.interval.ms": 300,
              "max.poll.interval.ms": 45000}
 _CRASHER_SCRIPT = (
-    "import json, sys\n"
+    "import json, signal, sys\n"
     "from confluent_kafka import Consumer\n"
+    "closing = []  # SIGTERM: close the consumer (LeaveGroup behind the parked JoinGroup)\n"
+    "signal.signal(signal.SIGTERM, lambda *_: closing.append(1))\n"
     "c = Consumer({'bootstrap.servers': sys.argv[1], 'group.id': sys.argv[2],\n"
     "              'auto.offset.reset': 'earliest', 'session.timeout.ms': int(sys.argv[4]),\n"
     "              'heartbeat.interval.ms': 300, 'max.poll.interval.ms': 45000})\n"
@@ -259,12 +261,13 @@ _CRASHER_SCRIPT = (
     "def on_revoke(c, parts):\n"
     "    print(json.dumps({'revoked': [p.partition for p in parts]}), flush=True)\n"
     "c.subscribe([sys.argv[3]], on_assign=on_assign, on_revoke=on_revoke)\n"
-    "while True:\n"
-    "    c.poll(0.05)\n")
+    "while not closing:\n"
+    "    c.poll(0.05)\n"
+    "c.close()\n")
 
 
 def crash_mid_join(bootstrap: str, crasher: str, scratch: Path,
-                   crasher_session_ms: int = _CRASHER_SESSION_MS) -> float:
+                   crasher_session_ms: int = _CRASHER_SESSION_MS, close: bool = False) -> float:
     """A consumer dies (SIGKILL) while its JoinGroup waits for slower members to rejoin: a
     ``new`` member whose first join started the rebalance, or an ``existing`` member that
     rejoined at once and waited longer than its own session timeout.  The survivors
@@ -329,9 +332,14 @@ def crash_mid_join(bootstrap: str, crasher: str, scratch: Path,
                        what="the new member's JoinGroup to be parked")
         # the crasher waits in JoinGroup longer than its session timeout, then dies
         time.sleep(crasher_session_ms / 1000 + 1)
-        proc.kill()
-        proc.wait()
         killed = time.monotonic()
+        if close:  # the process closes its consumer and exits
+            proc.terminate()
+            proc.wait(60)
+        else:
+            proc.kill()
+            proc.wait()
+            killed = time.monotonic()
         kp.paused.clear()
         wait_until(lambda: covers(survivors()), 60, ck_poll, "the survivors to own all six")
         took = time.monotonic() - killed

@@ -676,6 +676,33 @@ def test_fetch_errors_and_bounds(kafka: apache_kafka.KafkaBroker, shmq: RunningB
     on_both(kafka, shmq, fetch_errors_scenario)
 
 
+def test_requests_sent_before_a_close_are_still_handled(kafka: apache_kafka.KafkaBroker,
+                                                       shmq: RunningBroker) -> None:
+    """A client pipelines a Produce behind a long-polling Fetch and closes its connection at
+    once: Kafka's ``Selector`` keeps the closing channel until the requests it had read are
+    processed (in order, one at a time), so the Produce is appended when the Fetch ends.  (The
+    same rule lets a consumer's LeaveGroup held behind a parked JoinGroup take effect:
+    test_kafka_clients_diff.py::test_member_dying_mid_join_resumes_alike.)"""
+    def scenario(wire: Wire, topic: str) -> Any:
+        create_topic(wire, topic)
+        leader = wire.leader(topic)
+        long_poll = {**fetch_body(topic, 0, 0), "max_wait": 1000, "min_bytes": 1}
+        wire.send(FETCH, 12, long_poll, to=leader, expect_response=False)
+        for acks in (0, 1):
+            wire.send(PRODUCE, 9, produce_body(topic, 0, record_batch(records(2)), acks),
+                      to=leader, expect_response=False)
+        wire.close()
+        deadline = time.monotonic() + 10
+        with Wire(wire.bootstrap[0] + ":" + str(wire.bootstrap[1])) as again:
+            while True:
+                r = again.send(LIST_OFFSETS, 8, list_offsets_body(topic, 0, -1), to=leader)
+                end = r["topics"][0]["partitions"][0]["offset"]
+                if end == 4 or time.monotonic() > deadline:
+                    return end
+
+    assert on_both(kafka, shmq, scenario) == 4
+
+
 # -- ListOffsets --------------------------------------------------------------------------------
 
 
