@@ -133,6 +133,21 @@ class RequestBudget:
                 conn._set_reading()
 
 
+# The tasks of connections their clients closed that still handle the requests read before
+# the close (a long-polling Fetch, a parked JoinGroup, then what waits behind it).
+_DRAINING: set[asyncio.Task] = set()
+
+
+async def stop_draining(timeout: float = 2.0) -> None:
+    """At shutdown, before the process's tables close: cancel the closed connections' tasks and
+    let their handlers clean up (a Fetch counts its wait in the metrics table as it ends)."""
+    tasks = [t for t in _DRAINING if not t.done()]
+    for t in tasks:
+        t.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout)
+
+
 class KafkaConnection(asyncio.BufferedProtocol):
     def __init__(self, router: Any, max_frame_bytes: int, stats: dict[str, int],
                  metrics: Any = None, budget: RequestBudget | None = None) -> None:
@@ -219,6 +234,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if self.task is not None:
             if self.queue:  # requests read before the close are still handled, unanswered
                 self.wakeup.set()
+                _DRAINING.add(self.task)
+                self.task.add_done_callback(_DRAINING.discard)
             else:
                 self.task.cancel()
 

@@ -276,7 +276,7 @@ async def run(args: argparse.Namespace) -> int:
     from shmq.broker.metadata import ClusterMetadata
     from shmq.broker.router import Router
     from shmq.limits import install_loop_handler, raise_nofile
-    from shmq.net.connection import serve
+    from shmq.net.connection import serve, stop_draining
     from shmq.storage import LogConfig, LogManager, checkpoint
     from shmq.supervisor.control import ControlChannel
 
@@ -439,6 +439,7 @@ async def run(args: argparse.Namespace) -> int:
     await stop.wait()
     server.close()
     ring_server.close()
+    await stop_draining()
     for t in tasks:
         t.cancel()
     manager.shutdown()
