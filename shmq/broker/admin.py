@@ -20,6 +20,7 @@ from shmq.broker.dynamic_configs import (
     INVALID_REQUEST,
     TOPIC,
     ConfigChangeError,
+    InvalidValueError,
     apply_ops,
     broker_def,
     topic_def,
@@ -312,11 +313,15 @@ def plan_alter_configs(meta: ClusterMetadata, base: LogConfig, resources: list[d
                 if name and not (name.isdigit() and int(name) in meta.brokers):
                     raise ConfigChangeError(INVALID_REQUEST, f"Unknown broker id {name}")
                 current = meta.broker_configs.get(name, {})
-                new = apply_ops(current, ops, broker_def, incremental)
+                try:
+                    new = apply_ops(current, ops, broker_def, incremental)
+                except InvalidValueError as exc:
+                    raise ConfigChangeError(INVALID_REQUEST, str(exc)) from None
                 # the topic defaults they make must still be a valid LogConfig
                 from shmq.broker.dynamic_configs import BROKER_TO_TOPIC, log_config
 
-                log_config(base, {BROKER_TO_TOPIC[k]: v for k, v in new.items()})
+                log_config(base, {BROKER_TO_TOPIC[k]: v for k, v in new.items()
+                                  if k in BROKER_TO_TOPIC})
                 if new != current:
                     changes[(rtype, name)] = new
             else:

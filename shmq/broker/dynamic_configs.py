@@ -173,12 +173,34 @@ BROKER_TO_TOPIC = {d.synonyms[0]: d.name for d in TOPIC_CONFIGS.values() if d.sy
 # every topic config (shmq acts on those LogConfig has, stores and validates the others).
 DYNAMIC_BROKER_CONFIGS = frozenset(d.synonyms[0] for d in TOPIC_CONFIGS.values() if d.synonyms)
 
+# Broker configs of their own (no topic config behind them), with the BrokerConfig field of their
+# static value and whether they may change at run time: Kafka's ``ProducerStateManagerConfig``
+# (``producer.id.expiration.ms`` is reconfigurable, per broker or cluster-wide; its check interval
+# is not).  The workers read the dynamic value from the metadata pushed to them
+# (``producer_id_expiration_ms``).
+BROKER_OWN: dict[str, tuple[ConfigDef, str, bool]] = {
+    "producer.id.expiration.ms": (ConfigDef(
+        "producer.id.expiration.ms", INT, "86400000", "The time in ms that a topic partition "
+        "leader will wait before expiring producer IDs (idle idempotent producers are "
+        "forgotten).", at_least=1), "producer_id_expiration_ms", True),
+    "producer.id.expiration.check.interval.ms": (ConfigDef(
+        "producer.id.expiration.check.interval.ms", INT, "600000", "The interval at which to "
+        "remove producer IDs that have expired due to producer.id.expiration.ms passing.",
+        at_least=1), "producer_id_expiration_check_interval_ms", False),
+}
+DYNAMIC_BROKER_OWN = frozenset(name for name, (_, _, dynamic) in BROKER_OWN.items() if dynamic)
+
 
 # --- validation ----------------------------------------------------------------------------
 
 
+class InvalidValueError(ConfigChangeError):
+    """A value its config's type or range refuses: INVALID_CONFIG for a topic; for a broker
+    config Kafka 4.3's controller answers the same message as INVALID_REQUEST."""
+
+
 def _invalid(value: Any, name: str, why: str) -> ConfigChangeError:
-    return ConfigChangeError(INVALID_CONFIG, f"Invalid value {value} for configuration {name}: "
+    return InvalidValueError(INVALID_CONFIG, f"Invalid value {value} for configuration {name}: "
                                              f"{why}")
 
 
@@ -244,9 +266,11 @@ def broker_def(name: str) -> ConfigDef:
     """The definition of a dynamic broker config (its topic config's, under the broker name)."""
     if name in DYNAMIC_BROKER_CONFIGS:
         return dataclasses.replace(TOPIC_CONFIGS[BROKER_TO_TOPIC[name]], name=name)
+    if name in DYNAMIC_BROKER_OWN:
+        return BROKER_OWN[name][0]
     if name in BROKER_STATIC_NAMES:
         raise ConfigChangeError(INVALID_REQUEST,
-                                f"Cannot update these configs dynamically: Set({name})")
+                                f"Cannot update these configs dynamically: [{name}]")
     raise ConfigChangeError(INVALID_CONFIG, f"Unknown broker config name: {name}")
 
 
@@ -375,8 +399,20 @@ _BROKER_STATIC_DEFAULTS = {"auto.create.topics.enable": "true", "num.partitions"
                            "socket.request.max.bytes": str(100 * 1024 * 1024),
                            "flush.on.ack": "true", "default.replication.factor": "1",
                            "fetch.max.bytes": str(55 * 1024 * 1024)}
-BROKER_STATIC_NAMES = frozenset(BROKER_STATIC) | frozenset(
-    s for d in TOPIC_CONFIGS.values() for s in d.synonyms) - DYNAMIC_BROKER_CONFIGS
+BROKER_STATIC_NAMES = (frozenset(BROKER_STATIC) | frozenset(BROKER_OWN) | frozenset(
+    s for d in TOPIC_CONFIGS.values() for s in d.synonyms)) - DYNAMIC_BROKER_CONFIGS \
+    - DYNAMIC_BROKER_OWN
+
+
+def producer_id_expiration_ms(meta: Any, node_id: int, static: int) -> int:
+    """``producer.id.expiration.ms`` on worker ``node_id``: its own dynamic value, else the
+    cluster-wide one, else ``static`` (``--override`` or Kafka's default)."""
+    stored = getattr(meta, "broker_configs", None) or {}
+    for key in (str(node_id), ""):
+        value = stored.get(key, {}).get("producer.id.expiration.ms")
+        if value is not None:
+            return int(value)
+    return static
 
 
 def describe_broker(meta: Any, config: Any, node_id: int, keys: Iterable[str] | None,
@@ -397,6 +433,18 @@ def describe_broker(meta: Any, config: Any, node_id: int, keys: Iterable[str] | 
         default = _BROKER_STATIC_DEFAULTS.get(name)
         source = DEFAULT_CONFIG if default is not None and value == default else STATIC_BROKER_CONFIG
         entries.append(Entry(name, value, source, True, type_, doc, [(name, value, source)]))
+    for name, (d, field_name, dynamic) in BROKER_OWN.items():
+        chain = []
+        if dynamic:
+            for key, source in ((str(node_id), DYNAMIC_BROKER_CONFIG),
+                                ("", DYNAMIC_DEFAULT_BROKER_CONFIG)):
+                if name in stored.get(key, {}):
+                    chain.append((name, stored[key][name], source))
+        static = str(getattr(config, field_name))
+        if static != d.default:
+            chain.append((name, static, STATIC_BROKER_CONFIG))
+        chain.append((name, d.default, DEFAULT_CONFIG))
+        entries.append(Entry(name, chain[0][1], chain[0][2], not dynamic, d.type, d.doc, chain))
     for name in sorted(DYNAMIC_BROKER_CONFIGS):
         d = broker_def(name)
         topic = TOPIC_CONFIGS[BROKER_TO_TOPIC[name]]

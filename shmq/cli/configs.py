@@ -344,9 +344,9 @@ class ConfigService:
         if deleted:
             known = {e.name for e in self._entries(etype, name)}
             if etype == "brokers":
-                from shmq.broker.dynamic_configs import DYNAMIC_BROKER_CONFIGS
+                from shmq.broker.dynamic_configs import DYNAMIC_BROKER_CONFIGS, DYNAMIC_BROKER_OWN
 
-                known |= DYNAMIC_BROKER_CONFIGS
+                known |= DYNAMIC_BROKER_CONFIGS | DYNAMIC_BROKER_OWN
             invalid = [k for k in deleted if k not in known]
             if invalid:
                 raise ConfigCommandError(f"Invalid config(s): {','.join(invalid)}")

@@ -14,6 +14,13 @@ through the transport (``transport.write``, ``loop.sendfile``), which finishes t
 pauses while more than ``MAX_QUEUED`` frames wait, so a client that pipelines without reading
 answers cannot grow our memory without bound.  A protocol error closes this connection only.
 
+A client that closes its connection: the request in hand is cancelled, unless requests read
+before the close wait behind it; then, as Kafka's ``Selector`` keeps a closing channel until its
+received requests are processed, it and they are handled in order, their answers dropped.  So a
+consumer that gives up on its LeaveGroup (librdkafka waits 5 s while it is held behind a parked
+JoinGroup) still leaves once the join completes, instead of waiting out its session timeout; and
+a producer's last acks=0 batches are still appended.
+
 Answers to pipelined quick requests leave together.  librdkafka resolves a new assignment's
 offsets with one ListOffsets request per partition, all written at once, and fetches as soon as
 an answer arrives: answered one write each, the first answer alone started a Fetch of that one
@@ -126,6 +133,21 @@ class RequestBudget:
                 conn._set_reading()
 
 
+# The tasks of connections their clients closed that still handle the requests read before
+# the close (a long-polling Fetch, a parked JoinGroup, then what waits behind it).
+_DRAINING: set[asyncio.Task] = set()
+
+
+async def stop_draining(timeout: float = 2.0) -> None:
+    """At shutdown, before the process's tables close: cancel the closed connections' tasks and
+    let their handlers clean up (a Fetch counts its wait in the metrics table as it ends)."""
+    tasks = [t for t in _DRAINING if not t.done()]
+    for t in tasks:
+        t.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout)
+
+
 class KafkaConnection(asyncio.BufferedProtocol):
     def __init__(self, router: Any, max_frame_bytes: int, stats: dict[str, int],
                  metrics: Any = None, budget: RequestBudget | None = None) -> None:
@@ -210,7 +232,12 @@ class KafkaConnection(asyncio.BufferedProtocol):
             held, self.held_bytes = self.held_bytes, 0
             self.budget.give(held)
         if self.task is not None:
-            self.task.cancel()
+            if self.queue:  # requests read before the close are still handled, unanswered
+                self.wakeup.set()
+                _DRAINING.add(self.task)
+                self.task.add_done_callback(_DRAINING.discard)
+            else:
+                self.task.cancel()
 
     def _abort(self) -> None:
         self.closed = True
@@ -225,7 +252,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         metrics = self.metrics
         timed: list[tuple[int, int, int, int, int, int]] = []  # requests of ``held``, for metrics
         try:
-            while not self.closed:
+            while not self.closed or self.queue:
                 if not self.queue:
                     if held and held_count < _MAX_HELD and self._input_waiting():
                         # requests already in the socket join this write: the loop reads them

@@ -59,7 +59,7 @@ from shmq.broker.metadata import (
 )
 from shmq.broker.router import Router
 from shmq.limits import Throttled, install_loop_handler, nofile
-from shmq.net.connection import serve
+from shmq.net.connection import serve, stop_draining
 from shmq.storage import checkpoint
 from shmq.storage.relocate import relocate_orphan_logs
 from shmq.supervisor.control import ControlChannel
@@ -799,6 +799,7 @@ class Controller:
     async def shutdown(self, server: Any) -> None:
         self.stop_event.set()
         server.close()
+        await stop_draining()
         if self.http is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.http.stop)
         if self.ctx.txn_coordinator is not None:

@@ -276,7 +276,7 @@ async def run(args: argparse.Namespace) -> int:
     from shmq.broker.metadata import ClusterMetadata
     from shmq.broker.router import Router
     from shmq.limits import install_loop_handler, raise_nofile
-    from shmq.net.connection import serve
+    from shmq.net.connection import serve, stop_draining
     from shmq.storage import LogConfig, LogManager, checkpoint
     from shmq.supervisor.control import ControlChannel
 
@@ -297,6 +297,10 @@ async def run(args: argparse.Namespace) -> int:
                                                                 256 << 20),
                           fetch_max_bytes=settings["fetch_max_bytes"],
                           flush_on_ack=settings["flush_on_ack"],
+                          producer_id_expiration_ms=settings.get("producer_id_expiration_ms",
+                                                                 86_400_000),
+                          producer_id_expiration_check_interval_ms=settings.get(
+                              "producer_id_expiration_check_interval_ms", 600_000),
                           log=LogConfig(**settings["log"]), cluster_id=settings["cluster_id"])
     channel = await ControlChannel.from_socket(socket.socket(fileno=args.control_fd))
     listener = socket.socket(fileno=args.listen_fd) if args.listen_fd >= 0 else None
@@ -415,9 +419,12 @@ async def run(args: argparse.Namespace) -> int:
         """Kafka's PeriodicProducerExpirationCheck: producer ids idle for
         producer.id.expiration.ms are forgotten, every producer.id.expiration.check.interval.ms,
         and once at start (the logs were loaded before this worker knew the setting)."""
-        expiration_ms = int(settings.get("producer_id_expiration_ms", 86_400_000))
-        interval_s = int(settings.get("producer_id_expiration_check_interval_ms", 600_000)) / 1000
-        while True:
+        from shmq.broker.dynamic_configs import producer_id_expiration_ms
+
+        static_ms = config.producer_id_expiration_ms
+        interval_s = config.producer_id_expiration_check_interval_ms / 1000
+        while True:  # the expiration time is dynamic (per broker or cluster-wide), as in Kafka
+            expiration_ms = producer_id_expiration_ms(ctx.metadata, args.node_id, static_ms)
             expired = manager.remove_expired_producers(expiration_ms)
             ctx.stats["producer_ids"] = manager.producer_count()
             if expired:
@@ -432,6 +439,7 @@ async def run(args: argparse.Namespace) -> int:
     await stop.wait()
     server.close()
     ring_server.close()
+    await stop_draining()
     for t in tasks:
         t.cancel()
     manager.shutdown()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -124,16 +125,20 @@ KAFKA_TEST_OVERRIDES = {
 KAFKA_FEATURES = {"eligible.leader.replicas.version": 0}
 
 
-@pytest.fixture(scope="session")
-def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[apache_kafka.KafkaBroker]:
-    """One Apache Kafka broker (KRaft, single node) for the whole test session.  Where Kafka is
-    required (CI) a failed fetch or start fails the tests that need it, with one line; elsewhere
-    they skip with that line."""
+@contextlib.contextmanager
+def reference_kafka(workdir: Path, overrides: dict[str, str] | None = None,
+                    groups: bool = True) -> Iterator[apache_kafka.KafkaBroker]:
+    """An Apache Kafka broker (KRaft, single node) configured as ``KAFKA_TEST_OVERRIDES`` plus
+    ``overrides``, stopped at exit.  Where Kafka is required (CI) a failed fetch or start fails
+    the tests that need it, with one line; elsewhere they skip with that line.  ``groups``: wait
+    until its group coordinator answers (tests without groups need not)."""
     try:
-        k = apache_kafka.start_broker(tmp_path_factory.mktemp("apache-kafka"),
-                                      overrides=KAFKA_TEST_OVERRIDES, features=KAFKA_FEATURES)
+        k = apache_kafka.start_broker(workdir, overrides={**KAFKA_TEST_OVERRIDES,
+                                                          **(overrides or {})},
+                                      features=KAFKA_FEATURES)
         try:
-            _wait_for_group_coordinator(k.bootstrap)
+            if groups:
+                _wait_for_group_coordinator(k.bootstrap)
         except BaseException:
             k.stop()
             raise
@@ -149,6 +154,14 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[apache_kafka.Kaf
         yield k
     finally:
         k.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[apache_kafka.KafkaBroker]:
+    """One Apache Kafka broker for the whole test session (``reference_kafka``); a test that
+    needs a static broker setting of its own starts another with ``reference_kafka``."""
+    with reference_kafka(tmp_path_factory.mktemp("apache-kafka")) as k:
+        yield k
 
 
 def _wait_for_group_coordinator(bootstrap: str, timeout: float = 60) -> None:

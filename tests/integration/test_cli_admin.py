@@ -240,7 +240,7 @@ def test_configs_brokers(cluster: RunningBroker) -> None:
     (["--topic", "ce-topic", "--alter", "--add-config", "segment.bytes=5"],
      "Invalid value 5 for configuration segment.bytes: Value must be at least 1048576"),
     (["--broker", "1", "--alter", "--add-config", "num.partitions=4"],
-     "Cannot update these configs dynamically: Set(num.partitions)"),
+     "Cannot update these configs dynamically: [num.partitions]"),
 ])
 def test_configs_broker_refusals_are_one_line(cluster: RunningBroker, args: list[str],
                                               message: str) -> None:

@@ -25,7 +25,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from conftest import RunningBroker, start_broker
 from kafka_clients import CODECS, JAVA_SOURCE, KCAT, READERS, WRITERS, Got, Rec, java, sample
 from kafka_differences import assert_same
-from test_groups import CkGroup, covers, produce, wait_until
+from test_groups import CkGroup, covers, crash_mid_join, produce, wait_until
 
 BASE_TS = (int(time.time()) - 600) * 1000
 # both brokers' default group.min.session.timeout.ms is 6000 (test_groups' FAST asks for 3000)
@@ -141,6 +141,98 @@ def test_group_rebalances_alike(both: dict[str, str], strategy: str) -> None:
         runs[name] = group_run(bootstrap, topic, f"{topic}-g", strategy)
     assert_same(runs["shmq"], runs["kafka"])
     assert runs["kafka"]["three members"] == [2, 2, 2] and runs["kafka"]["read"] == 300
+
+
+def invalid_timestamp_run(bootstrap: str, topic: str) -> dict[str, Any]:
+    """Each codec through confluent-kafka, and kafka-python: a record stamped 59 min ahead, then
+    one 2 h ahead; what each delivery report said, and what the topic holds."""
+    from confluent_kafka import Producer
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaError as KpError
+
+    hour = 3600_000
+    out: dict[str, Any] = {}
+    create(bootstrap, topic)
+    for codec in ("none", "gzip", "snappy", "lz4", "zstd"):
+        reports: list[Any] = []
+        p = Producer({"bootstrap.servers": bootstrap, "compression.type": codec,
+                      "linger.ms": 0, "message.send.max.retries": 0, "log_level": 0})
+        now = int(time.time() * 1000)
+        for ahead in (hour - 60_000, 2 * hour):
+            p.produce(topic, b"x" * 200, partition=0, timestamp=now + ahead,
+                      on_delivery=lambda err, msg, reports=reports: reports.append(
+                          err.name() if err else msg.offset() >= 0))
+            assert p.flush(30) == 0
+        out[codec] = reports
+    kp = KafkaProducer(bootstrap_servers=bootstrap, retries=0, compression_type="gzip")
+    try:
+        for ahead in (hour - 60_000, 2 * hour):
+            try:
+                kp.send(topic, b"x" * 200, partition=0,
+                        timestamp_ms=int(time.time() * 1000) + ahead).get(30)
+                out.setdefault("kafka-python gzip", []).append(True)
+            except KpError as e:
+                out.setdefault("kafka-python gzip", []).append(type(e).__name__)
+    finally:
+        kp.close(30)
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-end", "log_level": 0})
+    try:
+        out["end offset"] = c.get_watermark_offsets(TopicPartition(topic, 0), 30)[1]
+    finally:
+        c.close()
+    return out
+
+
+def test_clients_get_invalid_timestamp_alike(both: dict[str, str]) -> None:
+    """Issue 21 item 3 with real clients: Kafka 4's message.timestamp.after.max.ms (1 h) refuses
+    a record 2 h ahead with INVALID_TIMESTAMP whatever the codec (the broker decompresses and
+    reads every record); 59 minutes ahead is stored."""
+    topic = f"ts-{uuid.uuid4().hex[:6]}"
+    runs = {name: invalid_timestamp_run(bootstrap, topic) for name, bootstrap in both.items()}
+    assert_same(runs["shmq"], runs["kafka"])
+    assert runs["kafka"]["zstd"] == [True, "INVALID_TIMESTAMP"]
+    assert runs["kafka"]["kafka-python gzip"] == [True, "InvalidTimestampError"]
+    assert runs["kafka"]["end offset"] == 6
+
+
+# Kafka's minimum session timeout (group.min.session.timeout.ms, 6000 on both brokers) for the
+# member that dies; the survivors rebalance within max.poll.interval.ms, 45 s (test_groups).
+CRASHER_SESSION_MS = 6000
+REBALANCE_TIMEOUT_S = 45
+
+
+@pytest.mark.parametrize("crasher", ["new", "existing", "existing closes"])
+def test_member_dying_mid_join_resumes_alike(both: dict[str, str], tmp_path: Any,
+                                             crasher: str) -> None:
+    """Issue 21 item 1 on both brokers: a consumer killed (or closed) while its JoinGroup is
+    parked (longer than its own session timeout) does not freeze the group until the rebalance
+    timeout.  Kafka
+    keeps it counted as joined (the parked request outlives its connection), completes the join
+    when the others rejoin and expires it by its session timeout; the survivors own every
+    partition again within the session timeout plus one rebalance.  The two brokers run at once
+    (each its own group and clients), so the test costs one run."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        futures = {name: pool.submit(crash_mid_join, bootstrap, crasher.split()[0],
+                                     _scratch(tmp_path, name), CRASHER_SESSION_MS,
+                                     close=crasher.endswith("closes"))
+                   for name, bootstrap in both.items()}
+        took = {name: f.result() for name, f in futures.items()}
+    print(f"\n{crasher} member killed mid-join, survivors own every partition after: "
+          + ", ".join(f"{name} {t:.1f} s" for name, t in took.items()))
+    # a member that closes gives up on its LeaveGroup after librdkafka's 5 s and disconnects;
+    # Kafka still handles the LeaveGroup once the join completes (a closing channel's requests
+    # are processed): the survivors do not wait for its session timeout
+    bound = 5 + 4 if crasher.endswith("closes") else CRASHER_SESSION_MS / 1000 + 8
+    for name, t in took.items():
+        assert t < bound < REBALANCE_TIMEOUT_S / 3, (name, took)
+
+
+def _scratch(tmp_path: Any, name: str) -> Any:
+    path = tmp_path / name
+    path.mkdir()
+    return path
 
 
 # -- Kafka's Java client -----------------------------------------------------------------------

@@ -473,6 +473,10 @@ def test_produce_timestamps_out_of_range(kafka: apache_kafka.KafkaBroker,
         }
         out = {case: answer(produce(wire, topic, record_batch(recs)))
                for case, recs in cases.items()}
+        # a compressed batch is decompressed and every record checked alike
+        out["gzip, the middle one ahead"] = answer(produce(wire, topic, record_batch(
+            [(b"k", b"v" * 300, now), (b"k", b"v" * 300, future), (b"k", b"v" * 300, now)],
+            codec=1)))
         out["log append time"] = answer(produce(wire, topic + "-lat", record_batch(
             [(b"k", b"v", T0), (b"k", b"v", future)])))
         return out
@@ -480,6 +484,89 @@ def test_produce_timestamps_out_of_range(kafka: apache_kafka.KafkaBroker,
     answers = on_both(kafka, shmq, scenario)
     assert answers["old, one of three"][:2] == [32, [1]]
     assert answers["two hours ahead"][:2] == [32, [0, 1]]
+    assert answers["gzip, the middle one ahead"][:2] == [32, [1]]
+
+
+def stored_batches(wire: Wire, topic: str) -> list[dict]:
+    """Every batch of the partition as fetched: the header fields a broker may rewrite, a log
+    append time replaced by "<now>", whether the CRC holds (the ``crc32c`` package), and the
+    record bytes after the header."""
+    r = wire.send(FETCH, 12, fetch_body(topic, 0, 0), to=wire.leader(topic))
+    data = r["responses"][0]["partitions"][0]["records"] or b""
+    out = []
+    while len(data) >= 61:
+        size = struct.unpack_from(">i", data, 8)[0] + 12
+        b, data = data[:size], data[size:]
+        attributes, _, base_ts, max_ts = struct.unpack_from(">hiqq", b, 21)
+        log_append_time = bool(attributes & 0x08)
+        out.append({"offset": struct.unpack_from(">q", b, 0)[0], "attributes": attributes,
+                    "base_timestamp": base_ts,
+                    "max_timestamp": "<now>" if log_append_time else max_ts,
+                    "crc_ok": crc32c.crc32c(b[21:]) == struct.unpack_from(">I", b, 17)[0],
+                    "records": b[61:]})
+    return out
+
+
+def test_produce_batch_header_timestamps(kafka: apache_kafka.KafkaBroker,
+                                         shmq: RunningBroker) -> None:
+    """``LogValidator`` (issue 21 item 3): the stored max timestamp is derived from the records,
+    not the producer's header (``setMaxTimestamp``, CRC recomputed); a producer-set LogAppendTime
+    attribute is INVALID_TIMESTAMP on a LogAppendTime topic and on a CreateTime topic when a
+    record has no timestamp, and rewritten to CreateTime otherwise; a LogAppendTime topic stamps
+    the broker's clock in the header.  Compared: the answers and every stored batch header."""
+    def log_append_time(batch: bytes) -> bytes:  # the attribute bit, the codec kept
+        return patch_batch(batch, 21, (struct.unpack_from(">h", batch, 21)[0] | 0x08
+                                       ).to_bytes(2, "big"))
+
+    gzip = record_batch(records(3, 3, value_size=300), codec=1)
+    assert struct.unpack_from(">h", gzip, 21)[0] & 7 == 1  # compressed (kafka-python may not)
+    lying = patch_batch(record_batch(records(3)), 35, (T0 - 5).to_bytes(8, "big"))
+    lying_gzip = patch_batch(gzip, 35, (T0).to_bytes(8, "big"))
+    append_time = log_append_time(record_batch(records(2, 6)))
+    append_time_gzip = log_append_time(record_batch(records(2, 8, value_size=300), codec=1))
+    untimed = log_append_time(record_batch([(b"k", b"v", -1)]))
+
+    def answer(r: dict) -> tuple:
+        return (r["error_code"], sorted(e["batch_index"] for e in r.get("record_errors") or []),
+                r["base_offset"])
+
+    def scenario(wire: Wire, topic: str) -> Any:
+        create_topic(wire, topic)
+        create_topic(wire, topic + "-lat", **{"message.timestamp.type": "LogAppendTime"})
+        out: dict[str, Any] = {}
+        for name, batch in (("lying max", lying), ("lying max, gzip", lying_gzip),
+                            ("LogAppendTime attribute", append_time),
+                            ("LogAppendTime attribute, gzip", append_time_gzip),
+                            ("LogAppendTime attribute, no timestamp", untimed)):
+            out[name] = answer(produce(wire, topic, batch))
+            out[name + " on a LogAppendTime topic"] = answer(produce(wire, topic + "-lat", batch))
+        out["plain on a LogAppendTime topic"] = answer(
+            produce(wire, topic + "-lat", record_batch(records(2))))
+        out["stored"] = stored_batches(wire, topic)
+        out["stored on the LogAppendTime topic"] = stored_batches(wire, topic + "-lat")
+        return out
+
+    got = on_both(kafka, shmq, scenario, drop=("log_append_time",))
+    assert [b["max_timestamp"] for b in got["stored"]] == [T0 + 2, T0 + 5, T0 + 7, T0 + 9]
+    assert [b["attributes"] for b in got["stored"]] == [0, 1, 0, 1]  # CreateTime, as the topic
+    assert got["LogAppendTime attribute on a LogAppendTime topic"][0] == 32
+
+
+def test_produce_undecompressible_batch(kafka: apache_kafka.KafkaBroker,
+                                        shmq: RunningBroker) -> None:
+    """A batch whose attributes say gzip over bytes that are not gzip, with a valid CRC: Kafka's
+    decompression throws a KafkaException that ReplicaManager answers as UNKNOWN_SERVER_ERROR;
+    shmq answers CORRUPT_MESSAGE (kafka_differences.py, row 14).  Nothing is stored on either."""
+    plain = record_batch(records(2))
+    gzip_claimed = patch_batch(plain, 21, (0x01).to_bytes(2, "big"))
+    answers = {}
+    for name, bootstrap in (("kafka", kafka.bootstrap), ("shmq", shmq.bootstrap)):
+        topic = f"diff-{uuid.uuid4().hex[:10]}"
+        with Wire(bootstrap) as wire:
+            create_topic(wire, topic)
+            answers[name] = [produce(wire, topic, gzip_claimed)["error_code"],
+                             produce(wire, topic, plain)["base_offset"]]
+    assert answers == {"kafka": [-1, 0], "shmq": [2, 0]}
 
 
 # -- Idempotence ----------------------------------------------------------------------------
@@ -628,6 +715,43 @@ def test_write_txn_markers(kafka: apache_kafka.KafkaBroker, shmq: RunningBroker)
     assert got["aborted"] == [[True, 0]], got
 
 
+def test_idempotent_duplicate_on_a_log_append_time_topic(kafka: apache_kafka.KafkaBroker,
+                                                         shmq: RunningBroker) -> None:
+    """Issue 21 item 5: a duplicate's answer carries the original batch's log append time
+    (``UnifiedLog.append`` answers the duplicate's ``BatchMetadata.timestamp``), not -1 or the
+    broker's clock at the retry."""
+    def scenario(wire: Wire, topic: str) -> Any:
+        create_topic(wire, topic, **{"message.timestamp.type": "LogAppendTime"})
+        pid, epoch = init_producer_id(wire)
+        batch = record_batch(records(2), producer_id=pid, producer_epoch=epoch, base_sequence=0)
+        first = produce(wire, topic, batch)
+        time.sleep(0.05)  # a later clock for the retry
+        retry = produce(wire, topic, batch)
+        return {"first": first, "retry": retry,
+                "same log append time": retry["log_append_time"] == first["log_append_time"]}
+
+    got = on_both(kafka, shmq, scenario)
+    assert got["same log append time"] is True and got["first"]["log_append_time"] == "<now>"
+
+
+def test_list_offsets_over_records_without_timestamps(kafka: apache_kafka.KafkaBroker,
+                                                      shmq: RunningBroker) -> None:
+    """Issue 21 item 5: every record without a timestamp (-1): MAX_TIMESTAMP (-3) finds the first
+    record (offset 0, timestamp -1), as Kafka's ``UnifiedLog.fetchOffsetByTimestamp``; a lookup
+    by time finds nothing."""
+    def scenario(wire: Wire, topic: str) -> Any:
+        create_topic(wire, topic)
+        produce(wire, topic, record_batch([(b"a", b"0", -1), (b"b", b"1", -1)]))
+        produce(wire, topic, record_batch([(b"c", b"2", -1)]))
+        leader = wire.leader(topic)
+        return {ts: wire.send(LIST_OFFSETS, 8, list_offsets_body(topic, 0, ts),
+                              to=leader)["topics"][0]["partitions"][0]
+                for ts in (-3, -2, -1, 0, T0)}
+
+    got = on_both(kafka, shmq, scenario)
+    assert (got[-3]["offset"], got[-3]["timestamp"]) == (0, -1)
+
+
 # -- Fetch ------------------------------------------------------------------------------------
 
 
@@ -647,6 +771,33 @@ def fetch_errors_scenario(wire: Wire, topic: str) -> Any:
 def test_fetch_errors_and_bounds(kafka: apache_kafka.KafkaBroker, shmq: RunningBroker) -> None:
     """Error partitions carry -1 offsets and (an unknown partition) an empty aborted list."""
     on_both(kafka, shmq, fetch_errors_scenario)
+
+
+def test_requests_sent_before_a_close_are_still_handled(kafka: apache_kafka.KafkaBroker,
+                                                       shmq: RunningBroker) -> None:
+    """A client pipelines a Produce behind a long-polling Fetch and closes its connection at
+    once: Kafka's ``Selector`` keeps the closing channel until the requests it had read are
+    processed (in order, one at a time), so the Produce is appended when the Fetch ends.  (The
+    same rule lets a consumer's LeaveGroup held behind a parked JoinGroup take effect:
+    test_kafka_clients_diff.py::test_member_dying_mid_join_resumes_alike.)"""
+    def scenario(wire: Wire, topic: str) -> Any:
+        create_topic(wire, topic)
+        leader = wire.leader(topic)
+        long_poll = {**fetch_body(topic, 0, 0), "max_wait": 1000, "min_bytes": 1}
+        wire.send(FETCH, 12, long_poll, to=leader, expect_response=False)
+        for acks in (0, 1):
+            wire.send(PRODUCE, 9, produce_body(topic, 0, record_batch(records(2)), acks),
+                      to=leader, expect_response=False)
+        wire.close()
+        deadline = time.monotonic() + 10
+        with Wire(wire.bootstrap[0] + ":" + str(wire.bootstrap[1])) as again:
+            while True:
+                r = again.send(LIST_OFFSETS, 8, list_offsets_body(topic, 0, -1), to=leader)
+                end = r["topics"][0]["partitions"][0]["offset"]
+                if end == 4 or time.monotonic() > deadline:
+                    return end
+
+    assert on_both(kafka, shmq, scenario) == 4
 
 
 # -- ListOffsets --------------------------------------------------------------------------------

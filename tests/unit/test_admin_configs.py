@@ -230,3 +230,33 @@ def test_handlers_over_a_context(tmp_path: Path) -> None:
         ctx, header, DescribeClusterRequest(include_cluster_authorized_operations=False,
                                             endpoint_type=1)))
     assert response.cluster_id == meta.cluster_id and len(response.brokers) == 3
+
+
+def test_producer_id_expiration_is_a_dynamic_broker_config(tmp_path: Path) -> None:
+    """Kafka's ProducerStateManagerConfig: producer.id.expiration.ms changes at run time (one
+    broker's value over the cluster-wide one over the static one); its check interval is
+    read-only.  Both are listed with their synonyms."""
+    from shmq.broker.config import BrokerConfig
+
+    meta = _meta(tmp_path).metadata
+    config = BrokerConfig(data_dir=tmp_path, producer_id_expiration_ms=3000)
+    assert dc.producer_id_expiration_ms(meta, 1, 3000) == 3000
+    meta.broker_configs = {"": {"producer.id.expiration.ms": "60000"},
+                           "2": {"producer.id.expiration.ms": "5000"}}
+    assert dc.producer_id_expiration_ms(meta, 1, 3000) == 60000
+    assert dc.producer_id_expiration_ms(meta, 2, 3000) == 5000
+    entries = {e.name: e for e in dc.describe_broker(meta, config, 2, None)}
+    e = entries["producer.id.expiration.ms"]
+    assert (e.value, e.source, e.read_only) == ("5000", dc.DYNAMIC_BROKER_CONFIG, False)
+    assert [s[2] for s in e.synonyms] == [dc.DYNAMIC_BROKER_CONFIG,
+                                          dc.DYNAMIC_DEFAULT_BROKER_CONFIG,
+                                          dc.STATIC_BROKER_CONFIG, dc.DEFAULT_CONFIG]
+    e = entries["producer.id.expiration.check.interval.ms"]
+    assert (e.value, e.source, e.read_only) == ("600000", dc.DEFAULT_CONFIG, True)
+    assert dc.broker_def("producer.id.expiration.ms").at_least == 1
+    with pytest.raises(dc.ConfigChangeError) as info:
+        dc.broker_def("producer.id.expiration.check.interval.ms")
+    assert info.value.code == dc.INVALID_REQUEST
+    assert str(info.value).endswith("[producer.id.expiration.check.interval.ms]")
+    with pytest.raises(dc.InvalidValueError):
+        dc.apply_ops({}, [("producer.id.expiration.ms", dc.SET, "0")], dc.broker_def, True)
