@@ -325,13 +325,23 @@ def test_create_partitions(kafka: apache_kafka.KafkaBroker, shmq: RunningBroker)
             "timeout": 30_000, "validate_only": validate_only})
         return sorted(r["results"], key=lambda t: t["name"])
 
+    def partitions(wire: Wire, topic: str, want: int) -> int:
+        """The count Metadata shows once it is ``want`` (or after 15 s): Kafka's broker applies
+        a CreatePartitions to its metadata cache shortly after the call returns."""
+        deadline = time.monotonic() + 15
+        while True:
+            n = len(metadata(wire, [topic])["topics"][0]["partitions"])
+            if n == want or time.monotonic() > deadline:
+                return n
+            time.sleep(0.05)
+
     def scenario(wire: Wire, topic: str) -> Any:
         create_topic(wire, topic, 2)
         return [grow(wire, [(topic, 1)]), grow(wire, [(topic, 2)]),
                 grow(wire, [(topic, 4)], validate_only=True),
                 len(metadata(wire, [topic])["topics"][0]["partitions"]),
                 grow(wire, [(topic, 3)]),
-                len(metadata(wire, [topic])["topics"][0]["partitions"]),
+                partitions(wire, topic, 3),
                 grow(wire, [(topic + "-missing", 3)]), grow(wire, [("bad name!", 3)]),
                 grow(wire, [(topic, 5), (topic, 6)])]
 
