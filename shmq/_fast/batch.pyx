@@ -1005,6 +1005,11 @@ def fill_headers(list bodies not None, const int64_t[::1] meta not None,
 
 # --- Kafka's default partitioner ---------------------------------------------------------------
 
+cdef extern from "_batch_header.h":
+    void shmq_write_batch_header(unsigned char *start, size_t size, uint16_t attributes,
+                                 int32_t n, int64_t base_ts, int64_t max_ts, int64_t producer_id,
+                                 int16_t producer_epoch, int32_t base_sequence) noexcept nogil
+
 cdef extern from "_murmur2.h":
     uint32_t _murmur2 "shmq_murmur2" (const unsigned char *p, Py_ssize_t n) noexcept nogil
 
@@ -1146,17 +1151,7 @@ def encode_arrow_batch_into(unsigned char[::1] out not None, Py_ssize_t pos, Py_
                 w += vlen
             w[0] = 0  # no headers
             w += 1
-        shmq_store_u64(start, 0)
-        shmq_store_u32(start + 8, <uint32_t>(size - 12))
-        shmq_store_u32(start + 12, <uint32_t>-1)
-        start[16] = 2
-        shmq_store_u16(start + 21, 0)
-        shmq_store_u32(start + 23, <uint32_t>(n - 1))
-        shmq_store_u64(start + 27, <uint64_t>timestamp)
-        shmq_store_u64(start + 35, <uint64_t>timestamp)
-        shmq_store_u64(start + 43, <uint64_t>producer_id)
-        shmq_store_u16(start + 51, <uint16_t>producer_epoch)
-        shmq_store_u32(start + 53, <uint32_t>base_sequence)
-        shmq_store_u32(start + 57, <uint32_t>n)
+        shmq_write_batch_header(start, size, 0, n, timestamp, timestamp, producer_id,
+                                producer_epoch, base_sequence)
         shmq_store_u32(start + 17, crc32c_c(start + 21, size - 21))
     return size

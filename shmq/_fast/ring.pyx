@@ -24,6 +24,11 @@ cdef extern from "_endian.h":
     void shmq_store_u32(unsigned char *p, uint32_t v) nogil
     void shmq_store_u64(unsigned char *p, uint64_t v) nogil
 
+cdef extern from "_batch_header.h":
+    void shmq_write_batch_header(unsigned char *start, size_t size, uint16_t attributes,
+                                 int32_t n, int64_t base_ts, int64_t max_ts, int64_t producer_id,
+                                 int16_t producer_epoch, int32_t base_sequence) noexcept nogil
+
 cdef extern from "_atomics.h":
     uint64_t shmq_load_acquire_u64(const unsigned char *p) noexcept nogil
     void shmq_store_release_u64(unsigned char *p, uint64_t v) noexcept nogil
@@ -244,18 +249,8 @@ def encode_batch_into(unsigned char[::1] out not None, Py_ssize_t pos, Py_ssize_
                 w += _write_field(w, hlist[j][1])
     if w - start != size:
         raise AssertionError("record batch size mismatch")
-    shmq_store_u64(start, 0)
-    shmq_store_u32(start + 8, <uint32_t>(size - 12))
-    shmq_store_u32(start + 12, <uint32_t>-1)
-    start[16] = 2
-    shmq_store_u16(start + 21, <uint16_t>attributes)
-    shmq_store_u32(start + 23, <uint32_t>(n - 1))
-    shmq_store_u64(start + 27, <uint64_t>base_ts)
-    shmq_store_u64(start + 35, <uint64_t>max_ts)
-    shmq_store_u64(start + 43, <uint64_t>producer_id)
-    shmq_store_u16(start + 51, <uint16_t>producer_epoch)
-    shmq_store_u32(start + 53, <uint32_t>base_sequence)
-    shmq_store_u32(start + 57, <uint32_t>n)
+    shmq_write_batch_header(start, size, <uint16_t>attributes, n, base_ts, max_ts, producer_id,
+                            producer_epoch, base_sequence)
     with nogil:
         shmq_store_u32(start + 17, crc32c_c(start + 21, size - 21))
     return size
@@ -326,18 +321,8 @@ def encode_columns_into(unsigned char[::1] out not None, Py_ssize_t pos, Py_ssiz
         w += 1
     if w - start != size:
         raise AssertionError("record batch size mismatch")
-    shmq_store_u64(start, 0)
-    shmq_store_u32(start + 8, <uint32_t>(size - 12))
-    shmq_store_u32(start + 12, <uint32_t>-1)
-    start[16] = 2
-    shmq_store_u16(start + 21, 0)
-    shmq_store_u32(start + 23, <uint32_t>(n - 1))
-    shmq_store_u64(start + 27, <uint64_t>base_ts)
-    shmq_store_u64(start + 35, <uint64_t>max_ts)
-    shmq_store_u64(start + 43, <uint64_t>producer_id)
-    shmq_store_u16(start + 51, <uint16_t>producer_epoch)
-    shmq_store_u32(start + 53, <uint32_t>base_sequence)
-    shmq_store_u32(start + 57, <uint32_t>n)
+    shmq_write_batch_header(start, size, 0, n, base_ts, max_ts, producer_id,
+                            producer_epoch, base_sequence)
     with nogil:
         shmq_store_u32(start + 17, crc32c_c(start + 21, size - 21))
     return size
