@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from shmq.broker.context import BrokerContext
@@ -36,6 +37,17 @@ from shmq.errors import KafkaApiError
 log = logging.getLogger("shmq.worker")
 
 NONE, UNKNOWN_TOPIC_OR_PARTITION, NOT_LEADER, KAFKA_STORAGE_ERROR = 0, 3, 6, 56
+
+
+def _write(topic: str, partition: int, write: Callable[[], Any]) -> tuple[int, Any]:
+    """One marker's write: (error code, what ``write`` returned)."""
+    try:
+        return NONE, write()
+    except KafkaApiError as exc:
+        return exc.code, None
+    except OSError as exc:
+        log.error("cannot write a transaction marker into %s-%d: %s", topic, partition, exc)
+        return KAFKA_STORAGE_ERROR, None
 
 
 async def write_markers(ctx: BrokerContext, markers: Sequence[Sequence[Any]],
@@ -52,15 +64,11 @@ async def write_markers(ctx: BrokerContext, markers: Sequence[Sequence[Any]],
         if plog is None:
             errors.append(elsewhere)
             continue
-        try:
-            plog.append_control(int(producer_id), int(producer_epoch), coordinator_epoch,
-                                bool(commit), leader_epoch=info.partitions[partition].leader_epoch)
-        except KafkaApiError as exc:
-            errors.append(exc.code)
-            continue
-        except OSError as exc:
-            log.error("cannot write a transaction marker into %s-%d: %s", topic, partition, exc)
-            errors.append(KAFKA_STORAGE_ERROR)
+        code, _ = _write(topic, partition, partial(
+            plog.append_control, int(producer_id), int(producer_epoch), coordinator_epoch,
+            bool(commit), leader_epoch=info.partitions[partition].leader_epoch))
+        if code != NONE:
+            errors.append(code)
             continue
         plog.update_high_watermark(plog.log_end_offset)
         ctx.publish_state(topic, partition, plog)
@@ -88,16 +96,13 @@ async def _offsets_markers(ctx: BrokerContext, markers: Sequence[Sequence[Any]],
         if topic != OFFSETS_TOPIC or not 0 <= partition < coordinator.log.partitions:
             errors.append(UNKNOWN_TOPIC_OR_PARTITION)
             continue
-        try:
-            p, end = coordinator.write_txn_marker(partition, producer_id, producer_epoch,
-                                                  coordinator_epoch, commit)
-        except KafkaApiError as exc:
-            errors.append(exc.code)
+        code, where = _write(topic, partition, partial(
+            coordinator.write_txn_marker, partition, producer_id, producer_epoch,
+            coordinator_epoch, commit))
+        if code != NONE:
+            errors.append(code)
             continue
-        except OSError as exc:
-            log.error("cannot write a transaction marker into %s-%d: %s", topic, partition, exc)
-            errors.append(KAFKA_STORAGE_ERROR)
-            continue
+        p, end = where
         written[p] = max(end, written.get(p, 0))
         errors.append(NONE)
     try:
