@@ -401,8 +401,12 @@ def run(args: argparse.Namespace) -> list[c.Row]:
         if "read" in args.only.split(","):
             dt = produce(bootstrap, "b1k", args.records_1k, 1024)
             print(f"produced {args.records_1k:,} x 1 KiB in {dt:.1f} s", flush=True)
+        scratch = work / "spark-scratch"  # Spark's block manager and artifacts, removed with work
+        scratch.mkdir()
         conf = {"spark.driver.memory": "6g", "spark.sql.shuffle.partitions": "2",
-                "spark.sql.execution.arrow.pyspark.enabled": "true"}
+                "spark.sql.execution.arrow.pyspark.enabled": "true",
+                "spark.local.dir": str(scratch),
+                "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={scratch}"}
         connector = not args.no_connector
         if connector:
             conf["spark.jars.packages"] = CONNECTOR.format(version=pyspark.__version__)
