@@ -18,7 +18,7 @@ from shmq.broker.handlers import fetch
 from shmq.broker.metadata import ClusterMetadata, PartitionInfo, TopicInfo
 from shmq.protocol.fetch_request import FetchPartition, FetchRequest, FetchTopic
 from shmq.storage.log import LogConfig, PartitionLog
-from tests.unit.storage._storage_util import kbatch
+from _storage_util import kbatch
 
 TOPIC = "many"
 
