@@ -437,6 +437,7 @@ class Listener:
         self._factory = factory
         self.max_connections = connection_budget() if max_connections is None else max_connections
         self.live = 0
+        self.connections: set[KafkaConnection] = set()  # made and not yet lost
         self.budget: RequestBudget | None = None  # set by serve()
         self._pending: set[asyncio.Task] = set()  # accepted, transport not made yet
         self._reserve = self._open_reserve()
@@ -487,11 +488,13 @@ class Listener:
 
     def _make(self) -> Any:
         protocol = self._factory()
-        protocol.on_close = self._closed
+        protocol.on_close = lambda: self._closed(protocol)
+        self.connections.add(protocol)
         return protocol
 
-    def _closed(self) -> None:
+    def _closed(self, protocol: Any) -> None:
         self.live -= 1
+        self.connections.discard(protocol)
 
     async def _connect(self, conn: socket.socket) -> None:
         if not self._serving:  # closed meanwhile: the process is stopping
@@ -536,6 +539,22 @@ class Listener:
             if self._reserve < 0:
                 self._reserve = self._open_reserve()
             self.loop.add_reader(self._sock.fileno(), self._accept)
+
+    async def stop(self, timeout: float = 2.0) -> None:
+        """At shutdown, before the process's tables close: stop accepting, close every client
+        connection (as Kafka's broker does when it stops) and let their handlers end: a parked
+        Fetch counts its wait in the metrics table as it ends, and a connection counts its
+        close."""
+        self.close()
+        tasks = []
+        for conn in list(self.connections):
+            if conn.task is not None and not conn.task.done():
+                conn.task.cancel()
+                tasks.append(conn.task)
+            conn._abort()
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
+        await asyncio.sleep(0)  # the transports' connection_lost callbacks
 
     def close(self) -> None:
         if not self._serving:

@@ -798,7 +798,7 @@ class Controller:
 
     async def shutdown(self, server: Any) -> None:
         self.stop_event.set()
-        server.close()
+        await server.stop()
         await stop_draining()
         if self.http is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.http.stop)

@@ -437,7 +437,7 @@ async def run(args: argparse.Namespace) -> int:
     tasks = [asyncio.ensure_future(control()), asyncio.ensure_future(housekeeping()),
              asyncio.ensure_future(expire_producers())]
     await stop.wait()
-    server.close()
+    await server.stop()
     ring_server.close()
     await stop_draining()
     for t in tasks:

@@ -486,6 +486,49 @@ def test_controller_sigterm_stops_everything_cleanly(tmp_path: Path) -> None:
         assert _scan_segments(dirs[0])
 
 
+def test_sigterm_with_long_polling_consumers_logs_no_error(tmp_path: Path) -> None:
+    """A broker stopped while a group's consumer sits in long-polling Fetches (parked in the
+    workers) and heartbeats (the controller): the connections are closed before the
+    processes' tables, so the handlers end quietly (they logged "internal error ... metrics
+    writer is released" tracebacks), and everything exits 0."""
+    b = start_broker(tmp_path / "data", workers=2)
+    stop = threading.Event()
+    assigned = threading.Event()
+    errors: list[str] = []
+
+    def consume() -> None:
+        c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "quiet",
+                      "auto.offset.reset": "latest", "fetch.wait.max.ms": 5000,
+                      "log_level": 0})
+        c.subscribe(["quiet"], on_assign=lambda _c, _ps: assigned.set())
+        try:
+            while not stop.is_set():
+                m = c.poll(0.2)
+                if m is not None and m.error() is not None and not assigned.is_set():
+                    errors.append(str(m.error()))
+        finally:
+            c.close()
+
+    try:
+        _produce_some(b.bootstrap, "quiet", 4)
+        t = threading.Thread(target=consume)
+        t.start()
+        try:
+            assert assigned.wait(30), errors
+            time.sleep(1.5)  # fetches parked on both workers (nothing new to read)
+            b.proc.send_signal(signal.SIGTERM)
+            code = b.proc.wait(30)
+        finally:
+            stop.set()
+            t.join(30)
+    finally:
+        _stop(b)
+    log = b.log_path.read_text()
+    assert code == 0, log
+    bad = [line for line in log.splitlines() if " ERROR " in line or "Traceback" in line]
+    assert not bad, "\n".join(bad)
+
+
 def test_controller_sigkill_orphans_exit(tmp_path: Path) -> None:
     b = start_broker(tmp_path / "data", workers=2)
     pids = b.worker_pids()

@@ -11,6 +11,7 @@ import asyncio
 import os
 
 import pytest
+from _storage_util import kbatch
 
 from shmq.broker.config import BrokerConfig
 from shmq.broker.context import BrokerContext
@@ -18,7 +19,6 @@ from shmq.broker.handlers import fetch
 from shmq.broker.metadata import ClusterMetadata, PartitionInfo, TopicInfo
 from shmq.protocol.fetch_request import FetchPartition, FetchRequest, FetchTopic
 from shmq.storage.log import LogConfig, PartitionLog
-from _storage_util import kbatch
 
 TOPIC = "many"
 
