@@ -71,6 +71,10 @@ _MSG_MORE = getattr(socket, "MSG_MORE", 0)
 # quick requests" above): ListOffsets, ApiVersions, OffsetForLeaderEpoch.
 _QUICK_APIS = frozenset({2, 18, 23})
 _MAX_HELD = 64  # answers sent in one write at most
+# Answers a client has not read yet, buffered in the process, above which its connection handles
+# no more requests until they drain (then its unread requests stop its reading: TCP pushes back).
+# Kafka's broker goes further and mutes a connection until each answer is sent.
+WRITE_BUFFER_HIGH = 1 << 20
 
 
 def _quick(frame: memoryview) -> bool:
@@ -162,6 +166,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self.sock: socket.socket | None = None
         self.wakeup = asyncio.Event()
+        self.writable = asyncio.Event()  # the transport's buffer is below its high-water mark
+        self.writable.set()
         self.task: asyncio.Task | None = None
         self.paused = False
         self.closed = False
@@ -171,6 +177,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
         if self.metrics is not None:
             self.metrics.add(CONNECTIONS_OPENED)
         sock = transport.get_extra_info("socket")
@@ -218,7 +225,14 @@ class KafkaConnection(asyncio.BufferedProtocol):
         elif not transport.is_reading():
             transport.resume_reading()
 
+    def pause_writing(self) -> None:
+        self.writable.clear()
+
+    def resume_writing(self) -> None:
+        self.writable.set()
+
     def connection_lost(self, exc: Exception | None) -> None:
+        self.writable.set()
         if self.metrics is not None and not self.closed_counted:
             self.closed_counted = True
             self.metrics.add(CONNECTIONS_CLOSED)
@@ -362,6 +376,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
                     self.stats["sendfile_calls"] += 1
             else:
                 transport.write(piece)
+        if not self.writable.is_set():  # a client that does not read its answers waits for them
+            await self.writable.wait()
 
     def _send_direct(self, sock: socket.socket, pieces: list[Any]) -> int:
         """Send ``pieces`` with plain syscalls until the socket buffer is full; returns the

@@ -14,6 +14,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -792,6 +793,62 @@ def test_queued_request_bytes_bound_a_workers_memory(tmp_path: Path) -> None:
     # the budget (16 MiB) + one frame being received per connection (~1 MB each) + slack for
     # the allocator and the page cache of mapped files
     assert grew_mib < 80, grew_mib
+
+
+def test_a_client_that_does_not_read_its_answers_is_not_buffered_without_bound(
+        tmp_path: Path) -> None:
+    """A client pipelines 100,000 Metadata requests (each answer ~10 KB: a 300-partition
+    topic) and reads nothing.  The worker stops handling its requests once about 1 MiB of
+    answers wait in the process (the kernel's socket buffers hold the rest), instead of
+    buffering a gigabyte; then the client's unread requests stop the worker reading it (TCP
+    pushes back).  The answers that come are whole and in order, and other clients are
+    served meanwhile."""
+    b = start_broker(tmp_path / "data", workers=1)
+    sock = None
+    try:
+        _create(b, "wide", 300)
+        worker = b.run_info["workers"][0]
+        pid, port = worker["pid"], worker["port"]
+        base = _status_kib(pid, "VmRSS")
+        body = lambda cid: struct.pack(">hhihi", 3, 1, cid, -1, -1)  # noqa: E731  v1, all topics
+        flood = b"".join(struct.pack(">i", 14) + body(cid) for cid in range(100_000))
+        sock = socket.create_connection(("127.0.0.1", port))
+
+        def send() -> None:
+            with contextlib.suppress(OSError):  # closed below, still blocked: the point
+                sock.sendall(flood)
+
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+
+        def handled() -> int:
+            return b.worker_stats(after=time.time(), timeout=30)[0]["responses"]
+
+        time.sleep(2)
+        first = handled()
+        time.sleep(2)
+        second = handled()
+        grew_mib = (_status_kib(pid, "VmRSS") - base) / 1024
+        # another client is served all along
+        other = socket.create_connection(("127.0.0.1", port), timeout=10)
+        try:
+            assert _api_versions(other, 7) == 0
+        finally:
+            other.close()
+        # what the flooding client gets is whole and in order
+        sock.settimeout(30)
+        for cid in range(50):
+            size = struct.unpack(">i", _recv_exactly(sock, 4))[0]
+            assert struct.unpack(">i", _recv_exactly(sock, size)[:4])[0] == cid
+    finally:
+        if sock is not None:
+            sock.close()
+        code = b.stop()
+    assert code == 0, b.log_path.read_text()[-3000:]
+    print(f"answers handled {first} after 2 s, {second} after 4 s; worker RSS +{grew_mib:.0f} MiB")
+    assert second - first <= 64, (first, second)  # stalled: nothing more is answered
+    assert second < 5_000, second  # ~1 MiB in the process + the sockets' buffers, at ~10 KB
+    assert grew_mib < 64, grew_mib
 
 
 class MemoryCgroup:
