@@ -60,7 +60,7 @@ kafka: $(STAMP)
 # The whole default suite (long soak/fault runs are marked slow and excluded).
 # pytest exits 5 when it collected no test: that is a failure here, said plainly.
 test: build kafka
-	@$(PYTEST) -q; status=$$?; \
+	@$(PYTEST) -q --durations=30; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$status
 
 # Unit and property tests only (no subprocesses, no fuzzing).
