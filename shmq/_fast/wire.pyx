@@ -60,7 +60,7 @@ cdef object _tuple_new = tuple.__new__
 
 cdef enum:
     PRODUCE_MIN = 3
-    PRODUCE_MAX = 11
+    PRODUCE_MAX = 12  # v12 is v11 on the wire (transaction version 2)
     PRODUCE_FIRST_FLEXIBLE = 9
     FETCH_MIN = 4
     FETCH_MAX = 12
@@ -248,11 +248,11 @@ def request_header_size(frame, bint flexible):
 
 
 def parse_produce_request(frame, Py_ssize_t header_size, int version):
-    """Parse the Produce body that starts at ``header_size`` in ``frame`` (v3..v11).
+    """Parse the Produce body that starts at ``header_size`` in ``frame`` (v3..v12).
 
     Returns a ``ProduceRequest``; each partition's ``records`` is a memoryview slice of
     ``frame`` (or None for null records).
-    Malformed input raises ``RemoteProtocolError``; a version outside 3..11 is the caller's bug
+    Malformed input raises ``RemoteProtocolError``; a version outside 3..12 is the caller's bug
     (``ValueError``).
     """
     if not PRODUCE_MIN <= version <= PRODUCE_MAX:
@@ -512,7 +512,7 @@ cdef int _wstring(Out *o, s, bint flexible) except -1:
 
 
 def encode_produce_response(int version, correlation_id, throttle_ms, results):
-    """The framed Produce response (size prefix, header, body) for v3..v11, as ``bytes``.
+    """The framed Produce response (size prefix, header, body) for v3..v12, as ``bytes``.
 
     ``results`` holds ``(topic, [(partition, error_code, base_offset, log_append_time,
     log_start_offset, error_message[, record_errors]), ...])`` as in the twin.

@@ -335,10 +335,11 @@ class GroupCoordinator:
         return out
 
     def write_txn_marker(self, partition: int, producer_id: int, producer_epoch: int,
-                         coordinator_epoch: int, commit: bool) -> tuple[int, int]:
+                         coordinator_epoch: int, commit: bool,
+                         transaction_version: int = 0) -> tuple[int, int]:
         """The transaction coordinator's marker into ``__consumer_offsets-<partition>``."""
         end = self.log.append_marker(partition, producer_id, producer_epoch, coordinator_epoch,
-                                     commit)
+                                     commit, transaction_version)
         self._end_txn_offsets(producer_id, partition, commit)
         return partition, end
 

@@ -151,11 +151,12 @@ class OffsetsLog:
         return end
 
     def append_marker(self, partition: int, producer_id: int, producer_epoch: int,
-                      coordinator_epoch: int, commit: bool) -> int:
-        """A COMMIT/ABORT marker of a producer's transactional records; the offset after it."""
+                      coordinator_epoch: int, commit: bool, transaction_version: int = 0) -> int:
+        """A COMMIT/ABORT marker of a producer's transactional records; the offset after it
+        (``PartitionLog.append_control``: a version 2 marker's retry writes nothing)."""
         plog = self.log(partition)
         plog.append_control(producer_id, producer_epoch, coordinator_epoch, commit,
-                            leader_epoch=LEADER_EPOCH)
+                            leader_epoch=LEADER_EPOCH, transaction_version=transaction_version)
         end = plog.update_high_watermark(plog.log_end_offset)
         if self.on_append is not None:
             self.on_append(partition)

@@ -68,7 +68,7 @@ LIST_TRANSACTIONS = 66
 # api key -> (min, max) advertised in ApiVersions: protocol.md §6.1, with Kafka 3.9's minimum
 # where the versions Kafka 4.0 removed carry no records.
 SUPPORTED: dict[int, tuple[int, int]] = {
-    PRODUCE: (0, 11),  # served from v3, see implemented_min (KAFKA-18659)
+    PRODUCE: (0, 12),  # served from v3, see implemented_min (KAFKA-18659); 12: TV2
     FETCH: (4, 12),  # 0-3 need message format v0/v1; 13+ address topics by id only
     LIST_OFFSETS: (0, 8),  # v0: max_num_offsets / old_style_offsets (Kafka 4.0: 1-10)
     METADATA: (0, 12),
@@ -97,12 +97,22 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     DESCRIBE_PRODUCERS: (0, 0),
     ADD_PARTITIONS_TO_TXN: (0, 3),  # 4+ is KIP-890's broker-side verification
     ADD_OFFSETS_TO_TXN: (0, 4),
-    END_TXN: (0, 4),  # 5 is transaction version 2 (KIP-890)
-    TXN_OFFSET_COMMIT: (0, 4),  # 5 is transaction version 2
+    END_TXN: (0, 5),  # 5 is transaction version 2 (KIP-890 part 2: the epoch bump)
+    TXN_OFFSET_COMMIT: (0, 5),  # 5 is transaction version 2 (adds the offsets partition)
     DESCRIBE_TRANSACTIONS: (0, 0),
     LIST_TRANSACTIONS: (0, 1),
     WRITE_TXN_MARKERS: (1, 2),  # inter-broker; Kafka 4.3 advertises 1-2 on its client listener
 }
+
+# Feature levels (KIP-584), as Kafka 4.3 advertises them in ApiVersions v3+: name -> (min, max)
+# supported, and the finalized level.  ``transaction.version`` 2 is KIP-890 part 2 (Kafka 4.x
+# clients then bump the epoch at every EndTxn v5 and add partitions with Produce v12); clients
+# that do not know it use the older versions, and the broker decides per request version.
+SUPPORTED_FEATURES: dict[str, tuple[int, int]] = {"transaction.version": (0, 2)}
+FINALIZED_FEATURES: dict[str, int] = {"transaction.version": 2}
+# Kafka's is the metadata offset of the last feature change; shmq's levels never change while
+# it runs.  Clients only take finalized features whose epoch is above the last they saw (-1).
+FINALIZED_FEATURES_EPOCH = 1
 
 # Versions advertised but rejected with UNSUPPORTED_VERSION when used.
 _IMPLEMENTED_MIN: dict[int, int] = {PRODUCE: 3}
@@ -132,9 +142,10 @@ def is_supported(api_key: int, version: int) -> bool:
 def api_versions_response(version: int, error_code: int = 0) -> Any:
     """The kio ApiVersionsResponse body (v0..v4) advertising ``SUPPORTED``.
 
-    v1+ carries ``throttle_time`` (always 0 here); v3+ has the tagged feature fields, left at their
-    defaults (no supported or finalized features, finalized epoch −1), so none are written.
-    The body is immutable and cached per (version, error_code).
+    v1+ carries ``throttle_time`` (always 0 here); v3+ has the tagged feature fields:
+    ``SUPPORTED_FEATURES`` (v3 leaves out those whose minimum is 0, as Kafka does for clients
+    that predate KIP-1022) and ``FINALIZED_FEATURES`` with their epoch.  An error answer carries
+    no features.  The body is immutable and cached per (version, error_code).
     """
     cls = load_response_schema(API_VERSIONS, version)
     module = sys.modules[cls.__module__]
@@ -145,4 +156,13 @@ def api_versions_response(version: int, error_code: int = 0) -> Any:
     kwargs: dict[str, Any] = {"error_code": ErrorCode(error_code), "api_keys": keys}
     if version >= 1:
         kwargs["throttle_time"] = datetime.timedelta(0)
+    if version >= 3 and error_code == 0:
+        kwargs["supported_features"] = tuple(
+            module.SupportedFeatureKey(name=name, min_version=lo, max_version=hi)
+            for name, (lo, hi) in sorted(SUPPORTED_FEATURES.items()) if version >= 4 or lo > 0)
+        kwargs["finalized_features"] = tuple(
+            module.FinalizedFeatureKey(name=name, max_version_level=level,
+                                       min_version_level=level)
+            for name, level in sorted(FINALIZED_FEATURES.items()))
+        kwargs["finalized_features_epoch"] = FINALIZED_FEATURES_EPOCH
     return cls(**kwargs)

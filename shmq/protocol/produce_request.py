@@ -4,7 +4,7 @@ kio decodes Produce too, but copies every records blob into ``bytes``; here each
 records are a zero-copy memoryview slice of the request frame, handed as-is to the log (which
 validates the batches, stamps offsets and copies once into the segment).
 
-Request, v3–v11 (flexible from v9: compact strings/arrays/bytes + tagged fields, skipped)::
+Request, v3–v12 (flexible from v9: compact strings/arrays/bytes + tagged fields, skipped)::
 
     transactional_id   nullable string          v3–8 int16 len (-1 null) | v9+ uvarint(len+1)
     acks               int16
@@ -18,7 +18,7 @@ Request, v3–v11 (flexible from v9: compact strings/arrays/bytes + tagged field
       [tagged fields]                           v9+
     [tagged fields]                             v9+
 
-Response, v3–v11 (header v0, or v1 = + empty tagged fields from v9)::
+Response, v3–v12 (header v0, or v1 = + empty tagged fields from v9)::
 
     responses                array
       name                   string
@@ -58,7 +58,7 @@ from shmq.protocol.frame_reader import FrameReader
 from shmq.protocol.kio_guard import write_uvarint
 
 MIN_VERSION = 3
-MAX_VERSION = 11
+MAX_VERSION = 12  # v12: v11's layout (transaction version 2 adds partitions implicitly)
 FIRST_FLEXIBLE_VERSION = 9
 
 _INT16 = struct.Struct(">h")
@@ -74,10 +74,10 @@ _MIN_PARTITION = {False: 4 + 4, True: 4 + 1 + 1}  # index, records length, [tags
 
 
 def parse_produce_request_py(frame: memoryview, header_size: int, version: int) -> ProduceRequest:
-    """Parse the Produce body that starts at ``header_size`` in ``frame`` (v3..v11).
+    """Parse the Produce body that starts at ``header_size`` in ``frame`` (v3..v12).
 
     ``records`` are memoryview slices of ``frame`` (they keep it alive).  Malformed input raises
-    ``RemoteProtocolError``; a version outside 3..11 is the caller's bug (``ValueError``).
+    ``RemoteProtocolError``; a version outside 3..12 is the caller's bug (``ValueError``).
     """
     if not MIN_VERSION <= version <= MAX_VERSION:
         raise ValueError(f"Produce v{version} is not parsed here (v{MIN_VERSION}..v{MAX_VERSION})")
@@ -128,7 +128,7 @@ def encode_produce_response_py(
     throttle_ms: int,
     results: Sequence[tuple[str, Sequence[Sequence[Any]]]],
 ) -> bytes:
-    """The framed Produce response (size prefix, header, body) for v3..v11.
+    """The framed Produce response (size prefix, header, body) for v3..v12.
 
     ``results`` holds ``(topic, [(partition, error_code, base_offset, log_append_time,
     log_start_offset, error_message[, record_errors]), ...])``; ``log_append_time`` is -1 unless

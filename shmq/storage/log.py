@@ -417,12 +417,19 @@ class PartitionLog:
 
     def append_control(self, producer_id: int, producer_epoch: int, coordinator_epoch: int,
                        commit: bool, *, leader_epoch: int | None = None,
-                       now_ms: int | None = None) -> AppendInfo:
+                       now_ms: int | None = None,
+                       transaction_version: int = 0) -> AppendInfo | None:
         """Append a COMMIT or ABORT marker of a producer's transaction (Kafka
         ``UnifiedLog.appendAsLeader`` with origin COORDINATOR and ``appendEndTxnMarker``):
         an older producer epoch raises INVALID_PRODUCER_EPOCH (47), an older coordinator epoch
         TRANSACTION_COORDINATOR_FENCED (52), and nothing is written.  An ABORT that ended an
-        open transaction goes into the active segment's ``.txnindex``."""
+        open transaction goes into the active segment's ``.txnindex``.
+
+        A ``transaction_version`` 2 marker (KIP-890 part 2: the coordinator bumped the epoch to
+        end the transaction) must carry an epoch above the producer's here: the same epoch is
+        a late or repeated marker, INVALID_PRODUCER_EPOCH while a transaction of that epoch is
+        open, and a retry of a marker already written when none is (KAFKA-19999: nothing is
+        written, None is returned)."""
         from shmq.storage.producer_state import (
             INVALID_PRODUCER_EPOCH,
             TRANSACTION_COORDINATOR_FENCED,
@@ -430,6 +437,12 @@ class PartitionLog:
 
         entry = self.producer_state.last_entry(producer_id)
         if entry is not None:
+            if transaction_version >= 2 and producer_epoch == entry.producer_epoch:
+                if entry.current_txn_first_offset is None:
+                    return None
+                raise KafkaApiError(INVALID_PRODUCER_EPOCH,
+                                    f"transaction version 2 marker epoch {producer_epoch} of "
+                                    f"producer {producer_id} is not above {entry.producer_epoch}")
             if producer_epoch < entry.producer_epoch:
                 raise KafkaApiError(INVALID_PRODUCER_EPOCH,
                                     f"marker epoch {producer_epoch} of producer {producer_id} "

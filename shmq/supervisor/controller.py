@@ -254,7 +254,7 @@ class Controller:
 
     # -- transaction markers ----------------------------------------------------------------
 
-    async def write_txn_markers(self, markers: list[tuple[str, int, int, int, bool]]) -> None:
+    async def write_txn_markers(self, markers: list[tuple[Any, ...]]) -> None:
         """Write COMMIT/ABORT markers into worker partitions (Kafka's
         ``TransactionMarkerChannelManager``): each to its partition's leader over the control
         channel, retried (with a doubling pause up to 1 s) while the worker is down or
@@ -268,7 +268,7 @@ class Controller:
         while pending and not self.stop_event.is_set():
             rounds += 1
             meta = self.ctx.metadata
-            by_node: dict[int, list[tuple[str, int, int, int, bool]]] = {}
+            by_node: dict[int, list[tuple[Any, ...]]] = {}
             for m in pending:
                 leader = meta.leader_of(m[0], m[1]) if m[0] in meta.topics else None
                 if leader is None or leader < 0:
@@ -319,12 +319,12 @@ class Controller:
             w.marker_waits.pop(rid, None)
 
     async def _offsets_marker(self, partition: int, producer_id: int, producer_epoch: int,
-                              commit: bool) -> None:
+                              commit: bool, transaction_version: int = 0) -> None:
         from shmq.coordinator.transactions import COORDINATOR_EPOCH
 
         coordinator = self.ctx.coordinator
         where = coordinator.write_txn_marker(partition, producer_id, producer_epoch,
-                                             COORDINATOR_EPOCH, commit)
+                                             COORDINATOR_EPOCH, commit, transaction_version)
         await coordinator.log.durable(*where)
 
     def _start_txn_coordinator(self) -> Any:
@@ -574,6 +574,11 @@ class Controller:
             elif op == "verify_txn":
                 coordinator = self.ctx.txn_coordinator
                 result = 15 if coordinator is None else coordinator.verify(
+                    args["transactional_id"], int(args["producer_id"]),
+                    int(args["producer_epoch"]), args["topic"], int(args["partition"]))
+            elif op == "add_txn_partition":
+                coordinator = self.ctx.txn_coordinator
+                result = 15 if coordinator is None else await coordinator.add_partition_implicitly(
                     args["transactional_id"], int(args["producer_id"]),
                     int(args["producer_epoch"]), args["topic"], int(args["partition"]))
             elif op == "create_internal_topic":

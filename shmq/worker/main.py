@@ -102,6 +102,15 @@ class ControllerRpc:
                                topic=topic, partition=partition)
         return 15 if out is None else int(out)  # COORDINATOR_NOT_AVAILABLE: retriable
 
+    async def add_txn_partition(self, transactional_id: str, producer_id: int,
+                                producer_epoch: int, topic: str, partition: int) -> int:
+        """Transaction version 2 (Produce v12): the partition joins the producer's transaction
+        at the coordinator (Kafka's AddPartitionsToTxnManager, not verify-only)."""
+        out = await self._call("add_txn_partition", transactional_id=transactional_id,
+                               producer_id=producer_id, producer_epoch=producer_epoch,
+                               topic=topic, partition=partition)
+        return 15 if out is None else int(out)  # COORDINATOR_NOT_AVAILABLE: retriable
+
     async def create_internal_topic(self, name: str, wait: bool = True) -> bool:
         return bool(await self._call("create_internal_topic", name=name, wait=wait))
 

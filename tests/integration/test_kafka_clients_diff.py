@@ -300,8 +300,8 @@ def test_java_transactions(both: dict[str, str]) -> None:
     that the admin client's abortTransaction, kafka-transactions.sh abort's call, ends it in
     one partition with WriteTxnMarkers), and the second commits.  read_committed and read_uncommitted Java consumers, the group's committed
     offset and DescribeTransactions/ListTransactions: the same on both brokers, line by line
-    (offsets included: one marker per partition per transaction on both).  Kafka 4.3 runs
-    transaction version 2 with this client, shmq version 0 (kafka_differences, row 12)."""
+    (offsets included: one marker per partition per transaction on both).  Both run
+    transaction version 2 with this client (test_java_transaction_version_2)."""
     runs = {name: java_transactions(bs) for name, bs in both.items()}
     assert_same(runs["shmq"], runs["kafka"])
     lines = runs["kafka"]
@@ -319,6 +319,32 @@ def test_java_transactions(both: dict[str, str]) -> None:
     assert len(everything) == 16 + 6 + 4, lines
     assert steps["listConsumerGroupOffsets"].startswith("{<t>-src-0=OffsetAndMetadata{offset=12,")
     assert steps["describeTransactions"] == "CompleteCommit partitions=0", lines
+
+
+def test_java_transaction_version_2(both: dict[str, str]) -> None:
+    """Kafka's Java client runs transaction version 2 (KIP-890 part 2) on both brokers: after
+    every commit and abort the coordinator (DescribeTransactions) and the partition's leader
+    (DescribeProducers, the marker's epoch) know an epoch one higher; read_committed reads
+    exactly the committed records and the group has the last committed offset.  Without
+    version 2 on shmq the epoch stays where initTransactions left it."""
+    runs = {}
+    for name, bs in both.items():
+        topic = f"jv-{uuid.uuid4().hex[:6]}"
+        create(bs, topic, 2)
+        create(bs, topic + "-src")
+        out = java("txnepochs", bs, topic, topic + "-src", topic + "-g", topic + "-tid")
+        runs[name] = sorted((line.replace(topic, "<t>") for line in out.splitlines()),
+                            key=lambda ln: (ln.split("\t")[0], ln) if "\t" in ln else ("",))
+    assert_same(runs["shmq"], runs["kafka"])
+    steps = dict(line.split(": ", 1) for line in runs["kafka"] if ": " in line)
+    assert steps["initTransactions"] == "Empty coordinator +0 leader []", steps
+    for i in range(3):
+        assert steps[f"commit {i}"] == f"CompleteCommit coordinator +{2 * i + 1} leader [+{2 * i + 1}]"
+        assert steps[f"abort {i}"] == f"CompleteAbort coordinator +{2 * i + 2} leader [+{2 * i + 2}]"
+    assert steps["listConsumerGroupOffsets"].startswith("{<t>-src-0=OffsetAndMetadata{offset=3,")
+    committed = sorted(line.rsplit("\t", 1)[1] for line in runs["kafka"]
+                       if line.startswith("read_committed\t"))
+    assert committed == sorted(f"c{n}-{i}" for n in range(3) for i in range(4))
 
 
 def test_java_group_consumer(both: dict[str, str]) -> None:

@@ -725,6 +725,163 @@ def test_write_txn_markers(kafka: apache_kafka.KafkaBroker, shmq: RunningBroker)
     assert got["aborted"] == [[True, 0]], got
 
 
+# -- Transaction version 2 (KIP-890 part 2) ---------------------------------------------------
+
+END_TXN, TXN_OFFSET_COMMIT, DESCRIBE_PRODUCERS, DESCRIBE_TRANSACTIONS = 26, 28, 61, 65
+
+
+def txn_v2_scenario(wire: Wire, topic: str) -> Any:
+    """A transaction version 2 client's requests, by hand: Produce v12 and TxnOffsetCommit v5
+    add their partitions themselves, EndTxn v5 bumps the epoch and answers it, a retry of an
+    end is answered again, late or fenced writes and markers are refused; then an EndTxn v4
+    (a version 0 client) on the same id.  Producer ids are the brokers' own: answers name them
+    ``<pid>``, and epochs count from the first one."""
+    create_topic(wire, topic, 2)
+    leader = wire.leader(topic, 0)
+    tid, group = f"{topic}-tid", f"{topic}-g"
+    out: dict[str, Any] = {}
+    deadline = time.monotonic() + 30
+    while True:  # Kafka creates __transaction_state at the first FindCoordinator
+        wire.send(10, 4, {"key_type": 1, "coordinator_keys": [tid]})
+        wire.send(10, 4, {"key_type": 0, "coordinator_keys": [group]})
+        r = wire.send(INIT_PRODUCER_ID, 5, {"transactional_id": tid,
+                                            "transaction_timeout": 60_000,
+                                            "producer_id": -1, "producer_epoch": -1})
+        if r["error_code"] not in (14, 15, 16, 51) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert r["error_code"] == 0, r
+    pid, e0 = r["producer_id"], r["producer_epoch"]
+
+    def ids(value: Any) -> Any:
+        """The broker's producer id as <pid>, epochs as e0+n."""
+        if isinstance(value, dict):
+            return {k: ("<pid>" if k == "producer_id" and v == pid else
+                        f"e0+{v - e0}" if k == "producer_epoch" and v >= 0 else ids(v))
+                    for k, v in value.items()}
+        if isinstance(value, list):
+            return [ids(v) for v in value]
+        return value
+
+    def produce_txn(name: str, seq: int, epoch: int, p: int = pid, t: str = tid,
+                    partition: int = 0) -> None:
+        body = produce_body(topic, partition, record_batch(
+            records(2, seq), producer_id=p, producer_epoch=epoch, base_sequence=seq,
+            transactional=True))
+        body["transactional_id"] = t
+        r = wire.send(PRODUCE, 12, body, to=wire.leader(topic, partition))
+        out[name] = r["responses"][0]["partition_responses"][0]
+
+    def end(name: str, epoch: int, commit: bool, version: int = 5, p: int = pid,
+            t: str = tid) -> dict:
+        r = wire.send(END_TXN, version, {"transactional_id": t, "producer_id": p,
+                                         "producer_epoch": epoch, "committed": commit})
+        out[name] = ids(r)
+        return r
+
+    def describe(name: str) -> None:
+        """DescribeTransactions once the end is complete (Kafka answers EndTxn before its
+        markers are written)."""
+        until = time.monotonic() + 15
+        while True:
+            d = wire.send(DESCRIBE_TRANSACTIONS, 0, {"transactional_ids": [tid]})
+            state = d["transaction_states"][0]
+            if not state["transaction_state"].startswith("Prepare") \
+                    or time.monotonic() > until:
+                break
+            time.sleep(0.05)
+        out[name] = ids({k: v for k, v in state.items() if k != "transaction_start_time"})
+
+    def producers(name: str) -> None:
+        r = wire.send(DESCRIBE_PRODUCERS, 0, {"topics": [{"name": topic,
+                                                          "partition_indexes": [0]}]}, to=leader)
+        out[name] = ids([{k: v for k, v in s.items() if k != "last_timestamp"}
+                         for s in r["topics"][0]["partitions"][0]["active_producers"]])
+
+    def offsets(name: str, epoch: int, offset: int, p: int = pid) -> None:
+        r = wire.send(TXN_OFFSET_COMMIT, 5, {
+            "transactional_id": tid, "group_id": group, "producer_id": p,
+            "producer_epoch": epoch, "generation_id": -1, "member_id": "",
+            "group_instance_id": None, "topics": [{"name": topic, "partitions": [
+                {"partition_index": 0, "committed_offset": offset,
+                 "committed_leader_epoch": -1, "committed_metadata": ""}]}]})
+        out[name] = r["topics"]
+
+    produce_txn("v12 opens the transaction", 0, e0)
+    produce_txn("v12 again", 2, e0)
+    offsets("TxnOffsetCommit v5 adds the offsets partition", e0, 7)
+    describe("ongoing")
+    end("EndTxn v5 commit", e0, True)
+    describe("after commit")
+    end("EndTxn v5 commit retried", e0, True)
+    end("EndTxn v5 abort retried after a commit", e0, False)
+    end("EndTxn v5 commit of no transaction", e0 + 1, True)
+    produce_txn("v12 with the ended epoch", 4, e0)
+    producers("producers after commit")
+    offsets("TxnOffsetCommit v5 with the ended epoch", e0, 9)
+    end("EndTxn v5 abort of no transaction", e0 + 1, False)
+    describe("after empty abort")
+    produce_txn("v12 at the new epoch", 0, e0 + 2)
+    r = wire.send(27, 2, markers_body((pid, e0 + 2, True, 0, {topic: [0]}, 2), version=2),
+                  to=leader)
+    out["TV2 marker at the open transaction's epoch"] = [
+        p["error_code"] for m in r["markers"] for t in m["topics"] for p in t["partitions"]]
+    end("EndTxn v5 with a higher epoch", e0 + 5, True)
+    end("EndTxn v5 unknown producer id", e0 + 2, True, p=pid + 1000)
+    end("EndTxn v5 unknown transactional id", 0, True, t=tid + "-nope")
+    produce_txn("v12 unknown producer id", 0, 0, p=pid + 1000, partition=1)
+    produce_txn("v12 unknown transactional id", 0, 0, t=tid + "-nope", partition=1)
+    end("EndTxn v4 abort (transaction version 0)", e0 + 2, False, version=4)
+    describe("after v4 abort")
+    producers("producers after v4 abort")
+    lso = list_offsets_body(topic, 0, -1)
+    lso["isolation_level"] = 1
+    out["lso"] = wire.send(LIST_OFFSETS, 8, lso, to=leader)["topics"]
+    fetch = fetch_body(topic, 0, 0)
+    fetch["isolation_level"] = 1
+    got = wire.send(FETCH, 12, fetch, to=leader)["responses"][0]["partitions"][0]
+    out["read_committed"] = {k: got[k] for k in ("error_code", "high_watermark",
+                                                 "last_stable_offset")}
+    out["aborted"] = [(a["producer_id"] == pid, a["first_offset"])
+                      for a in got["aborted_transactions"]]
+    r = wire.send(9, 8, {"groups": [{"group_id": group, "topics": [
+        {"name": topic, "partition_indexes": [0]}]}], "require_stable": True})
+    out["committed offset"] = [(p["committed_offset"], p["error_code"])
+                               for p in r["groups"][0]["topics"][0]["partitions"]]
+    return out
+
+
+def test_transaction_version_2(kafka: apache_kafka.KafkaBroker, shmq: RunningBroker) -> None:
+    """Transaction version 2 (issue 16, KIP-890 part 2) at the wire, the same on shmq and on
+    Kafka 4.3: implicit AddPartitions by Produce v12 and TxnOffsetCommit v5, the epoch bump and
+    its answer at EndTxn v5, retries, fencing of the ended epoch, Kafka's error codes."""
+    got = on_both(kafka, shmq, txn_v2_scenario)
+    assert got["v12 opens the transaction"]["error_code"] == 0
+    assert got["EndTxn v5 commit"] == {"throttle_time": 0, "error_code": 0,
+                                       "producer_id": "<pid>", "producer_epoch": "e0+1"}
+    assert got["EndTxn v5 commit retried"]["producer_epoch"] == "e0+1"
+    assert got["v12 with the ended epoch"]["error_code"] == 47
+    assert got["after empty abort"]["producer_epoch"] == "e0+2"
+    assert got["TV2 marker at the open transaction's epoch"] == [47]
+
+
+def test_api_versions_finalize_transaction_version_2(kafka: apache_kafka.KafkaBroker,
+                                                      shmq: RunningBroker) -> None:
+    """``transaction.version`` is finalized at 2 on both (Kafka 4.x clients run KIP-890 part 2
+    with shmq as with Kafka), and supported 0-2."""
+    def scenario(wire: Wire, topic: str) -> Any:
+        r = wire.send(API_VERSIONS, 4, {"client_software_name": "shmq-diff",
+                                        "client_software_version": "1"})
+        supported = {f["name"]: (f["min_version"], f["max_version"])
+                     for f in r["supported_features"]}
+        finalized = {f["name"]: (f["min_version_level"], f["max_version_level"])
+                     for f in r["finalized_features"]}
+        return supported.get("transaction.version"), finalized.get("transaction.version"), \
+            r["finalized_features_epoch"] >= 0
+
+    assert on_both(kafka, shmq, scenario) == [[0, 2], [2, 2], True]
+
+
 def test_idempotent_duplicate_on_a_log_append_time_topic(kafka: apache_kafka.KafkaBroker,
                                                          shmq: RunningBroker) -> None:
     """Issue 21 item 5: a duplicate's answer carries the original batch's log append time

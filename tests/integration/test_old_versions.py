@@ -151,7 +151,7 @@ def test_api_versions_advertises_the_old_versions(obroker: RunningBroker) -> Non
     assert table == api_versions.SUPPORTED
     for key, version in legacy.MODULES:
         assert table[key][0] <= version  # every removed version served is advertised
-    assert table[1][0] == 4 and table[0] == (0, 11)  # Fetch from 4, Produce 0-11 (served 3+)
+    assert table[1][0] == 4 and table[0] == (0, 12)  # Fetch from 4, Produce 0-12 (served 3+)
 
 
 # -- ListOffsets v0 ---------------------------------------------------------------------------

@@ -202,12 +202,16 @@ _SEQ = _DELTA = struct.Struct(">i")
 
 
 async def _verify_txn(ctx: BrokerContext, transactional_id: str | None, topic: str, index: int,
-                      records: Any) -> int:
-    """KIP-890 part 1: a transactional batch that would open a transaction in this partition
-    is first checked with the transaction coordinator (``TransactionCoordinator.verify``):
-    INVALID_TXN_STATE for a write its transaction does not expect here (ended, partition
-    not added), INVALID_PRODUCER_EPOCH for a fenced producer.  Batches of a transaction
-    already open here, and of a partition this node does not lead, go on unchecked."""
+                      records: Any, api_version: int) -> tuple[int, str | None]:
+    """A transactional batch that would open a transaction in this partition goes to the
+    transaction coordinator first: (error code, message).  Batches of a transaction already
+    open here, and of a partition this node does not lead, go on unchecked.
+
+    v3-11, KIP-890 part 1 (``TransactionCoordinator.verify``): INVALID_TXN_STATE for a write
+    its transaction does not expect here (ended, partition not added), INVALID_PRODUCER_EPOCH
+    for a fenced producer.  v12, transaction version 2: the partition joins the transaction
+    (``add_partition_implicitly``), as Kafka's leader asks through AddPartitionsToTxnManager;
+    the coordinator's answer is mapped as ``ReplicaManager`` maps it (``_TV2_ERRORS``)."""
     pid, epoch = _PID_EPOCH.unpack_from(records, 43)
     log = ctx.log_for(topic, index)
     if pid < 0 or log is None:
@@ -225,13 +229,37 @@ async def _verify_txn(ctx: BrokerContext, transactional_id: str | None, topic: s
         first_seq, delta = _SEQ.unpack_from(records, 53)[0], _DELTA.unpack_from(records, 23)[0]
         last_seq = (first_seq + delta) % (1 << 31)
         if any(b.first_seq == first_seq and b.last_seq == last_seq for b in entry.batches):
-            return NONE
+            return NONE, None
     if transactional_id is None:
-        return INVALID_TXN_STATE
-    verify = getattr(ctx.controller, "verify_txn", None)
-    if verify is None:
-        return NONE
-    return int(await verify(transactional_id, pid, epoch, topic, index))
+        return INVALID_TXN_STATE, None
+    if api_version < FIRST_ADD_PARTITION_VERSION:
+        verify = getattr(ctx.controller, "verify_txn", None)
+        if verify is None:
+            return NONE, None
+        return int(await verify(transactional_id, pid, epoch, topic, index)), None
+    add = getattr(ctx.controller, "add_txn_partition", None)
+    if add is None:
+        return NONE, None
+    answer = int(await add(transactional_id, pid, epoch, topic, index))
+    code = _TV2_ERRORS.get(answer, answer)
+    if code == NOT_ENOUGH_REPLICAS:
+        return code, ("Unable to verify the partition has been added to the transaction. "
+                      f"Underlying error: {_NAMES[answer]}")
+    if code == INVALID_TXN_STATE:
+        return code, "Partition was not added to the transaction"
+    return code, None
+
+
+FIRST_ADD_PARTITION_VERSION = 12
+NOT_ENOUGH_REPLICAS = 19
+# the coordinator's answers to a partition leader's add, as the producer gets them (Kafka's
+# AddPartitionsToTxnManager and ReplicaManager): a fenced epoch is the produce path's
+# INVALID_PRODUCER_EPOCH; the coordinator not (yet) reachable is NOT_ENOUGH_REPLICAS, which
+# producers retry without a metadata refresh; CONCURRENT_TRANSACTIONS stays itself for v12
+_NAMES = {13: "NETWORK_EXCEPTION", 14: "COORDINATOR_LOAD_IN_PROGRESS",
+          15: "COORDINATOR_NOT_AVAILABLE", 16: "NOT_COORDINATOR"}
+_TV2_ERRORS = {90: 47, 13: NOT_ENOUGH_REPLICAS, 14: NOT_ENOUGH_REPLICAS,
+               15: NOT_ENOUGH_REPLICAS, 16: NOT_ENOUGH_REPLICAS}
 
 
 async def handle(ctx: BrokerContext, frame: memoryview, header_size: int, api_version: int,
@@ -255,11 +283,12 @@ async def handle(ctx: BrokerContext, frame: memoryview, header_size: int, api_ve
                 continue
             if records is not None and len(records) >= HEADER_SIZE \
                     and records[22] & 0x30 == 0x10:  # transactional, not control
-                code = await _verify_txn(ctx, transactional_id, topic, index, records)
+                code, message = await _verify_txn(ctx, transactional_id, topic, index, records,
+                                                  api_version)
                 if code:
                     log = ctx.log_for(topic, index)
                     out.append(PartitionResult(index, code, -1, -1,
-                                               log.log_start_offset if log else -1, None))
+                                               log.log_start_offset if log else -1, message))
                     if metrics is not None:
                         metrics.error(0, code)
                     continue

@@ -1,8 +1,12 @@
-"""TxnOffsetCommit (28) v0-4: a transaction's consumer offsets, sent to the group coordinator.
+"""TxnOffsetCommit (28) v0-5: a transaction's consumer offsets, sent to the group coordinator.
 
 The transaction coordinator checks the producer (its id, epoch and an open transaction); the
 group coordinator writes the offsets as the producer's transactional records into the group's
-``__consumer_offsets`` partition, where the transaction's marker commits or drops them.
+``__consumer_offsets`` partition, where the transaction's marker commits or drops them.  v5 is
+transaction version 2: the client sent no AddOffsetsToTxn, and the group's partition joins the
+transaction here first, as Kafka's group coordinator adds it through
+``AddPartitionsToTxnManager`` (a fenced epoch is then INVALID_PRODUCER_EPOCH, as that manager
+answers it).
 """
 
 from __future__ import annotations
@@ -12,7 +16,17 @@ from typing import Any
 from shmq.broker.context import BrokerContext
 from shmq.broker.handlers._build import build, response_module
 from shmq.broker.handlers._groups import coordinator
-from shmq.broker.handlers._txn import NOT_COORDINATOR, downgrade, txn_coordinator
+from shmq.broker.handlers._txn import (
+    INVALID_PRODUCER_EPOCH,
+    NOT_COORDINATOR,
+    PRODUCER_FENCED,
+    downgrade,
+    txn_coordinator,
+)
+from shmq.broker.metadata import OFFSETS_TOPIC
+
+NONE = 0
+FIRST_V2_VERSION = 5
 
 
 async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
@@ -24,8 +38,20 @@ async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
     if groups is None or txns is None:
         errors = [[NOT_COORDINATOR] * len(parts) for _, parts in topics]
     else:
-        error = txns.check_txn_offset_commit(request.transactional_id, int(request.producer_id),
-                                             int(request.producer_epoch))
+        error = NONE
+        v2 = header.api_version >= FIRST_V2_VERSION
+        if v2 and not request.group_id:
+            pass  # INVALID_GROUP_ID from the group coordinator, before any transaction check
+        elif v2:
+            error = await txns.add_partition_implicitly(
+                request.transactional_id, int(request.producer_id),
+                int(request.producer_epoch), OFFSETS_TOPIC, groups.partition_for(request.group_id))
+            if error == PRODUCER_FENCED:
+                error = INVALID_PRODUCER_EPOCH
+        if not error and not (v2 and not request.group_id):
+            error = txns.check_txn_offset_commit(request.transactional_id,
+                                                 int(request.producer_id),
+                                                 int(request.producer_epoch))
         if error:
             errors = [[error] * len(parts) for _, parts in topics]
         else:

@@ -1,7 +1,7 @@
 """Transaction markers (Kafka's WriteTxnMarkers, 27, as the partition's leader applies it).
 
 The transaction coordinator (controller) sends ``[topic, partition, producer id, epoch,
-commit]`` lists over the control channel; each becomes a control batch appended to the
+commit, transaction version]`` lists over the control channel; each becomes a control batch appended to the
 partition (``PartitionLog.append_control``), with the partition's leader epoch, then the high
 watermark, last stable offset (state table) and waiting fetches move, and the logs are fsynced
 before the answer, as Kafka appends markers with acks=all.  One error code per marker: NONE,
@@ -14,10 +14,11 @@ transaction) every node serves the partitions it hosts: a worker its own, the co
 ``__consumer_offsets`` (the group coordinator's marker, which commits or drops the producer's
 transactional offsets).  A partition the node does not host is UNKNOWN_TOPIC_OR_PARTITION, as
 on a Kafka broker without a replica of it; answers are grouped by producer id, as Kafka's.
-The marker's ``transaction_version`` (v2) is read and changes nothing: shmq's coordinator runs
-transaction version 0, and a marker of any version is checked as Kafka checks those (an older
-producer epoch: INVALID_PRODUCER_EPOCH; an older coordinator epoch:
-TRANSACTION_COORDINATOR_FENCED).  There is no authorizer, so no CLUSTER_ACTION check (Kafka
+The marker's ``transaction_version`` (v2; 0 in v1) is checked as Kafka checks it: an older
+producer epoch is INVALID_PRODUCER_EPOCH, and for version 2 (the coordinator bumped the epoch
+to end the transaction) so is the same epoch while a transaction of it is open, while a retry
+of a version 2 marker already written is NONE and writes nothing; an older coordinator epoch
+is TRANSACTION_COORDINATOR_FENCED.  There is no authorizer, so no CLUSTER_ACTION check (Kafka
 without one allows it too).
 """
 
@@ -55,7 +56,7 @@ async def write_markers(ctx: BrokerContext, markers: Sequence[Sequence[Any]],
     """``elsewhere``: the code for a partition of a known topic this worker does not host."""
     errors: list[int] = []
     touched: dict[int, Any] = {}
-    for topic, partition, producer_id, producer_epoch, commit in markers:
+    for topic, partition, producer_id, producer_epoch, commit, *tv in markers:
         info = ctx.metadata.topics.get(topic)
         if info is None or not 0 <= partition < len(info.partitions):
             errors.append(UNKNOWN_TOPIC_OR_PARTITION)
@@ -66,7 +67,8 @@ async def write_markers(ctx: BrokerContext, markers: Sequence[Sequence[Any]],
             continue
         code, _ = _write(topic, partition, partial(
             plog.append_control, int(producer_id), int(producer_epoch), coordinator_epoch,
-            bool(commit), leader_epoch=info.partitions[partition].leader_epoch))
+            bool(commit), leader_epoch=info.partitions[partition].leader_epoch,
+            transaction_version=int(tv[0]) if tv else 0))
         if code != NONE:
             errors.append(code)
             continue
@@ -92,13 +94,13 @@ async def _offsets_markers(ctx: BrokerContext, markers: Sequence[Sequence[Any]],
     coordinator = ctx.coordinator
     errors: list[int] = []
     written: dict[int, int] = {}
-    for topic, partition, producer_id, producer_epoch, commit in markers:
+    for topic, partition, producer_id, producer_epoch, commit, *tv in markers:
         if topic != OFFSETS_TOPIC or not 0 <= partition < coordinator.log.partitions:
             errors.append(UNKNOWN_TOPIC_OR_PARTITION)
             continue
         code, where = _write(topic, partition, partial(
             coordinator.write_txn_marker, partition, producer_id, producer_epoch,
-            coordinator_epoch, commit))
+            coordinator_epoch, commit, int(tv[0]) if tv else 0))
         if code != NONE:
             errors.append(code)
             continue
@@ -120,7 +122,8 @@ async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
     results: dict[int, dict[str, dict[int, int]]] = {}  # producer id -> topic -> partition
     for marker in request.markers:
         pid, epoch = int(marker.producer_id), int(marker.producer_epoch)
-        wanted = [(t.name, int(p), pid, epoch, bool(marker.transaction_result))
+        tv = int(getattr(marker, "transaction_version", 0))
+        wanted = [(t.name, int(p), pid, epoch, bool(marker.transaction_result), tv)
                   for t in marker.topics for p in t.partition_indexes]
         if on_controller:
             codes = await _offsets_markers(ctx, wanted, int(marker.coordinator_epoch))

@@ -8,6 +8,7 @@
 //   producers BOOTSTRAP TOPIC PARTITION           DescribeProducers of a partition
 //   admin     BOOTSTRAP TOPIC GROUP               one line per admin call (see admin())
 //   txn       BOOTSTRAP TOPIC SOURCE GROUP TID    transactions: commit, abort, admin abort, fencing, offsets (see txn())
+//   txnepochs BOOTSTRAP TOPIC SOURCE GROUP TID    the producer epoch after each commit/abort (see txnEpochs())
 //
 // A record line is tab-separated: partition, offset (or -1 on input), timestamp type, timestamp,
 // key, value, headers.  Keys and values are hex ("-" for null); headers are "hexkey:hexvalue"
@@ -77,6 +78,7 @@ public class JavaClient {
             case "producers" -> producers(args[1], args[2], Integer.parseInt(args[3]));
             case "admin" -> admin(args[1], args[2], args[3]);
             case "txn" -> txn(args[1], args[2], args[3], args[4], args[5]);
+            case "txnepochs" -> txnEpochs(args[1], args[2], args[3], args[4], args[5]);
             default -> throw new IllegalArgumentException("unknown command " + cmd);
         }
     }
@@ -341,6 +343,64 @@ public class JavaClient {
                 return out.toString();
             });
         }
+    }
+
+    /** Transaction version 2 as the client sees it: after initTransactions and after each
+     *  commit and abort, the producer epoch the coordinator (DescribeTransactions) and partition
+     *  0's leader (DescribeProducers) know, counted from the first; then what read_committed
+     *  reads and the group's committed offset. */
+    static void txnEpochs(String bootstrap, String topic, String source, String group, String tid)
+            throws Exception {
+        ConsumerGroupMetadata groupMetadata = new ConsumerGroupMetadata(group);
+        TopicPartition src = new TopicPartition(source, 0);
+        TopicPartition tp = new TopicPartition(topic, 0);
+        short[] first = {-1};
+        try (Admin admin = Admin.create(Map.of("bootstrap.servers", bootstrap));
+             KafkaProducer<byte[], byte[]> producer = txnProducer(bootstrap, tid)) {
+            Call epochs = () -> {
+                TransactionDescription d;
+                long deadline = System.currentTimeMillis() + 10_000;
+                do {  // Kafka answers EndTxn before its markers are written
+                    d = admin.describeTransactions(List.of(tid)).description(tid).get();
+                } while (d.state().toString().startsWith("Prepare") && System.currentTimeMillis() < deadline
+                         && sleep(50));
+                if (first[0] < 0) first[0] = d.producerEpoch();
+                List<String> leader = new ArrayList<>();
+                for (ProducerState s : admin.describeProducers(List.of(tp)).partitionResult(tp).get().activeProducers()) {
+                    leader.add("+" + (s.producerEpoch() - first[0]));
+                }
+                return d.state() + " coordinator +" + (d.producerEpoch() - first[0]) + " leader " + leader;
+            };
+            step("initTransactions", () -> { producer.initTransactions(); return epochs.run(); });
+            for (int i = 0; i < 3; i++) {
+                final int n = i;
+                step("commit " + n, () -> {
+                    producer.beginTransaction();
+                    send(producer, topic, "c" + n + "-", 0, 4);
+                    producer.sendOffsetsToTransaction(Map.of(src, new OffsetAndMetadata(n + 1)), groupMetadata);
+                    producer.commitTransaction();
+                    return epochs.run();
+                });
+                step("abort " + n, () -> {
+                    producer.beginTransaction();
+                    send(producer, topic, "a" + n + "-", 0, 2);
+                    producer.sendOffsetsToTransaction(Map.of(src, new OffsetAndMetadata(100 + n)), groupMetadata);
+                    producer.abortTransaction();
+                    return epochs.run();
+                });
+            }
+            step("abort with nothing sent", () -> {
+                producer.beginTransaction();
+                producer.abortTransaction();
+                return epochs.run();
+            });
+            step("listConsumerGroupOffsets", () -> {
+                Map<TopicPartition, OffsetAndMetadata> m =
+                    admin.listConsumerGroupOffsets(group).partitionsToOffsetAndMetadata().get();
+                return new TreeMap<>(toNames(m)).toString().replaceAll("leaderEpoch=[^,]*, ", "");
+            });
+        }
+        readAll(bootstrap, topic, "read_committed");
     }
 
     static boolean sleep(long ms) {

@@ -29,7 +29,7 @@ from shmq.protocol.codec import (
 # Kafka 4.0 removed carry no records (ListOffsets 0, OffsetForLeaderEpoch 0-1, CreateTopics 0-1,
 # DeleteTopics 0; issue 20)
 EXPECTED = {
-    18: (0, 4), 3: (0, 12), 0: (0, 11), 1: (4, 12), 2: (0, 8),
+    18: (0, 4), 3: (0, 12), 0: (0, 12), 1: (4, 12), 2: (0, 8),
     23: (0, 4), 22: (0, 5), 19: (0, 7), 20: (0, 6), 10: (0, 6),
 }  # fmt: skip
 # admin APIs (issue 5; DescribeConfigs 0 with issue 20)
@@ -89,13 +89,24 @@ def test_api_versions_response_decodes_with_kafka_python(version):
     assert {k.api_key: (k.min_version, k.max_version) for k in decoded.api_keys} == SUPPORTED
     if version >= 1:
         assert decoded.throttle_time_ms == 0
-    if version >= 3:
-        assert decoded.supported_features == [] and decoded.finalized_features == []
-        assert wire[-1] == 0  # no tagged fields written
+    if version >= 3:  # transaction.version (KIP-890 part 2), as Kafka 4.3 advertises it
+        supported = [(f.name, f.min_version, f.max_version) for f in decoded.supported_features]
+        # v3 leaves out features whose minimum is 0 (clients before KIP-1022)
+        assert supported == ([("transaction.version", 0, 2)] if version >= 4 else [])
+        assert [(f.name, f.max_version_level, f.min_version_level)
+                for f in decoded.finalized_features] == [("transaction.version", 2, 2)]
+        assert decoded.finalized_features_epoch == 1
+
+
+def test_api_versions_error_answer_has_no_features():
+    body = api_versions_response(3, error_code=35)
+    assert body.supported_features == () and body.finalized_features == ()
+    assert body.finalized_features_epoch == -1
 
 
 def test_kafka_python_infers_kafka_3_8():
-    # Produce max 11 -> (3, 8): kafka-python turns on its modern features (protocol.md §2.3).
+    # (3, 8) from Produce 12 as from 11: kafka-python turns on its modern features (protocol.md
+    # §2.3) and drives EndTxn <= 3, so transaction version 2 changes nothing for it.
     assert infer_broker_version_from_api_versions(dict(SUPPORTED)) == (3, 8)
 
 

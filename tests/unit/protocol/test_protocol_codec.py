@@ -155,10 +155,10 @@ def test_unsupported_with_unreadable_client_id():
 
 
 def test_produce_v0_to_v2_advertised_but_unsupported():
-    assert api_versions.SUPPORTED[0] == (0, 11)
+    assert api_versions.SUPPORTED[0] == (0, 12)
     for version in range(3):
         assert not api_versions.is_supported(0, version)
-    assert api_versions.is_supported(0, 3) and api_versions.is_supported(0, 11)
+    assert api_versions.is_supported(0, 3) and api_versions.is_supported(0, 12)
 
 
 @pytest.mark.parametrize("payload", [b"", b"\x00", b"\x00\x03\x00\x0c\x00\x00\x00"])
