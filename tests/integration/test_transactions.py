@@ -733,3 +733,72 @@ def test_producer_perf_test_transactional_and_console_consumer(broker) -> None:
     hi = c.get_watermark_offsets(TopicPartition("ppt", 0), timeout=10)[1]
     c.close()
     assert hi > 3000  # the records and at least one COMMIT marker, all committed
+
+
+def test_find_hanging_and_abort_by_start_offset(tmp_path) -> None:
+    """``shmq transactions find-hanging`` and ``abort --topic --partition --start-offset`` (or
+    ``--producer-id --producer-epoch --coordinator-epoch``), as kafka-transactions.sh: a
+    transaction its coordinator lists is not hanging; once the coordinator's state is lost
+    (``__transaction_state`` deleted while the broker is down) the partition's open
+    transaction is, it holds the LSO, and an abort by its start offset releases it."""
+    import sys
+
+    data = tmp_path / "data"
+    b = start_broker(data)
+
+    def shmq(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "shmq", "transactions",
+                               "--bootstrap-server", b.bootstrap, *args],
+                              capture_output=True, text=True, timeout=60)
+
+    try:
+        create_topic(b.bootstrap, "hang", 2)
+        plain = Producer({"bootstrap.servers": b.bootstrap})
+        plain.produce("hang", b"before", partition=1)
+        plain.flush(30)
+        p = txn_producer(b.bootstrap, "tid-hang")
+        p.init_transactions(30)
+        p.begin_transaction()
+        p.produce("hang", b"open", partition=1)
+        p.flush(30)
+        time.sleep(0.05)
+        out = shmq("find-hanging", "--topic", "hang", "--max-transaction-timeout", "0")
+        assert out.returncode == 0 and out.stdout.split() == [
+            "Topic", "Partition", "ProducerId", "ProducerEpoch", "CoordinatorEpoch",
+            "StartOffset", "LastTimestamp", "Duration(min)"], out  # its coordinator knows it
+        assert b.stop() == 0
+        for d in (data / "controller").glob("__transaction_state-*"):
+            shutil.rmtree(d)
+        b = start_broker(data)
+        plain = Producer({"bootstrap.servers": b.bootstrap})
+        plain.produce("hang", b"after", partition=1)
+        plain.flush(30)
+        assert consume_all(b.bootstrap, "hang", "read_committed", partitions=2,
+                           timeout=5) == [b"before"]  # the LSO is held at 1
+        out = shmq("find-hanging", "--topic", "hang", "--max-transaction-timeout", "0")
+        assert out.returncode == 0, out.stderr
+        rows = [line.split() for line in out.stdout.splitlines()[1:]]
+        assert [(r[0], r[1], r[4], r[5]) for r in rows] == [("hang", "1", "-1", "1")], out
+        pid, epoch = rows[0][2], rows[0][3]
+        by_broker = [shmq("find-hanging", "--broker-id", n, "--max-transaction-timeout", "0")
+                     for n in ("1", "2")]
+        assert sum(len(o.stdout.splitlines()) - 1 for o in by_broker) == 1  # hang-1's replica
+        # bad requests: no transaction starts at 0; an epoch below the producer's; no scope
+        out = shmq("abort", "--topic", "hang", "--partition", "1", "--start-offset", "0")
+        assert out.returncode == 1 and "Could not find any open transactions starting at " \
+            "offset 0 on partition hang-1" in out.stderr, out
+        out = shmq("abort", "--topic", "hang", "--partition", "1", "--producer-id", pid,
+                   "--producer-epoch", str(int(epoch) - 1), "--coordinator-epoch", "0")
+        assert out.returncode == 1 and "INVALID_PRODUCER_EPOCH" in out.stderr, out
+        out = shmq("abort", "--topic", "hang", "--partition", "1", "--producer-id", pid)
+        assert out.returncode == 1 and "--producer-epoch" in out.stderr, out
+        assert shmq("find-hanging").returncode == 1
+        assert shmq("find-hanging", "--partition", "1", "--broker-id", "1").returncode == 1
+        out = shmq("abort", "--topic", "hang", "--partition", "1", "--start-offset", "1")
+        assert out.returncode == 0 and out.stdout == "", out
+        assert sorted(consume_all(b.bootstrap, "hang", "read_committed", partitions=2,
+                                  expect=2)) == [b"after", b"before"]
+        out = shmq("find-hanging", "--topic", "hang", "--max-transaction-timeout", "0")
+        assert out.stdout.splitlines()[1:] == []
+    finally:
+        assert b.stop() == 0, b.log_path.read_text()[-3000:]
