@@ -519,6 +519,16 @@ class TransactionCoordinator:
         the caller maps for its client."""
         if not transactional_id:
             return INVALID_REQUEST
+        for _ in range(500):
+            m = self.txns.get(transactional_id)
+            # another partition's add being made durable (two workers' first batches of one
+            # request): wait for it rather than answer CONCURRENT_TRANSACTIONS, which the
+            # client would retry after its backoff
+            if m is None or not (m.busy and m.state == TxnState.ONGOING
+                                 and m.producer_id == producer_id
+                                 and m.producer_epoch == producer_epoch):
+                break
+            await asyncio.sleep(0.002)
         errors = await self.add_partitions(transactional_id, producer_id, producer_epoch,
                                            [(topic, partition)], client_tv=TRANSACTION_VERSION)
         return next(iter(errors.values()))
@@ -575,7 +585,7 @@ class TransactionCoordinator:
         if m.busy:
             return CONCURRENT_TRANSACTIONS, -1, -1
         if m.state == TxnState.ONGOING:
-            return await self._end(m, commit, client_tv, bump=False), -1, -1
+            return (await self._end(m, commit, client_tv, bump=False))[0], -1, -1
         if m.state == TxnState.COMPLETE_COMMIT:  # a retry of an EndTxn that succeeded
             return (NONE if commit else INVALID_TXN_STATE), -1, -1
         if m.state == TxnState.COMPLETE_ABORT:
@@ -610,6 +620,9 @@ class TransactionCoordinator:
             valid = producer_epoch == m.producer_epoch
         if not valid:
             return PRODUCER_FENCED, -1, -1
+        if state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):  # markers under way
+            same = (state == TxnState.PREPARE_COMMIT) == commit
+            return (CONCURRENT_TRANSACTIONS if same else INVALID_TXN_STATE), -1, -1
         if m.busy:
             return CONCURRENT_TRANSACTIONS, -1, -1
         retry = retry_on_bump or retry_on_overflow
@@ -618,9 +631,6 @@ class TransactionCoordinator:
             pass
         elif state == ended and retry:
             return NONE, m.producer_id, m.producer_epoch
-        elif state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
-            same = (state == TxnState.PREPARE_COMMIT) == commit
-            return (CONCURRENT_TRANSACTIONS if same else INVALID_TXN_STATE), -1, -1
         elif commit or retry:
             return INVALID_TXN_STATE, -1, -1
         # Ongoing; or an abort of no transaction (Empty, Complete*): bump the epoch
@@ -631,29 +641,31 @@ class TransactionCoordinator:
         except BaseException:
             m.busy = False
             raise
-        error = await self._end(m, commit, TRANSACTION_VERSION, bump=True, next_pid=next_pid)
-        if error:
-            return error, -1, -1
-        return NONE, m.producer_id, m.producer_epoch
+        error, pid, epoch = await self._end(m, commit, TRANSACTION_VERSION, bump=True,
+                                            next_pid=next_pid)
+        return (error, -1, -1) if error else (NONE, pid, epoch)
 
     async def _end(self, m: TxnMetadata, commit: bool, client_tv: int, *, bump: bool,
-                   next_pid: int = -1) -> int:
-        """Run the end in the coordinator's own task, not the request's: a client that leaves
-        (its connection closed, the request cancelled) must not stop the transaction halfway,
-        in Prepare* with no one left to write its markers."""
+                   next_pid: int = -1) -> tuple[int, int, int]:
+        """(error, producer id, epoch once ended).  The end runs in the coordinator's own
+        task, not the request's: a client that leaves (its connection closed, the request
+        cancelled) must not stop the transaction halfway, in Prepare* with no one left to
+        write its markers."""
         m.busy = True
-        prepared: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        prepared: asyncio.Future[tuple[int, int, int]] = \
+            asyncio.get_running_loop().create_future()
         self._spawn(self._prepare_and_complete(m, commit, prepared, bump=bump,
                                                client_tv=client_tv, next_pid=next_pid))
         return await asyncio.shield(prepared)
 
     async def _prepare_and_complete(self, m: TxnMetadata, commit: bool,
-                                    answer: asyncio.Future[int] | None = None, *,
+                                    answer: asyncio.Future[tuple[int, int, int]] | None = None,
+                                    *,
                                     bump: bool = False, client_tv: int | None = None,
                                     next_pid: int = -1) -> int:
         """Ongoing -> Prepare* (durable) -> markers -> Complete* (call with ``busy`` set).
-        ``answer`` gets the EndTxn's error code once the markers are written and the
-        transaction is Complete*, or once it could not be (a Prepare* record that could not be
+        ``answer`` gets the EndTxn's error code and the producer id and epoch it ended with
+        once the markers are written and the transaction is Complete*, or once it could not be (a Prepare* record that could not be
         written; the controller stopping).  ``bump`` (transaction version 2): Prepare carries
         epoch + 1 and ``next_pid`` (the id Complete rotates to, -1 for none); an abort from
         Empty or Complete* (no partitions) starts and ends there.
@@ -685,21 +697,21 @@ class TransactionCoordinator:
         except BaseException:
             rollback()
             if answer is not None and not answer.done():
-                answer.set_result(COORDINATOR_NOT_AVAILABLE)
+                answer.set_result((COORDINATOR_NOT_AVAILABLE, -1, -1))
             raise
         if error:
             rollback()
             if answer is not None and not answer.done():
-                answer.set_result(error)
+                answer.set_result((error, -1, -1))
             return error
         try:
             error = await self._complete(m, commit)
         except BaseException:  # stopping: the Prepare record has the markers written at start
             if answer is not None and not answer.done():
-                answer.set_result(COORDINATOR_NOT_AVAILABLE)
+                answer.set_result((COORDINATOR_NOT_AVAILABLE, -1, -1))
             raise
         if answer is not None and not answer.done():
-            answer.set_result(error)
+            answer.set_result((error, m.producer_id, m.producer_epoch))
         return error
 
     async def _complete(self, m: TxnMetadata, commit: bool) -> int:
