@@ -1,7 +1,9 @@
-"""Transactional produce: throughput and commit latency, shmq against Tansu in the same run.
+"""Transactional produce: throughput and commit latency, shmq against Tansu and Apache Kafka in
+the same run.
 
-    python perf/bench_txn.py [--quick] [--only shmq|tansu] [--workers 2] [--repeat 3]
-                             [--records 200000] [--partitions 6] [--tansu PATH] [--dir /tmp]
+    python perf/bench_txn.py [--quick] [--only shmq|tansu|kafka] [--no-kafka] [--workers 2]
+                             [--repeat 3] [--records 200000] [--partitions 6] [--tansu PATH]
+                             [--kafka-heap 1g] [--dir /tmp]
 
 Per broker and repeat, for transactions of 1,000 and of 100 records (100 B values, null keys,
 spread over ``--partitions`` partitions of a fresh topic): one confluent-kafka Producer with
@@ -14,7 +16,10 @@ markers written into every partition and made durable), p50 and p99 over all tra
 A read_committed consumer then counts the committed records (a note if it differs).
 
 The anchors are Tansu (the same binary and flags as ``perf/bench_broker.py``: memory storage,
-so it never fsyncs; shmq fsyncs acks=all batches and markers, flush.on.ack) and, by ratio,
+so it never fsyncs; shmq fsyncs acks=all batches and markers, flush.on.ack), Apache Kafka 4.3.1
+(``perf/bench_broker.py``'s single-node KRaft broker with Kafka's JVM settings and defaults: it
+never fsyncs by default, and answers EndTxn once Prepare is written, its markers behind the
+answer; librdkafka runs transaction version 0 on both) and, by ratio,
 shmq's own non-transactional idempotent producer at the same size (``idempotent`` row), which
 shows what transactions cost.  A broker whose transactions fail is reported as such.  Broker
 CPU per million records is utime+stime of the broker's process tree.  The client runs on the
@@ -33,12 +38,15 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
+import apache_kafka  # noqa: E402
 from bench_broker import (  # noqa: E402
     Broker,
     cpu_delta,
     create_topic,
     find_tansu,
+    start_kafka,
     start_shmq,
     start_tansu,
 )
@@ -119,7 +127,9 @@ def count_committed(broker: Broker, topic: str, partitions: int, expect: int,
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="20,000 records, 1 repeat")
-    p.add_argument("--only", choices=("shmq", "tansu"))
+    p.add_argument("--only", choices=("shmq", "tansu", "kafka"))
+    p.add_argument("--no-kafka", action="store_true", help="leave Apache Kafka out")
+    p.add_argument("--kafka-heap", default="1g", help="Kafka's -Xmx/-Xms (its scripts' 1g)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--records", type=int, default=200_000)
@@ -134,10 +144,19 @@ def main() -> int:
     brokers: list[Broker] = []
     results: dict[tuple[str, str], list[dict]] = {}
     try:
-        if args.only != "tansu":
+        names = [args.only] if args.only else ["shmq", "tansu"] + ([] if args.no_kafka
+                                                                    else ["kafka"])
+        if "shmq" in names:
             brokers.append(start_shmq(args.workers, work / "shmq-data", work))
-        if args.only != "shmq":
+        if "tansu" in names:
             brokers.append(start_tansu(find_tansu(args.tansu), work))
+        if "kafka" in names:
+            try:
+                apache_kafka.fetch()
+            except apache_kafka.KafkaUnavailable as e:
+                sys.exit(f"{e} (or run with --no-kafka)")
+            (work / "kafka").mkdir()
+            brokers.append(start_kafka(work / "kafka", args.kafka_heap))
         for r in range(args.repeat):
             order = brokers if r % 2 == 0 else list(reversed(brokers))
             for b in order:
@@ -175,7 +194,7 @@ def main() -> int:
     print(f"\ntransactional produce, 100 B records, {args.records:,} per run, "
           f"{args.partitions} partitions, median of {args.repeat} (± half the spread)")
     print(f"{'broker':6} {'case':11} {'records/s':>18} {'commit p50 ms':>14} "
-          f"{'commit p99 ms':>14} {'broker CPU s/M':>15} {'vs tansu':>9}")
+          f"{'commit p99 ms':>14} {'broker CPU s/M':>15} {'vs tansu':>9} {'vs kafka':>9}")
     for case in ("txn 1000", "txn 100", "idempotent"):
         for name in [b.name for b in brokers]:
             rows = results.get((name, case), [])
@@ -183,11 +202,13 @@ def main() -> int:
             p50, _ = med(rows, "p50")
             p99, _ = med(rows, "p99")
             cpu, _ = med(rows, "cpu_per_m")
-            anchor, _ = med(results.get(("tansu", case), []), "rate")
-            ratio = f"{rate / anchor:.2f}x" if name != "tansu" and anchor == anchor and \
-                anchor > 0 else ""
+            ratios = []
+            for other in ("tansu", "kafka"):
+                anchor, _ = med(results.get((other, case), []), "rate")
+                ratios.append(f"{rate / anchor:.2f}x" if name != other and anchor == anchor
+                              and anchor > 0 else "")
             print(f"{name:6} {case:11} {rate:10,.0f} ±{spread:6,.0f} {p50 * 1000:14.1f} "
-                  f"{p99 * 1000:14.1f} {cpu:15.2f} {ratio:>9}")
+                  f"{p99 * 1000:14.1f} {cpu:15.2f} {ratios[0]:>9} {ratios[1]:>9}")
     return 0
 
 
