@@ -354,7 +354,7 @@ public class JavaClient {
         ConsumerGroupMetadata groupMetadata = new ConsumerGroupMetadata(group);
         TopicPartition src = new TopicPartition(source, 0);
         TopicPartition tp = new TopicPartition(topic, 0);
-        short[] first = {-1};
+        int[] first = {-1};
         try (Admin admin = Admin.create(Map.of("bootstrap.servers", bootstrap));
              KafkaProducer<byte[], byte[]> producer = txnProducer(bootstrap, tid)) {
             Call epochs = () -> {
