@@ -285,10 +285,8 @@ async def handle(ctx: BrokerContext, frame: memoryview, header_size: int, api_ve
                     and records[22] & 0x30 == 0x10:  # transactional, not control
                 code, message = await _verify_txn(ctx, transactional_id, topic, index, records,
                                                   api_version)
-                if code:
-                    log = ctx.log_for(topic, index)
-                    out.append(PartitionResult(index, code, -1, -1,
-                                               log.log_start_offset if log else -1, message))
+                if code:  # Kafka's UNKNOWN_LOG_APPEND_INFO: no offsets, log start -1
+                    out.append(PartitionResult(index, code, -1, -1, -1, message))
                     if metrics is not None:
                         metrics.error(0, code)
                     continue
