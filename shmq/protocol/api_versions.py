@@ -110,9 +110,6 @@ SUPPORTED: dict[int, tuple[int, int]] = {
 # that do not know it use the older versions, and the broker decides per request version.
 SUPPORTED_FEATURES: dict[str, tuple[int, int]] = {"transaction.version": (0, 2)}
 FINALIZED_FEATURES: dict[str, int] = {"transaction.version": 2}
-# Kafka's is the metadata offset of the last feature change; shmq's levels never change while
-# it runs.  Clients only take finalized features whose epoch is above the last they saw (-1).
-FINALIZED_FEATURES_EPOCH = 1
 
 # Versions advertised but rejected with UNSUPPORTED_VERSION when used.
 _IMPLEMENTED_MIN: dict[int, int] = {PRODUCE: 3}
@@ -123,6 +120,12 @@ API_NAMES: dict[int, str] = {
     for name, value in list(globals().items())
     if name.isupper() and type(value) is int
 }
+
+
+# (after API_NAMES, which takes every upper-case int above for an API key)
+# Kafka's is the metadata offset of the last feature change; shmq's levels never change while
+# it runs.  Clients only take finalized features whose epoch is above the last they saw (-1).
+FINALIZED_FEATURES_EPOCH = 1
 
 
 def implemented_min(api_key: int) -> int:

@@ -224,6 +224,7 @@ def test_version_2_marker_must_be_above_the_producer_epoch(tmp_path: Path) -> No
             log.append_control(pid, 4, 0, True, transaction_version=2)
         assert info.value.code == 47 and log.log_end_offset == 1
         assert log.append_control(pid, 5, 0, True, transaction_version=2) is not None
+        log.update_high_watermark(log.log_end_offset)
         assert log.log_end_offset == 2 and log.last_stable_offset == 2
         assert log.append_control(pid, 5, 0, True, transaction_version=2) is None
         assert log.log_end_offset == 2
@@ -231,7 +232,8 @@ def test_version_2_marker_must_be_above_the_producer_epoch(tmp_path: Path) -> No
             log.append_control(pid, 4, 0, False, transaction_version=2)
         data(5, 0)  # the next transaction, at the epoch the marker brought
         assert log.append_control(pid, 5, 0, False) is not None  # version 0: same epoch ends it
-        assert log.last_stable_offset == log.log_end_offset
+        log.update_high_watermark(log.log_end_offset)
+        assert log.last_stable_offset == log.log_end_offset == 4
     finally:
         log.close()
 

@@ -248,7 +248,7 @@ def test_random_bodies_agree(version, garbage):
 
 
 def test_bad_versions_are_caller_bugs():
-    for bad in (2, 12):
+    for bad in (2, 13):
         with pytest.raises(ValueError):
             wire.parse_produce_request(memoryview(b""), 0, bad)
         with pytest.raises(LocalProtocolError):

@@ -138,7 +138,7 @@ def test_encode_response_invalid_value_is_local_error():
 
 
 def test_unknown_api_and_version_raise_unsupported():
-    for api_key, version in [(57, 0), (-1, 0), (3, 13), (1, 3), (0, 0), (0, 2), (0, 12), (18, 5)]:
+    for api_key, version in [(57, 0), (-1, 0), (3, 13), (1, 3), (0, 0), (0, 2), (0, 13), (18, 5)]:
         payload = struct.pack(">hhih", api_key, version, 77, 3) + b"abc" + b"\x00" * 10
         with pytest.raises(UnsupportedVersionError) as info:
             decode_request(memoryview(payload))

@@ -35,7 +35,7 @@ from shmq.protocol.produce_request import (
 )
 from shmq.protocol.records import decode_batches
 
-VERSIONS = range(3, 12)
+VERSIONS = range(3, 13)
 
 
 def _kio_request(version: int, transactional_id, topics) -> object:
@@ -173,7 +173,7 @@ def test_version_outside_range_is_a_caller_bug():
     with pytest.raises(ValueError):
         parse_produce_request(memoryview(b""), 0, 2)
     with pytest.raises(ValueError):
-        parse_produce_request(memoryview(b""), 0, 12)
+        parse_produce_request(memoryview(b""), 0, 13)
 
 
 @settings(max_examples=300, deadline=None)
@@ -276,4 +276,4 @@ def test_response_out_of_range_values_are_local_errors():
     with pytest.raises(LocalProtocolError):
         encode_produce_response(9, 1, 0, [("t", [(0, 70000, 0, -1, 0, None)])])
     with pytest.raises(LocalProtocolError):
-        encode_produce_response(12, 1, 0, [])
+        encode_produce_response(13, 1, 0, [])
