@@ -172,12 +172,13 @@ class _Partition:
 def _partitions(address: str, topics: list[str] | None, timeout: float) -> list[_Partition]:
     """Metadata v12 of ``topics`` (None: every topic, internal ones too)."""
     from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
+    from kio.schema.types import TopicName
 
     from shmq.cli.configs import kafka_call
 
     resp = kafka_call(address, MetadataRequest(
         topics=None if topics is None else tuple(
-            MetadataRequestTopic(topic_id=None, name=t) for t in topics),
+            MetadataRequestTopic(topic_id=None, name=TopicName(t)) for t in topics),
         allow_auto_topic_creation=False, include_topic_authorized_operations=False), timeout)
     nodes = {int(b.node_id): f"{b.host}:{b.port}" for b in resp.brokers}
     out = []
@@ -194,6 +195,7 @@ def _partitions(address: str, topics: list[str] | None, timeout: float) -> list[
 def _producers(leader: str, parts: list[_Partition], timeout: float) -> dict[tuple[str, int], Any]:
     """DescribeProducers v0 at one leader: (topic, partition) -> its active producers."""
     from kio.schema.describe_producers.v0.request import DescribeProducersRequest, TopicRequest
+    from kio.schema.types import TopicName
     from kio.static.primitive import i32
 
     from shmq.cli.configs import kafka_call
@@ -202,7 +204,7 @@ def _producers(leader: str, parts: list[_Partition], timeout: float) -> dict[tup
     for p in parts:
         by_topic.setdefault(p.topic, []).append(p.partition)
     resp = kafka_call(leader, DescribeProducersRequest(topics=tuple(
-        TopicRequest(name=t, partition_indexes=tuple(i32(i) for i in ps))
+        TopicRequest(name=TopicName(t), partition_indexes=tuple(i32(i) for i in ps))
         for t, ps in by_topic.items())), timeout)
     out = {}
     for t in resp.topics:
@@ -276,7 +278,8 @@ def _find_hanging(address: str, args: argparse.Namespace, timeout: float) -> int
     """Kafka's ``FindHangingTransactionsCommand``."""
     from kio.schema.describe_transactions.v0.request import DescribeTransactionsRequest
     from kio.schema.list_transactions.v1.request import ListTransactionsRequest
-    from kio.schema.types import ProducerId
+    from kio.schema.types import ProducerId, TransactionalId
+    from kio.static.primitive import i64
 
     from shmq.cli.configs import kafka_call
 
@@ -305,12 +308,13 @@ def _find_hanging(address: str, args: argparse.Namespace, timeout: float) -> int
         pids = sorted({int(s.producer_id) for _, _, s in candidates})
         listed = kafka_call(address, ListTransactionsRequest(
             state_filters=(), producer_id_filters=tuple(ProducerId(p) for p in pids),
-            duration_filter=-1), timeout)
+            duration_filter=i64(-1)), timeout)
         tids = {int(t.producer_id): str(t.transactional_id) for t in listed.transaction_states}
         described: dict[str, set[tuple[str, int]] | None] = {}
         if tids:
             resp = kafka_call(address, DescribeTransactionsRequest(
-                transactional_ids=tuple(sorted(set(tids.values())))), timeout)
+                transactional_ids=tuple(TransactionalId(t) for t in sorted(set(tids.values())))),
+                timeout)
             for t in resp.transaction_states:
                 if t.error_code.value and t.error_code.value != 105:
                     raise CommandError(f"Failed to describe {len(tids)} transactions: "
@@ -318,8 +322,8 @@ def _find_hanging(address: str, args: argparse.Namespace, timeout: float) -> int
                 described[str(t.transactional_id)] = None if t.error_code.value else {
                     (str(tp.topic), int(i)) for tp in t.topics for i in tp.partitions}
         hanging = [(topic, partition, s) for topic, partition, s in candidates
-                   if (tid := tids.get(int(s.producer_id))) is None
-                   or described.get(tid) is None or (topic, partition) not in described[tid]]
+                   if (known := described.get(tids.get(int(s.producer_id), ""))) is None
+                   or (topic, partition) not in known]
     print(_table(["Topic", "Partition", "ProducerId", "ProducerEpoch", "CoordinatorEpoch",
                   "StartOffset", "LastTimestamp", "Duration(min)"],
                  [[topic, partition, s.producer_id, s.producer_epoch, s.coordinator_epoch,

@@ -215,11 +215,11 @@ async def _verify_txn(ctx: BrokerContext, transactional_id: str | None, topic: s
     pid, epoch = _PID_EPOCH.unpack_from(records, 43)
     log = ctx.log_for(topic, index)
     if pid < 0 or log is None:
-        return NONE
+        return NONE, None
     entry = log.producer_state.last_entry(pid)
     if entry is not None and entry.producer_epoch == epoch:
         if entry.current_txn_first_offset is not None:
-            return NONE
+            return NONE, None
         # a retry of a batch already in the log (its answer was lost: the worker died, the
         # connection broke) whose transaction has ended since: answered as the duplicate it is,
         # with its offsets, not INVALID_TXN_STATE, which tells the client it was never written
