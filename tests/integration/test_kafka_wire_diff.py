@@ -837,7 +837,9 @@ def txn_v2_scenario(wire: Wire, topic: str) -> Any:
     lso = list_offsets_body(topic, 0, -1)
     lso["isolation_level"] = 1
     out["lso"] = wire.send(LIST_OFFSETS, 8, lso, to=leader)["topics"]
-    fetch = fetch_body(topic, 0, 0)
+    # from the aborted transaction's first offset: Kafka rolls a segment at the commit marker
+    # (the records' 2023 timestamps are older than segment.ms) and a Fetch reads one segment
+    fetch = fetch_body(topic, 0, 5)
     fetch["isolation_level"] = 1
     got = wire.send(FETCH, 12, fetch, to=leader)["responses"][0]["partitions"][0]
     out["read_committed"] = {k: got[k] for k in ("error_code", "high_watermark",
@@ -863,6 +865,7 @@ def test_transaction_version_2(kafka: apache_kafka.KafkaBroker, shmq: RunningBro
     assert got["v12 with the ended epoch"]["error_code"] == 47
     assert got["after empty abort"]["producer_epoch"] == "e0+2"
     assert got["TV2 marker at the open transaction's epoch"] == [47]
+    assert got["aborted"] == [[True, 5]]
 
 
 def test_api_versions_finalize_transaction_version_2(kafka: apache_kafka.KafkaBroker,
