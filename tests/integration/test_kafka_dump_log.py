@@ -264,3 +264,58 @@ def test_dump_logs_of_transactions(kafka: apache_kafka.KafkaBroker, tmp_path: Pa
             assert "isTransactional: true" in k.stdout
         assert s.stdout.splitlines() == k.stdout.splitlines()
         assert report_blocks(s.stderr) == report_blocks(k.stderr)
+
+
+def test_kafka_reads_transaction_state_values_v1(tmp_path: Path) -> None:
+    """Kafka's ``--transaction-log-decoder`` reads the ``__transaction_state`` records shmq's
+    transaction coordinator writes (``TransactionLogValue`` v1, the flexible version): every
+    state of a transaction version 2 commit and of an abort whose end rotates the producer id,
+    with ``ClientTransactionVersion``, ``NextProducerId`` and ``PreviousProducerId`` where shmq
+    writes them (an independent decoder of the bytes: Kafka 4.3.1's generated one)."""
+    import asyncio
+    import json
+
+    from shmq.coordinator.transactions import TransactionCoordinator, TxnConfig
+
+    ids = iter(range(1001, 1100))
+
+    async def new_producer_id() -> int:
+        return next(ids)
+
+    async def markers(*_: object) -> None:
+        return None
+
+    async def scenario() -> None:
+        c = TransactionCoordinator(tmp_path, TxnConfig(partitions=1), new_producer_id, markers,
+                                   markers, lambda topic: 2, lambda: 50)
+        c.start()
+        try:
+            _, pid, _ = await c.init_producer_id("t-dump", 60_000)
+            await c.add_partition_implicitly("t-dump", pid, 0, "t", 1)
+            assert (await c.end_txn("t-dump", pid, 0, True, 2))[0] == 0
+            c.txns["t-dump"].producer_epoch = 32766  # white box: 32765 transactions later
+            await c.add_partition_implicitly("t-dump", pid, 32766, "t", 0)
+            assert await c.end_txn("t-dump", pid, 32766, False, 2) == (0, 1002, 0)
+            await asyncio.sleep(0.05)  # the Complete record's flush is not awaited
+        finally:
+            c.close()
+
+    asyncio.run(scenario())
+    segments = sorted(str(p) for p in tmp_path.glob("__transaction_state-*/*.log"))
+    out = kafka_dump("--files", ",".join(segments), "--transaction-log-decoder")
+    assert out.returncode == 0 and "Exception" not in out.stdout + out.stderr, out
+    values = [json.loads(line.split(" payload: ", 1)[1]) for line in out.stdout.splitlines()
+              if " payload: " in line]
+    assert {v["version"] for v in values} == {"1"}
+    got = [(d["producerId"], d.get("previousProducerId"), d.get("nextProducerId"),
+            d["producerEpoch"], d["transactionStatus"], d.get("clientTransactionVersion"),
+            d["transactionPartitions"]) for d in (v["data"] for v in values)]
+    assert got == [
+        (1001, None, None, 0, 0, None, None),                                    # Empty
+        (1001, None, None, 0, 1, 2, [{"topic": "t", "partitionIds": [1]}]),     # Ongoing
+        (1001, None, None, 1, 2, 2, [{"topic": "t", "partitionIds": [1]}]),     # PrepareCommit
+        (1001, None, None, 1, 4, 2, []),                                         # CompleteCommit
+        (1001, None, None, 32766, 1, 2, [{"topic": "t", "partitionIds": [0]}]),
+        (1001, None, 1002, 32767, 3, 2, [{"topic": "t", "partitionIds": [0]}]),  # PrepareAbort
+        (1002, 1001, None, 0, 5, 2, []),                                         # CompleteAbort
+    ], out.stdout
