@@ -26,6 +26,7 @@ correlation id.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 from shmq.broker.context import BrokerContext, TopicRequest
@@ -80,7 +81,7 @@ async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
             memoryview(framed)[8:]]
 
 
-def _answer(meta: Any, version: int, names: list[str | None],
+def _answer(meta: Any, version: int, names: Sequence[str | None],
             failing: set[int]) -> Any:
     """The kio response object for ``names`` (already created when auto-creation applied)."""
     cls, m = response_module(METADATA, version)
