@@ -19,9 +19,11 @@ Parts (``--only``):
   left to finish creating its logs: that time is printed apart); ``--records`` records of
   ``--size`` bytes produced by one client (kcat ``-P -l``, or confluent-kafka through
   ``suite_load.py``, the suite's settings: linger.ms=5, batch.size=1 MiB, acks=1), then read back
-  from the beginning by the same client (fetch.queue.backoff.ms=10, as in the suite).  msg/s and
-  broker CPU seconds per million records; the ratio column divides by the 6-partition row of
-  the same client and phase (the issue's target: 1,000 partitions >= 0.7x of 6).  Medians of
+  from the beginning by the same client (fetch.queue.backoff.ms=10, as in the suite).  msg/s,
+  broker CPU seconds per million records and the client's CPU over the phase's wall time (``CB
+  k/n``: k of the n samples were client-bound, the client's CPU at or above the wall time, as
+  ``suite.py`` marks them); the ratio column divides by the 6-partition row of the same client
+  and phase (the issue's target: 1,000 partitions >= 0.7x of 6).  Medians of
   ``--repeat`` passes with the spread (min-max).
 * ``start``: a topic of ``--start-partitions`` partitions (one record in each), the broker
   stopped cleanly and started again: seconds from exec to its ready line, to every partition
@@ -77,11 +79,14 @@ from suite import (
     _session_members,
     _table,
     admin,
+    children_cpu,
+    client_bound,
     create_topic,
     delete_topic,
     kcat_env,
     run_kcats,
     run_loads,
+    settle,
     write_lines,
 )
 
@@ -127,21 +132,6 @@ def create_big_topic(bootstrap: str, topic: str, partitions: int, timeout: float
                                                       operation_timeout=timeout).values():
             fut.result(timeout=timeout)
     leaders_ready(bootstrap, topic, partitions, timeout)
-
-
-def settle(b: Broker, timeout: float) -> float:
-    """Seconds until the broker's processes are idle (under 5 % of a core over 0.5 s): the
-    workers create a new topic's logs after its leaders are assigned, and a load started before
-    that would time their creation as its own."""
-    t0 = time.monotonic()
-    before = b.cpu()
-    while time.monotonic() - t0 < timeout:
-        time.sleep(0.5)
-        now = b.cpu()
-        if now - before < 0.025:
-            break
-        before = now
-    return time.monotonic() - t0
 
 
 def kill_all(b: Broker) -> None:
@@ -262,14 +252,19 @@ class Scale:
                             created.setdefault(parts, []).append(time.monotonic() - t0)
                             for phase in ("produce", "consume"):
                                 cpu0 = b.cpu()
-                                seconds = self.load(b, client, phase, topic, parts, lines)
+                                seconds, client_cpu = self.load(b, client, phase, topic, parts,
+                                                                lines)
                                 cpu = b.cpu() - cpu0
                                 sample = {"seconds": seconds, "msg_s": a.records / seconds,
-                                          "cpu_s_per_M": cpu / (a.records / 1e6)}
+                                          "cpu_s_per_M": cpu / (a.records / 1e6),
+                                          "client_cpu_s": client_cpu}
                                 rows.setdefault((client, phase, parts), []).append(sample)
                                 print(f"    {client:<4} {phase:<7} {parts:>6} part  "
                                       f"{sample['msg_s']:>10,.0f} msg/s  broker CPU "
-                                      f"{sample['cpu_s_per_M']:.2f} s/M", flush=True)
+                                      f"{sample['cpu_s_per_M']:.2f} s/M  client CPU "
+                                      f"{client_cpu:.2f} s / {seconds:.2f} s"
+                                      + (" (client-bound)" if client_bound(sample) else ""),
+                                      flush=True)
                         except Exception as e:  # noqa: BLE001 - one failed cell, not the run
                             print(f"    {client:<4} {parts:>6} part  ERROR {str(e)[:200]}",
                                   flush=True)
@@ -287,21 +282,26 @@ class Scale:
             six = rows.get((client, phase, 6))
             ratio = (f"{rate / statistics.median(s['msg_s'] for s in six):.2f}x"
                      if six else "-")
+            bound = sum(client_bound(s) for s in samples)
+            share = statistics.median(s["client_cpu_s"] / s["seconds"] for s in samples)
             out.append({"client": client, "phase": phase, "partitions": parts, "msg_s": rate,
-                        "cpu_s_per_M": cpu, "samples": samples})
+                        "cpu_s_per_M": cpu, "client_cpu_per_wall": share, "samples": samples})
             table.append([f"{phase} {'confluent-kafka' if client == 'ck' else 'kcat'}",
                           f"{parts:,}", f"{rate:,.0f}", spread([s["msg_s"] for s in samples]),
-                          f"{cpu:.2f}", spread([s["cpu_s_per_M"] for s in samples]), ratio])
+                          f"{cpu:.2f}", spread([s["cpu_s_per_M"] for s in samples]),
+                          f"{share:.2f}" + (f" CB {bound}/{len(samples)}" if bound else ""),
+                          ratio])
         self.results["partitions"] = out
         self.results["create_s"] = {str(k): v for k, v in created.items()}
         notes = "".join(f"\n  topic of {k:,} partitions created and the broker idle again in "
                         f"{statistics.median(v):.2f} s (median; {spread(v)})"
                         for k, v in sorted(created.items()))
         return _table(["phase client", "partitions", "msg/s", "spread", "broker CPU s/M",
-                       "spread", "vs 6 part"], table) + notes + "".join(f"\n  ERROR {e}" for e in errors)
+                       "spread", "client CPU/wall", "vs 6 part"], table) + notes + "".join(f"\n  ERROR {e}" for e in errors)
 
     def load(self, b: Broker, client: str, phase: str, topic: str, parts: int,
-             lines: Path) -> float:
+             lines: Path) -> tuple[float, float]:
+        """(wall seconds, client CPU seconds) of one phase."""
         a = self.args
         n = a.records
         if client == "ck":
@@ -310,17 +310,19 @@ class Scale:
             (r,) = run_loads([[*argv, str(a.phase_timeout)]], a.phase_timeout + 30)
             if r["count"] != n:
                 raise PhaseError(f"{phase}: {r['count']} of {n} records")
-            return r["t1"] - r["t0"]
+            return r["t1"] - r["t0"], r["cpu"]
+        cpu0 = children_cpu()
         if phase == "produce":
             argv = ["kcat", "-P", "-b", b.bootstrap, "-t", topic, "-l", str(lines), *KCAT_X]
-            return run_kcats([argv], [None], self.env_kcat, a.phase_timeout)[0]
+            return (run_kcats([argv], [None], self.env_kcat, a.phase_timeout)[0],
+                    children_cpu() - cpu0)
         argv = ["kcat", "-C", "-b", b.bootstrap, "-t", topic, "-e", "-o", "beginning", "-q",
                 "-c", str(n), *KCAT_CONSUME_X]
         seconds, got = run_kcats([argv], [None], self.env_kcat, a.phase_timeout,
                                  count_stdout=True)
         if got != n * (a.size + 1):
             raise PhaseError(f"kcat -C printed {got} bytes, expected {n * (a.size + 1)}")
-        return seconds
+        return seconds, children_cpu() - cpu0
 
     # - start with many partitions -
 

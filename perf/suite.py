@@ -2,7 +2,7 @@
 and one plot.
 
     make perf          # = .venv/bin/python perf/suite.py
-    python perf/suite.py [--repeat 3] [--scale 1.0] [--budget 1170] [--latency-rate 2000]
+    python perf/suite.py [--repeat 3] [--scale 1.0] [--budget 1560] [--latency-rate 2000]
                          [--latency-seconds 3] [--workers 2] [--no-kcat] [--only-latency]
                          [--no-kafka] [--kafka-heap 1g] [--tansu PATH] [--plot FILE]
                          [--json FILE] [--dir /tmp]
@@ -23,15 +23,24 @@ The matrix (``--scale`` multiplies the record counts; the whole matrix runs ``--
 3 by default, and the tables show medians):
 
 * **produce**: record sizes 100 B x 200,000, 1 KiB x 50,000, 10 KiB x 5,000 (19-49 MiB a
-  case); 1, 6 and 64 partitions; 1 and 4 producer processes (the 4 share the count, start
-  together and the rate is all records over the earliest start to the latest last
+  case); 1, 6, 64 and 1,000 partitions; 1 and 4 producer processes (the 4 share the count,
+  start together and the rate is all records over the earliest start to the latest last
   acknowledgement); clients confluent-kafka (``perf/suite_load.py produce``: linger.ms=5,
   batch.size=1 MiB, acks=1, no compression, null keys) and kcat (``kcat -P -l`` of a file of
-  lines, same settings; wall time of the processes).  3 x 3 x 2 x 2 = 36 cells per broker.
+  lines, same settings; wall time of the processes).  3 x 4 x 2 x 2 = 48 cells per broker.
+  A topic of 1,000 partitions is left to go idle after its leaders are known (the broker's
+  CPU under 5 % of a core for 0.5 s, as ``bench_scale.py`` does): shmq's workers create the logs
+  after answering CreateTopics, and that work is not the load's.
 * **consume**: each topic the single producer filled is read back once by the same client
   (confluent-kafka: ``assign`` every partition from the beginning; kcat: ``kcat -C -e -o
-  beginning -c N``; both with fetch.queue.backoff.ms=10, see ``suite_load.py``).  3 x 3 x 2 = 18 cells per broker: reading does not
-  depend on how many processes wrote, so the 4-producer topics are not read again.
+  beginning -c N``; both with fetch.queue.backoff.ms=10, see ``suite_load.py``).  3 x 4 x 2 = 24
+  cells per broker: reading does not depend on how many processes wrote, so the 4-producer
+  topics are not read again.
+* **client-bound rows** (issue 17's method): the client's CPU over the phase (confluent-kafka:
+  ``time.process_time`` of each load process over its measured part, Python and librdkafka's
+  threads; kcat: utime+stime of the kcat processes, from ``RUSAGE_CHILDREN``), summed over the
+  client processes.  A row whose client CPU reaches the phase's wall time is marked ``CB``
+  (client-bound) beside the client CPU / wall ratio: it still counts.
 * **latency** at a fixed rate (``--latency-rate`` records/s, 1 s warm-up, then
   ``--latency-seconds`` measured): one producer process stamps each value with its
   ``time.monotonic_ns()``, one consumer process (``poll()``, librdkafka defaults otherwise,
@@ -46,7 +55,7 @@ Why not the full cross product for consume and latency: on this 2-core box every
 matrix over both brokers took 216 s with the box loaded), three passes must fit in 15 minutes,
 and medians of three are worth more than more cells; so the produce matrix is full, consume
 drops the producer-count axis that cannot change it, latency varies one axis at a time.
-``--budget`` (seconds, default 1170: 390 per broker) bounds the whole run: once it is spent the remaining cells
+``--budget`` (seconds, default 1560: 520 per broker) bounds the whole run: once it is spent the remaining cells
 are skipped and listed (medians then of fewer runs, marked ``(n=k)``), never run late.  Every
 phase is also bounded by ``--phase-timeout`` and by its record count.
 
@@ -83,7 +92,8 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 LOAD = HERE / "suite_load.py"
 SIZES = [("100 B", 100, 200_000), ("1 KiB", 1024, 50_000), ("10 KiB", 10240, 5_000)]
-PARTITIONS = [1, 6, 64]
+PARTITIONS = [1, 6, 64, 1000]
+SETTLE_PARTITIONS = 1000  # topics this large are left to go idle after creation (see settle)
 PRODUCERS = [1, 4]
 LATENCY_CASES = [("100 B", 100, 1), ("1 KiB", 1024, 1), ("10 KiB", 10240, 1),
                  ("1 KiB", 1024, 6), ("1 KiB", 1024, 64)]
@@ -253,6 +263,21 @@ def create_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 3
     raise PhaseError(f"topic {topic} has no leaders after {timeout} s")
 
 
+def settle(b: Broker, timeout: float) -> float:
+    """Seconds until the broker's processes are idle (under 5 % of a core over 0.5 s): shmq's
+    workers create a new topic's logs after its leaders are assigned, and a load started before
+    that would time their creation as its own."""
+    t0 = time.monotonic()
+    before = b.cpu()
+    while time.monotonic() - t0 < timeout:
+        time.sleep(0.5)
+        now = b.cpu()
+        if now - before < 0.025:
+            break
+        before = now
+    return time.monotonic() - t0
+
+
 def delete_topic(bootstrap: str, topic: str, timeout: float = 30) -> None:
     try:
         for fut in admin(bootstrap).delete_topics([topic], operation_timeout=timeout).values():
@@ -308,6 +333,15 @@ def _stderr(p: subprocess.Popen) -> str:
         p.kill()
         p.wait()
     return (p.stderr.read() if p.stderr else "")[-800:]
+
+
+def children_cpu() -> float:
+    """utime+stime of this process's children that have been waited for (the kcat processes
+    once ``run_kcats`` returns; the brokers are waited for only when they stop)."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 def run_kcats(argvs: list[list[str]], stdins: list[Path | None], env: dict[str, str],
@@ -462,13 +496,16 @@ class Suite:
             if done != cell.count:
                 raise PhaseError(f"{done} of {cell.count} records acknowledged: {results}")
             seconds = max(r["t1"] for r in results) - min(r["t0"] for r in results)
+            client_cpu = sum(r["cpu"] for r in results)
         else:
             files = self.kcat_files(cell.size, cell.count, cell.producers)
             argvs = [[self.args.kcat, "-P", "-b", b.bootstrap, "-t", topic, "-l", str(f),
                       *KCAT_X] for f in files]
+            cpu0 = children_cpu()
             seconds, _ = run_kcats(argvs, [None] * len(argvs), self.env_kcat, timeout)
+            client_cpu = children_cpu() - cpu0
         return {"seconds": seconds, "msg_s": cell.count / seconds,
-                "mb_s": cell.count * cell.size / seconds / 1e6}
+                "mb_s": cell.count * cell.size / seconds / 1e6, "client_cpu_s": client_cpu}
 
     def consume(self, cell: Cell, b: Broker, topic: str) -> dict[str, Any]:
         timeout = self.args.phase_timeout
@@ -478,15 +515,18 @@ class Suite:
             if r["count"] != cell.count:
                 raise PhaseError(f"consumed {r['count']} of {cell.count}")
             seconds = r["t1"] - r["t0"]
+            client_cpu = r["cpu"]
         else:
             argv = [self.args.kcat, "-C", "-b", b.bootstrap, "-t", topic, "-e", "-o",
                     "beginning", "-q", "-c", str(cell.count), *KCAT_CONSUME_X]
+            cpu0 = children_cpu()
             seconds, got = run_kcats([argv], [None], self.env_kcat, timeout, count_stdout=True)
+            client_cpu = children_cpu() - cpu0
             if got != cell.count * (cell.size + 1):  # kcat prints value + "\n"
                 raise PhaseError(f"kcat -C printed {got} bytes, expected "
                                  f"{cell.count * (cell.size + 1)}")
         return {"seconds": seconds, "msg_s": cell.count / seconds,
-                "mb_s": cell.count * cell.size / seconds / 1e6}
+                "mb_s": cell.count * cell.size / seconds / 1e6, "client_cpu_s": client_cpu}
 
     def latency(self, cell: Cell, b: Broker, topic: str) -> dict[str, Any]:
         a = self.args
@@ -514,6 +554,8 @@ class Suite:
             topic = self.topic(group[0], name)
             try:
                 create_topic(b.bootstrap, topic, group[0].partitions)
+                if group[0].partitions >= SETTLE_PARTITIONS:
+                    settle(b, self.args.phase_timeout)
                 for cell in group:
                     fn = getattr(self, cell.kind)
                     try:
@@ -548,6 +590,9 @@ def report(cell: Cell, name: str, r: dict[str, Any]) -> None:
         text = f"{r['seconds']:6.2f} s {r['msg_s']:>10,.0f} msg/s {r['mb_s']:7.1f} MB/s"
     if "broker_cpu_s_per_M" in r:
         text += f" broker CPU {r['broker_cpu_s_per_M']:.2f} s/M"
+    if "client_cpu_s" in r:
+        text += f" client CPU {r['client_cpu_s']:.2f} s" + (" (client-bound)" if
+                                                         client_bound(r) else "")
     print(f"    {name:<5} {cell.label:<46} {text}", flush=True)
 
 
@@ -565,6 +610,18 @@ def _table(header: list[str], lines: list[list[str]]) -> str:
                       *(row(line) for line in lines)])
 
 
+def client_bound(r: dict[str, Any]) -> bool:
+    """The issue's rule: the client's CPU at or above the phase's wall time."""
+    return r.get("client_cpu_s", 0.0) >= r["seconds"]
+
+
+def _client(r: dict[str, Any]) -> str:
+    """Client CPU / wall of the phase, ``CB`` when the row is client-bound."""
+    if "client_cpu_s" not in r:
+        return "-"
+    return f"{r['client_cpu_s'] / r['seconds']:.2f}" + (" CB" if client_bound(r) else "")
+
+
 def _fewer(r: dict[str, Any], repeat: int) -> str:
     """A mark on a median of fewer samples than --repeat (budget spent, or errors)."""
     return f" (n={r['n']})" if r.get("n", repeat) < repeat else ""
@@ -578,7 +635,7 @@ def _ratio_names(names: list[str]) -> list[str]:
 def throughput_table(cells: list[Cell], names: list[str], repeat: int) -> str:
     header = ["configuration"]
     for n in names:
-        header += [f"{n} msg/s", f"{n} MB/s", f"{n} CPU s/M"]
+        header += [f"{n} msg/s", f"{n} MB/s", f"{n} CPU s/M", f"{n} client"]
     header += [f"shmq/{n}" for n in _ratio_names(names)]
     lines = []
     for cell in cells:
@@ -586,13 +643,13 @@ def throughput_table(cells: list[Cell], names: list[str], repeat: int) -> str:
         for n in names:
             r = cell.result(n)
             if r is None:
-                line += ["skipped", "-", "-"]
+                line += ["skipped", "-", "-", "-"]
             elif "error" in r:
-                line += ["error", "-", "-"]
+                line += ["error", "-", "-", "-"]
             else:
                 cpu = r.get("broker_cpu_s_per_M")
                 line += [f"{r['msg_s']:,.0f}" + _fewer(r, repeat), c.fmt(r["mb_s"]),
-                         f"{cpu:.2f}" if cpu is not None else "-"]
+                         f"{cpu:.2f}" if cpu is not None else "-", _client(r)]
         mine = cell.result("shmq") or {}
         for n in _ratio_names(names):
             other = cell.result(n) or {}
@@ -688,7 +745,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", type=float, default=1.0, help="multiply every record count")
     p.add_argument("--repeat", type=int, default=3,
                    help="runs of the whole matrix; the tables show medians")
-    p.add_argument("--budget", type=float, default=1170.0,
+    p.add_argument("--budget", type=float, default=1560.0,
                    help="seconds for the whole run; cases left when it is spent are skipped")
     p.add_argument("--latency-rate", type=int, default=2000, help="records/s of the latency runs")
     p.add_argument("--latency-seconds", type=float, default=3.0,
@@ -824,6 +881,8 @@ def _run(args: argparse.Namespace, names: list[str], tansu_bin: Path | None, wor
     print("  latency: ack = produce() to broker acknowledgement (librdkafka), e2e = produce() "
           "to consumer poll(); each percentile the median over the runs; ratios = shmq / other.")
     print("  CPU s/M: broker process tree utime+stime per million records of the phase.")
+    print("  client: the client processes' CPU / the phase's wall time; CB = client-bound "
+          "(client CPU >= wall time, issue 17): the row still counts.")
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps({
         "environment": dict(env), "args": vars(args), "seconds": total, "skipped": skipped,

@@ -9,7 +9,10 @@ Each connects and fetches the topic's metadata, prints ``ready`` and waits for a
 so that ``suite.py`` starts the clock of several processes at once (interpreter start-up and
 connection set-up are not measured).  Then it runs, and prints one JSON line: the monotonic
 times it started and ended (CLOCK_MONOTONIC is one clock for every process on the host, so the
-suite can take the earliest start and the latest end of 4 producers) and what it counted.
+suite can take the earliest start and the latest end of 4 producers), what it counted, and
+``cpu``: the CPU seconds the whole process (Python and librdkafka's threads) spent between the
+two (``time.process_time``), which the suite compares with the phase's wall time to mark rows
+bound by the client.
 
 * ``produce``: COUNT records of SIZE bytes as fast as librdkafka takes them (linger.ms=5,
   batch.size=1 MiB, acks=1, no compression, null keys: the sticky partitioner); ends when every
@@ -68,6 +71,7 @@ def produce(bootstrap: str, topic: str, count: int, size: int, timeout: float) -
     value = (b"0123456789abcdef" * (size // 16 + 1))[:size]
     send, poll = producer.produce, producer.poll
     _ready_then_wait()
+    c0 = time.process_time()
     t0 = time.monotonic()
     deadline = t0 + timeout
     sent = 0
@@ -87,7 +91,7 @@ def produce(bootstrap: str, topic: str, count: int, size: int, timeout: float) -
     left = producer.flush(max(0.1, deadline - time.monotonic()))
     t1 = time.monotonic()
     _emit({"t0": t0, "t1": t1, "count": sent - left - errors[0], "errors": errors[0], "sent": sent,
-           "undelivered": left})
+           "undelivered": left, "cpu": time.process_time() - c0})
 
 
 def consume(bootstrap: str, topic: str, partitions: int, count: int, timeout: float) -> None:
@@ -97,11 +101,13 @@ def consume(bootstrap: str, topic: str, partitions: int, count: int, timeout: fl
                          **CONSUMER_CONF})
     consumer.list_topics(topic, timeout=10)
     _ready_then_wait()
+    c0 = time.process_time()
     t0 = time.monotonic()
     deadline = t0 + timeout
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
     got = nbytes = 0
     t1 = t0
+    c1 = c0
     while got < count and time.monotonic() < deadline:
         # consume() waits for the full count or the timeout: never ask for more than is left
         for m in consumer.consume(min(10000, count - got), 0.5):
@@ -109,8 +115,9 @@ def consume(bootstrap: str, topic: str, partitions: int, count: int, timeout: fl
                 got += 1
                 nbytes += len(m)
         t1 = time.monotonic()
+        c1 = time.process_time()
     consumer.close()
-    _emit({"t0": t0, "t1": t1, "count": got, "bytes": nbytes})
+    _emit({"t0": t0, "t1": t1, "count": got, "bytes": nbytes, "cpu": c1 - c0})
 
 
 def paced(bootstrap: str, topic: str, rate: int, warmup_s: float, seconds: float, size: int,

@@ -82,6 +82,8 @@ class BrokerContext:
     state_reader: Any = None             # the state table to read flags from (any process)
     metrics: Any = None                  # this process's MetricsWriter (None: collection off)
     remote_ns: int = 0                   # a handler's wait (purgatory), for the router
+    # encoded Metadata answers of the current metadata generation (handlers/metadata.py)
+    metadata_answers: dict[Any, Any] = field(default_factory=dict)
 
     def publish_state(self, topic: str, partition: int, log: PartitionLog) -> None:
         """Write the partition's offsets to its shared-memory slot (seqlock, ~1 us)."""

@@ -12,24 +12,38 @@ flag) lists its leader in ``offline_replicas``, as Kafka lists a replica in a fa
 directory.  Unlike Kafka, which takes the whole directory offline until a restart, the leader
 stays: it still serves reads and takes appends again once one succeeds, so the error code stays
 NONE (an error there would make clients drop the leader and stop reading).
+
+Answers are cached (DESIGN.md §3): kio builds and encodes a 1,000-partition answer in ~28 ms (loaded box),
+and clients ask again on every refresh, error and new assignment.  The key holds everything an
+answer is made of: the version, the topics asked, the metadata (its identity and generation:
+every change of topics, partitions, leaders, epochs or brokers is a new generation,
+``MetadataStore.save``, and a worker replaces its copy on each update) and the partitions
+flagged with a storage error.  A change never meets an old answer; the cache holds one
+generation, at most ``_CACHED_ANSWERS`` answers; two requests' answers differ only in the
+correlation id.
 """
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Sequence
 from typing import Any
 
 from shmq.broker.context import BrokerContext, TopicRequest
 from shmq.broker.handlers._build import build, response_module
 from shmq.broker.metadata import INTERNAL_TOPICS, validate_topic_name
 from shmq.ipc.state_table import STORAGE_ERROR
+from shmq.protocol.codec import encode_response
 
 NONE, UNKNOWN_TOPIC_OR_PARTITION, LEADER_NOT_AVAILABLE, INVALID_TOPIC = 0, 3, 5, 17
 NO_AUTHORIZED_OPS = -2147483648
+METADATA = 3
+_CACHED_ANSWERS = 64
+_SIZE_CORRELATION = struct.Struct(">ii")
 
 
 async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
     version = header.api_version
-    cls, m = response_module(3, version)
     meta = ctx.metadata
     if request.topics is None or (version == 0 and not request.topics):
         names = sorted(meta.topics)
@@ -50,6 +64,27 @@ async def handle(ctx: BrokerContext, header: Any, request: Any) -> Any:
     reader = ctx.state_reader
     failing = reader.flagged(STORAGE_ERROR) if reader is not None and not reader.closed \
         else set()
+    generation = (id(meta), meta.generation, frozenset(failing))
+    cache = ctx.metadata_answers
+    if cache.get(None) != generation:  # a new generation: every cached answer is stale
+        cache.clear()
+        cache[None] = generation
+    key = (version, tuple(names))
+    framed = cache.get(key)
+    if framed is None:
+        framed = encode_response(METADATA, version, 0, _answer(meta, version, names, failing))
+        if len(cache) > _CACHED_ANSWERS:
+            cache.clear()
+            cache[None] = generation
+        cache[key] = framed
+    return [_SIZE_CORRELATION.pack(len(framed) - 4, header.correlation_id),
+            memoryview(framed)[8:]]
+
+
+def _answer(meta: Any, version: int, names: Sequence[str | None],
+            failing: set[int]) -> Any:
+    """The kio response object for ``names`` (already created when auto-creation applied)."""
+    cls, m = response_module(METADATA, version)
     topics = []
     for name in names:
         info = meta.topics.get(name) if name is not None else None
