@@ -442,7 +442,8 @@ cdef class ProducerCore:
             if got is None:
                 return self._append((topic, p), key, value, ts, size, cb)
             batch = <Batch>got
-            if batch.n >= self._batch_records or batch.nbytes + size > self._batch_bytes:
+            # size - HEADER bounds the record's encoded size: the batch stays within batch.size
+            if batch.n >= self._batch_records or batch.used + size - HEADER > self._batch_bytes:
                 return self._append((topic, p), key, value, ts, size, cb)
             batch._add(key, value, ts, None)
             if cb is not None or batch.cbs is not None:
@@ -450,7 +451,7 @@ cdef class ProducerCore:
             batch.nbytes += size
             self._queued += 1
             self._queued_bytes += size
-            if batch.n >= self._batch_records or batch.nbytes >= self._batch_bytes:
+            if batch.n >= self._batch_records or batch.used >= self._batch_bytes:
                 self._send((topic, p), batch)
         finally:
             lock.give()
