@@ -13,7 +13,7 @@ broker's own CPU is not counted.  Rows:
 * ``produce_batch list`` / ``produce_batch Arrow`` -- ``produce_batch`` of 100,000 values
   (a list of bytes; a ``pyarrow`` binary array), then ``flush()``.
 * ``poll`` -- ``Consumer.poll()`` per record over what ``produce`` stored.
-* ``consume_arrow cold`` / ``warm`` -- ``consume_arrow(1,000,000)`` over the same records in a
+* ``consume_arrow first`` / ``again`` -- ``consume_arrow(1,000,000)`` over the same records in a
   fresh consumer: its first call, then a second consumer in the same process.
 """
 
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                 row("poll", time.process_time() - c0, n)
                 c.close()
             if filled is not None and "arrow" in only:
-                for label in ("consume_arrow cold", "consume_arrow warm"):
+                for label in ("consume_arrow first", "consume_arrow again"):
                     c = shmq.Consumer({**conf, "group.id": "profile", "enable.auto.commit": False})
                     c.assign([TopicPartition(filled, 0, 1)])
                     got = 0
