@@ -377,6 +377,8 @@ class ProducerCore:
     ``_produce_slow`` for every record (it handles every case the compiled fast path does)."""
 
     _n_open = 0
+    _lock: Any
+    _slots: dict[str, list[Any]]
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         obj = super().__new__(cls)
@@ -427,6 +429,10 @@ class ProducerCore:
 
 class ConsumerCore:
     """The twin of the compiled ``ConsumerCore``: ``poll`` is the subclass's ``_poll_slow``."""
+
+    _buffer: list[Any]
+    _index: int
+    _service_at: float
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         obj = super().__new__(cls)

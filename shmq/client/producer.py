@@ -181,7 +181,7 @@ def _column_buffers(arr: Any) -> tuple[Any, Any, Any, Any]:
     off = np.frombuffer(offsets, np.int32, n + 1, arr.offset * 4) if offsets is not None \
         else np.zeros(n + 1, np.int32)
     lengths = np.diff(off).astype(np.int64)
-    bits = None
+    bits: Any = None
     if arr.null_count:
         if arr.offset % 8 == 0:
             bits = memoryview(valid).cast("B")[arr.offset // 8 : arr.offset // 8 + (n + 7) // 8]
@@ -697,15 +697,18 @@ class ShmProducer(Producer, ProducerCore):
         def answered(result: Any) -> None:
             self._answered(result, count, reports, nbytes)
 
-        write = batch.write
+        write: Callable[..., int] = batch.write
         if self._codec:
             packed = compress_batch(batch.encoded(), self._codec, self._codec_level)
 
-            def write(view: Any, at: int, size: int, pid: int, epoch: int, seq: int) -> int:
+            def write_packed(view: Any, at: int, size: int, pid: int, epoch: int,
+                             seq: int) -> int:
                 if size >= 0:
                     _restamp(packed, pid, epoch, seq)
                     view[at : at + len(packed)] = packed
                 return len(packed)
+
+            write = write_packed
 
         try:
             self._broker.send_with(topic, partition, count, write, acks=self._acks,

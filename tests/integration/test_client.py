@@ -1238,7 +1238,7 @@ def test_produce_batch_input_forms(kafka: RunningBroker, transport: str) -> None
         for values, stored in forms:
             assert p.produce_batch(topic, values, partition=0) == len(stored), values
             want += stored
-        keys = pa.array(["k%d" % i for i in range(30)] + [None]).slice(1)
+        keys = pa.array([f"k{i}" for i in range(30)] + [None]).slice(1)
         assert p.produce_batch(topic, [b"kv"] * 30, keys) == 30
         assert p.flush(10) == 0
         c = clients.consumer(**{"group.id": f"g-{topic}"})
