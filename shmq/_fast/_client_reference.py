@@ -321,6 +321,16 @@ class Batch:
         self.stamps.append(ts)
         self.headers.append(headers)
 
+    def extend(self, values: list[Any], start: int, stop: int, ts: int) -> None:
+        if start < 0 or stop > len(values) or start > stop:
+            raise IndexError("rows outside the list")
+        if self.cbs is not None:
+            raise ValueError("a batch with delivery callbacks keeps its records one by one")
+        for v in values[start:stop]:
+            if v is not None and type(v) is not bytes:
+                raise TypeError("values must be bytes or None")
+            self.append(None, v, ts, None, None)
+
     def load(self, data: bytearray, used: int, n: int, base_ts: int, max_ts: int) -> None:
         if self.n:
             raise ValueError("the batch already holds records")
@@ -370,6 +380,20 @@ class Batch:
         return [None if cb is None else (cb, k, v, t, h)
                 for cb, k, v, t, h in zip(self.cbs, self.keys, self.values, self.stamps,
                                           self.headers, strict=True)]
+
+
+def bytes_stats(values: list[Any]) -> tuple[int, int]:
+    """``(total bytes, longest)`` of a list of bytes or None, or ``(-1, index)`` of the first
+    other item (see ``shmq._fast.client.bytes_stats``)."""
+    total = longest = 0
+    for i, v in enumerate(values):
+        if v is None:
+            continue
+        if type(v) is not bytes:
+            return -1, i
+        total += len(v)
+        longest = max(longest, len(v))
+    return total, longest
 
 
 class ProducerCore:

@@ -251,6 +251,20 @@ cdef class Batch:
         self.headers.append(headers)
         return 0
 
+    def extend(self, list values not None, Py_ssize_t start, Py_ssize_t stop, int64_t ts):
+        """``values[start:stop]`` (bytes or None, checked by ``bytes_stats``) as keyless
+        records with timestamp ``ts``: ``produce_batch``'s lists, no Arrow column between."""
+        cdef Py_ssize_t i
+        if start < 0 or stop > len(values) or start > stop:
+            raise IndexError("rows outside the list")
+        if self.cbs is not None:
+            raise ValueError("a batch with delivery callbacks keeps its records one by one")
+        for i in range(start, stop):
+            v = <object>PyList_GET_ITEM(values, i)
+            if v is not None and not PyBytes_CheckExact(v):
+                raise TypeError("values must be bytes or None")
+            self._add(None, v, ts, None)
+
     cpdef append(self, key, value, int64_t ts, headers, cb):
         """Encode one record (key and value bytes or None; headers None or ``(str | bytes,
         bytes | None)`` pairs, kept as given for the report)."""
@@ -329,6 +343,23 @@ cdef class Batch:
         return [None if cb is None else (cb, k, v, t, h)
                 for cb, k, v, t, h in zip(self.cbs, self.keys, self.values, self.stamps,
                                           self.headers)]
+
+
+def bytes_stats(list values not None):
+    """``(total bytes, longest)`` of a list of bytes or None (None counts 0), or the index of
+    the first other item as ``(-1, index)``."""
+    cdef Py_ssize_t i, n, total = 0, longest = 0
+    for i in range(PyList_GET_SIZE(values)):
+        v = <object>PyList_GET_ITEM(values, i)
+        if v is None:
+            continue
+        if not PyBytes_CheckExact(v):
+            return -1, i
+        n = PyBytes_GET_SIZE(v)
+        total += n
+        if n > longest:
+            longest = n
+    return total, longest
 
 
 cdef class ProducerCore:

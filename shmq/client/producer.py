@@ -824,6 +824,10 @@ class ShmProducer(Producer, ProducerCore):
         import numpy as np
 
         _check_topic(topic)
+        if type(values) is list and keys is None:
+            total, longest_value = _fast.bytes_stats(values)
+            if total >= 0:  # bytes and None only: encoded from the list itself
+                return self._produce_list(topic, values, partition, total, longest_value)
         vcol = binary_column(values, "values")
         kcol = None if keys is None else binary_column(keys, "keys")
         count = len(vcol)
@@ -904,6 +908,51 @@ class ShmProducer(Producer, ProducerCore):
                         nbytes * counted // count
                     counted += len(chunk)
                     self._send(k, batch)
+        return count
+
+    def _produce_list(self, topic: str, values: list[Any], partition: Any, total: int,
+                      longest_value: int) -> int:
+        """``produce_batch`` of a keyless list of bytes or None: each batch encoded from the
+        list in one Cython pass (``Batch.extend``), no Arrow column between."""
+        count = len(values)
+        if not count:
+            return 0
+        longest = RECORD_MAX_OVERHEAD + longest_value
+        if longest > self._message_max:
+            raise kafka_exception(KafkaError.MSG_SIZE_TOO_LARGE,
+                                  "Unable to produce message: Broker: Message size too large")
+        n = self._counts.get(topic) or self._partition_count(topic)
+        if not n:
+            raise kafka_exception(KafkaError._UNKNOWN_TOPIC,
+                                  f"Unable to produce messages: {topic} is unknown")
+        nbytes = RECORD_MAX_OVERHEAD * count + total
+        if (self._queued + count > self._max_messages
+                or self._queued_bytes + nbytes > self._max_bytes):
+            raise BufferError("Local: Queue full")
+        if partition is not None and partition != -1:
+            part = _as_int(partition)
+            if not 0 <= part < n:
+                raise kafka_exception(KafkaError._UNKNOWN_PARTITION,
+                                      "Unable to produce message: Local: Unknown partition")
+        else:
+            part = self._sticky_partition(topic, n, nbytes)
+        now = time.time_ns() // 1_000_000
+        step = max(1, min(self._batch_records, (self._batch_bytes - BATCH_HEADER_SIZE)
+                          // (longest - BATCH_HEADER_SIZE)))
+        k = (topic, part)
+        with self._lock:
+            self._queued += count
+            self._queued_bytes += nbytes
+            open_batch = self._open_get(k)
+            if open_batch is not None:  # earlier records go first
+                self._send(k, open_batch)
+            for at in range(0, count, step):
+                stop = min(count, at + step)
+                batch = Batch(time.monotonic(), self._take_spare())
+                batch.extend(values, at, stop, now)
+                # the queued bytes, shared out so that they add up to nbytes exactly
+                batch.nbytes = nbytes * stop // count - nbytes * at // count
+                self._send(k, batch)
         return count
 
     # -- reports ----------------------------------------------------------------------------

@@ -152,3 +152,31 @@ def test_rlock_is_reentrant_and_exclusive() -> None:
         order.append("main")
     t.join(5)
     assert order == ["other", "main"]
+
+
+@PROPS
+@given(st.lists(blob, min_size=1, max_size=40), st.data())
+def test_extend_writes_what_append_writes(values, data) -> None:
+    """produce_batch's keyless lists: ``extend`` over a slice encodes what ``append`` would, and
+    ``bytes_stats`` gives the bytes and the longest value."""
+    start = data.draw(st.integers(0, len(values) - 1))
+    stop = data.draw(st.integers(start + 1, len(values)))
+    want = _client_reference.Batch(0.0)
+    for v in values[start:stop]:
+        want.append(None, v, 77, None, None)
+    for impl in IMPLS:
+        got = impl.Batch(0.0)
+        got.extend(values, start, stop, 77)
+        assert bytes(got.encoded(3, 0, 9)) == bytes(want.encoded(3, 0, 9)), impl.__name__
+        lengths = [len(v) for v in values if v is not None]
+        assert impl.bytes_stats(values) == (sum(lengths), max(lengths, default=0))
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=lambda m: m.__name__)
+def test_extend_and_bytes_stats_refuse_other_items(impl) -> None:
+    assert impl.bytes_stats([b"a", None, "str", 3]) == (-1, 2)
+    batch = impl.Batch(0.0)
+    with pytest.raises(TypeError):
+        batch.extend([b"a", bytearray(b"b")], 0, 2, 0)
+    with pytest.raises(IndexError):
+        batch.extend([b"a"], 0, 2, 0)
