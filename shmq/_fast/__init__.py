@@ -66,6 +66,8 @@ if HAVE_FAST:
     murmur2_partition = _client.murmur2_partition
     Batch = _client.Batch
     ProducerCore = _client.ProducerCore
+    ConsumerCore = _client.ConsumerCore
+    bytes_stats = _client.bytes_stats
 else:
     crc32c = _reference.crc32c
     crc32c_software = _reference.crc32c_software
@@ -97,6 +99,8 @@ else:
     murmur2_partition = _client_reference.murmur2_partition
     Batch = _client_reference.Batch  # type: ignore[misc,assignment]
     ProducerCore = _client_reference.ProducerCore  # type: ignore[misc,assignment]
+    ConsumerCore = _client_reference.ConsumerCore  # type: ignore[misc,assignment]
+    bytes_stats = _client_reference.bytes_stats
 
 from shmq._fast._reference import (  # noqa: E402  (constants are shared)
     COL_ATTRIBUTES,
@@ -130,6 +134,6 @@ __all__ = [
     "HEADER_SIZE", "MappedFile", "ProducerTable", "NO_LOG_APPEND_TIME", "SCAN_COLUMNS", "SCAN_CORRUPT", "SCAN_END", "SCAN_FULL", "SCAN_PARTIAL",
     "batch_header", "build_batch", "check_timestamps", "crc32c", "crc32c_software",
     "decode_records", "decode_sections", "encode_records", "fill_columns", "fill_headers", "murmur2_partitions", "encode_arrow_batch_into", "have_hardware", "largest_lower_bound",
-    "Batch", "ProducerCore", "murmur2", "murmur2_partition",
+    "Batch", "ConsumerCore", "ProducerCore", "bytes_stats", "murmur2", "murmur2_partition",
     "scan_batches", "smallest_upper_bound", "stamp_batch", "validate_batch",
 ]

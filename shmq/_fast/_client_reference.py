@@ -14,6 +14,7 @@ The compiled module has the same names and behaviour; the parity tests hold them
 from __future__ import annotations
 
 import struct
+import threading
 import zlib
 from typing import Any
 
@@ -225,61 +226,222 @@ def normalize_headers(headers: Any) -> list[tuple[bytes, bytes | None]]:
 
 # --- the producer's per-record path ------------------------------------------------------------
 
+RLock = threading.RLock
+_FIRST_CAPACITY = 4096
+
+
+def _zigzag(v: int) -> bytes:
+    z = ((v << 1) ^ (v >> 63)) & 0xFFFFFFFFFFFFFFFF
+    out = bytearray()
+    while z >= 0x80:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+def _field(b: bytes | None) -> bytes:
+    return _zigzag(-1) if b is None else _zigzag(len(b)) + b
+
+
+def _header_bytes(s: Any) -> bytes | None:
+    if s is None or type(s) is bytes:
+        return s
+    if isinstance(s, str):
+        return s.encode("utf-8")
+    return bytes(s)
+
+
 class Batch:
-    """A partition's open batch as parallel lists (see ``shmq._fast.client.Batch``)."""
+    """A partition's open batch, records encoded as they come (see
+    ``shmq._fast.client.Batch``)."""
 
-    __slots__ = ("keys", "values", "stamps", "headers", "cbs", "prebuilt", "nbytes", "opened")
+    __slots__ = ("data", "used", "n", "nbytes", "base_ts", "max_ts", "opened", "cbs", "keys",
+                 "values", "stamps", "headers")
 
-    def __init__(self, opened: float) -> None:
-        self.keys: list[Any] = []
-        self.values: list[Any] = []
-        self.stamps: list[int] = []
-        self.headers: list[Any] | None = None
-        self.cbs: list[Any] | None = None
-        self.prebuilt: list[Any] | None = None
+    def __init__(self, opened: float, spare: bytearray | None = None) -> None:
+        self.data: bytearray | None = spare if spare is not None else bytearray(_FIRST_CAPACITY)
+        self.used = BATCH_HEADER_SIZE
+        self.n = 0
         self.nbytes = 0
+        self.base_ts = self.max_ts = 0
         self.opened = opened
+        self.cbs: list[Any] | None = None
+        self.keys: list[Any] | None = None
+        self.values: list[Any] | None = None
+        self.stamps: list[int] | None = None
+        self.headers: list[Any] | None = None
 
     def count(self) -> int:
-        return len(self.prebuilt) if self.prebuilt is not None else len(self.values)
+        return self.n
+
+    def size(self) -> int:
+        return self.used
 
     def append(self, key: Any, value: Any, ts: int, headers: Any, cb: Any) -> None:
-        before = len(self.values)
+        if (key is not None and type(key) is not bytes) or (
+                value is not None and type(value) is not bytes):
+            raise TypeError("keys and values must be bytes or None")
+        hdrs = None
+        if headers is not None:
+            hdrs = [(_header_bytes(h[0]), _header_bytes(h[1])) for h in headers]
+            if any(h[0] is None for h in hdrs):
+                raise ValueError("header keys may not be None")
+        if self.data is None:
+            raise ValueError("the batch was released")
+        if self.n >= 0x7FFFFFFF:
+            raise ValueError("too many records for one batch")
+        if self.n == 0:
+            self.base_ts = self.max_ts = ts
+        elif ts > self.max_ts:
+            self.max_ts = ts
+        body = bytearray(b"\x00")
+        body += _zigzag(ts - self.base_ts) + _zigzag(self.n) + _field(key) + _field(value)
+        body += _zigzag(len(hdrs) if hdrs else 0)
+        for hk, hv in hdrs or ():
+            body += _field(hk) + _field(hv)
+        rec = _zigzag(len(body)) + body
+        end = self.used + len(rec)
+        if end > len(self.data):
+            self.data.extend(bytes(max(len(self.data), end - len(self.data))))
+        self.data[self.used : end] = rec
+        self.used = end
+        self.n += 1
+        before = self.n - 1
+        if self.cbs is None:
+            if cb is None:
+                return
+            self.cbs, self.keys, self.values = [None] * before, [None] * before, [None] * before
+            self.stamps, self.headers = [0] * before, [None] * before
+        assert self.keys is not None and self.values is not None
+        assert self.stamps is not None and self.headers is not None
+        self.cbs.append(cb)
         self.keys.append(key)
         self.values.append(value)
         self.stamps.append(ts)
-        if headers is not None:
-            if self.headers is None:
-                self.headers = [None] * before
-            self.headers.append(headers)
-        elif self.headers is not None:
-            self.headers.append(None)
-        if cb is not None:
-            if self.cbs is None:
-                self.cbs = [None] * before
-            self.cbs.append(cb)
-        elif self.cbs is not None:
-            self.cbs.append(None)
+        self.headers.append(headers)
 
-    def records(self) -> list[Any]:
-        if self.prebuilt is not None:
-            return self.prebuilt
-        if self.headers is None:
-            return list(zip(self.keys, self.values, self.stamps, strict=True))
-        return list(zip(self.keys, self.values, self.stamps, self.headers, strict=True))
+    def extend(self, values: list[Any], start: int, stop: int, ts: int) -> None:
+        if start < 0 or stop > len(values) or start > stop:
+            raise IndexError("rows outside the list")
+        if self.cbs is not None:
+            raise ValueError("a batch with delivery callbacks keeps its records one by one")
+        for v in values[start:stop]:
+            if v is not None and type(v) is not bytes:
+                raise TypeError("values must be bytes or None")
+            self.append(None, v, ts, None, None)
+
+    def load(self, data: bytearray, used: int, n: int, base_ts: int, max_ts: int) -> None:
+        if self.n:
+            raise ValueError("the batch already holds records")
+        if type(data) is not bytearray or not BATCH_HEADER_SIZE < used <= len(data) or n <= 0:
+            raise ValueError("a bytearray holding a batch of at least one record is needed")
+        self.data, self.used, self.n = data, used, n
+        self.base_ts, self.max_ts = base_ts, max_ts
+
+    def _seal(self, producer_id: int, producer_epoch: int, base_sequence: int) -> bytearray:
+        from shmq._fast import _reference
+
+        if self.n == 0:
+            raise ValueError("a record batch holds at least one record")
+        if self.data is None:
+            raise ValueError("the batch was released")
+        if self.used - 12 > 0x7FFFFFFF:
+            raise ValueError("record batch larger than 2 GiB")
+        out = _reference.build_batch(self.data[BATCH_HEADER_SIZE : self.used], self.n,
+                                     self.n - 1, 0, 0, -1, self.base_ts, self.max_ts,
+                                     producer_id, producer_epoch, base_sequence)
+        self.data[: self.used] = out
+        return out
+
+    def write(self, view: Any, at: int, size: int, producer_id: int = -1,
+              producer_epoch: int = -1, base_sequence: int = -1) -> int:
+        if size < 0:
+            return self.used
+        mv = memoryview(view).cast("B")
+        if size != self.used or at < 0 or at > mv.nbytes - size:
+            raise IndexError("the batch does not fit the window it is written to")
+        mv[at : at + size] = self._seal(producer_id, producer_epoch, base_sequence)
+        return size
+
+    def encoded(self, producer_id: int = -1, producer_epoch: int = -1,
+                base_sequence: int = -1) -> bytearray:
+        return self._seal(producer_id, producer_epoch, base_sequence)
+
+    def release(self) -> bytearray | None:
+        data, self.data = self.data, None
+        return data
 
     def reports(self) -> list[Any] | None:
         if self.cbs is None:
             return None
-        hs = self.headers if self.headers is not None else [None] * len(self.values)
+        assert self.keys is not None and self.values is not None
+        assert self.stamps is not None and self.headers is not None
         return [None if cb is None else (cb, k, v, t, h)
-                for cb, k, v, t, h in zip(self.cbs, self.keys, self.values, self.stamps, hs,
-                                          strict=True)]
+                for cb, k, v, t, h in zip(self.cbs, self.keys, self.values, self.stamps,
+                                          self.headers, strict=True)]
+
+
+def bytes_stats(values: list[Any]) -> tuple[int, int]:
+    """``(total bytes, longest)`` of a list of bytes or None, or ``(-1, index)`` of the first
+    other item (see ``shmq._fast.client.bytes_stats``)."""
+    total = longest = 0
+    for i, v in enumerate(values):
+        if v is None:
+            continue
+        if type(v) is not bytes:
+            return -1, i
+        total += len(v)
+        longest = max(longest, len(v))
+    return total, longest
 
 
 class ProducerCore:
     """The twin of the compiled ``ProducerCore``: ``produce`` is the subclass's
     ``_produce_slow`` for every record (it handles every case the compiled fast path does)."""
+
+    _n_open = 0
+    _lock: Any
+    _slots: dict[str, list[Any]]
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        obj = super().__new__(cls)
+        obj._lock = RLock()
+        obj._slots = {}
+        obj._n_open = 0
+        return obj
+
+    def _open_get(self, k: tuple[str, int]) -> Any:
+        slots = self._slots.get(k[0])
+        if slots is None or not 0 <= k[1] < len(slots):
+            return None
+        return slots[k[1]]
+
+    def _open_set(self, k: tuple[str, int], batch: Any) -> None:
+        topic, p = k
+        slots = self._slots.setdefault(topic, [])
+        if p >= len(slots):
+            slots.extend([None] * (p + 1 - len(slots)))
+        if slots[p] is None:
+            self._n_open += 1
+        slots[p] = batch
+
+    def _open_pop(self, k: tuple[str, int]) -> Any:
+        slots = self._slots.get(k[0])
+        if slots is None or not 0 <= k[1] < len(slots) or slots[k[1]] is None:
+            return None
+        batch, slots[k[1]] = slots[k[1]], None
+        self._n_open -= 1
+        return batch
+
+    def _open_items(self) -> list[tuple[tuple[str, int], Any]]:
+        return [((topic, p), b) for topic, slots in self._slots.items()
+                for p, b in enumerate(slots) if b is not None]
+
+    def _open_clear(self) -> None:
+        for slots in self._slots.values():
+            slots[:] = [None] * len(slots)
+        self._n_open = 0
 
     def produce(self, topic: Any, value: Any = None, key: Any = None, partition: int = -1,
                 on_delivery: Any = None, timestamp: int = 0, headers: Any = None, *,
@@ -287,3 +449,22 @@ class ProducerCore:
         """Queue one record (confluent-kafka's ``Producer.produce``)."""
         return self._produce_slow(topic, value, key, partition,  # type: ignore[attr-defined]
                                   on_delivery, timestamp, headers, callback)
+
+
+class ConsumerCore:
+    """The twin of the compiled ``ConsumerCore``: ``poll`` is the subclass's ``_poll_slow``."""
+
+    _buffer: list[Any]
+    _index: int
+    _service_at: float
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        obj = super().__new__(cls)
+        obj._buffer = []
+        obj._index = 0
+        obj._service_at = 0.0
+        return obj
+
+    def poll(self, timeout: float | None = None) -> Any:
+        """One message or event, or None after ``timeout`` seconds (None or -1: no limit)."""
+        return self._poll_slow(timeout)  # type: ignore[attr-defined]

@@ -35,7 +35,7 @@ from typing import Any
 import confluent_kafka
 from confluent_kafka import KafkaError, TopicPartition
 
-from shmq._fast import decode_sections
+from shmq._fast import ConsumerCore, decode_sections
 from shmq._fast._client_reference import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME
 from shmq.client._common import Interceptors, Message, Serdes, kafka_exception
 from shmq.client.config import RESET, ClientConfig, invalid, parse_bool
@@ -62,7 +62,8 @@ class Consumer:
             raise TypeError("expected configuration dict")
         config = ClientConfig(args[0] if args else {}, "consumer", kwargs)
         data_dir = local_data_dir(config)
-        obj: Consumer = super().__new__(ShmConsumer if data_dir is not None else KafkaConsumer)
+        impl = ShmConsumer if data_dir is not None else KafkaConsumer
+        obj: Consumer = impl.__new__(impl)
         obj._setup(config, data_dir)
         return obj
 
@@ -252,10 +253,11 @@ class _Part:
         self.stored = -1
 
 
-class ShmConsumer(Consumer):
+class ShmConsumer(Consumer, ConsumerCore):
     """The local transport (see the module docstring)."""
 
     transport = "shm"
+    poll = ConsumerCore.poll  # the compiled common case, not the base's declaration
 
     def _setup(self, config: ClientConfig, data_dir: Any) -> None:
         from shmq.ipc.client import LocalBroker
@@ -358,6 +360,7 @@ class ShmConsumer(Consumer):
                 part.position = part.fetch = self._edge(part, off == OFFSET_BEGINNING)
             self._parts[(tp.topic, tp.partition)] = part
         self._drop_buffer()
+        self._service_at = 0.0  # positions to resolve: the slow path runs on the next call
 
     def assign(self, partitions: list[TopicPartition]) -> None:
         """Assign exactly these partitions (offsets in them are start positions)."""
@@ -584,6 +587,10 @@ class ShmConsumer(Consumer):
         self._service_at = time.monotonic() + SERVICE_S
         return self._events.pop(0) if self._events else None
 
+    def _service_due(self) -> bool:
+        """Every SERVICE_S, and at once while no partition is assigned or resolved."""
+        return time.monotonic() >= self._service_at or not self._parts
+
     def _fill(self) -> int:
         """Read the next batches of the assigned partitions into the (empty) buffer."""
         from shmq.errors import OffsetOutOfRangeError
@@ -658,7 +665,10 @@ class ShmConsumer(Consumer):
         deadline = time.monotonic() + timeout if timeout >= 0 else float("inf")
         out: list[Any] = []
         while True:
-            ev = self._service()
+            # librdkafka's queue and the offset store when due (every SERVICE_S, and before
+            # every wait), not on every call: a record handed out costs no librdkafka call
+            ev = self._service() if self._service_due() else \
+                (self._events.pop(0) if self._events else None)
             if ev is not None:
                 out.append(ev)
                 if len(out) >= num:
@@ -678,8 +688,8 @@ class ShmConsumer(Consumer):
             if self._index >= len(self._buffer):
                 self._wait(min(left, WAIT_SLICE_S))
 
-    def poll(self, timeout: float | None = None) -> Any:
-        """One message or event, or None after ``timeout`` seconds (None or -1: no limit)."""
+    def _poll_slow(self, timeout: float | None = None) -> Any:
+        """``poll`` in full (``ConsumerCore.poll`` hands out buffered messages in C)."""
         i = self._index
         if i < len(self._buffer) and time.monotonic() < self._service_at:
             self._index = i + 1
@@ -707,7 +717,9 @@ class ShmConsumer(Consumer):
         self._check_open()
         deadline = time.monotonic() + timeout
         while True:
-            self._service()
+            ev = self._service() if self._service_due() else None
+            if ev is not None:  # errors and EOF events are poll's to return
+                self._events.insert(0, ev)
             self._settle()
             self._drop_buffer()
             parts = [p for p in self._parts.values() if not p.paused and p.fetch is not None]

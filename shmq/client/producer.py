@@ -9,10 +9,15 @@ Theory of operation (shared memory)
 -----------------------------------
 * ``produce`` checks its arguments as confluent-kafka does (same exceptions), serializes, picks
   the partition (explicit; a callable partitioner; else Java's murmur2 of the key; else sticky
-  for keyless records) and appends the record to its partition's open batch: parallel lists of
-  keys, values and times, encoded by one Cython function with no object per record when the
-  batch goes (``shmq.ipc.client.LocalBroker.send_columns``: RecordBatch v2, producer id and
-  sequence; ``send_batch`` for batches with headers or compression).
+  for keyless records) and encodes the record into its partition's open batch there and then
+  (``shmq._fast.client.Batch``: RecordBatch v2 records after room for the header; the common
+  case of ``produce`` is compiled, ``ProducerCore.produce``).  When the batch goes, its header
+  gets the producer id and sequence of that moment and the bytes are copied into the ring
+  (``LocalBroker.send_with``), compressed first with ``compression.type``.  Keys and values
+  are kept as objects only once a record has a delivery callback (its report needs them).
+* ``produce_batch`` turns lists, numpy and Arrow arrays into Arrow binary columns, checks them
+  whole (nothing is half-sent) and encodes each batch from the columns in one Cython pass
+  (``_fast.encode_arrow_batch_into``).
 * A batch goes when it reaches ``batch.num.messages`` / ``batch.size``, when ``linger.ms`` has
   passed since its first record (a daemon thread watches the open batches, so records go out
   without ``poll`` as librdkafka's do), or -- unless the user set ``linger.ms`` -- as soon as
@@ -44,6 +49,7 @@ from confluent_kafka import KafkaError
 from shmq import _fast
 from shmq._fast import Batch, ProducerCore
 from shmq._fast._client_reference import (
+    BATCH_HEADER_SIZE,
     PARTITIONERS,
     RECORD_MAX_OVERHEAD,
     TIMESTAMP_CREATE_TIME,
@@ -60,6 +66,13 @@ ERR_PURGE_QUEUE = KafkaError._PURGE_QUEUE
 ERR_MSG_TIMED_OUT = KafkaError._MSG_TIMED_OUT
 METADATA_TIMEOUT_S = 10.0
 MAX_BATCH_BYTES = 2 << 20
+SPARE_MAX = 4 << 20        # a sent batch's buffer up to this size is kept for the next batch
+# Without linger.ms, a partition's new batch goes at once when fewer than max.in.flight batches
+# are unanswered and its previous batch went at least this long ago: a send costs ~20 us of
+# Python, and with quick answers (acks=1, 0) every record went alone (measured: 14,000
+# records/s at acks=1, 20 us CPU a record); records produced within the gap gather in one
+# batch, which the linger thread sends when the gap is over.
+EAGER_GAP_S = 0.0002
 EAGER_CHECK_S = 0.001      # how often the linger thread looks for room in flight (linger.ms unset):
 #                            often enough for latency, seldom enough that batches amortise a send
 UNKNOWN_RETRY_S = 1.0      # how often metadata of an unknown topic is asked for again
@@ -87,6 +100,109 @@ def as_record_list(obj: Any, what: str) -> list[Any]:
     if isinstance(obj, (bytes, str)):
         raise TypeError(f"{what} must be a sequence of records, not {type(obj).__name__}")
     return list(obj)
+
+
+_EMPTY = bytearray()
+_ARROW_BINARY_KINDS = ("string", "large_string", "large_binary", "fixed_size_binary",
+                       "binary_view", "string_view", "null")
+
+
+def binary_column(obj: Any, what: str) -> Any:
+    """``produce_batch``'s values or keys as one ``pyarrow`` binary array: a pyarrow array or
+    chunked array of binary, string (their UTF-8 bytes), large, fixed-size, view or null type
+    (dictionary-encoded too); a numpy array of fixed-width bytes (``S``: each item whole,
+    trailing NULs included), str (``U``) or objects; a list or other sequence of bytes-like
+    objects, str or None.  Anything else raises ``TypeError`` (``ValueError`` for a shape or
+    size Arrow cannot take), before a record is queued."""
+    import numpy as np
+    import pyarrow as pa
+
+    mod = type(obj).__module__
+    if mod.startswith("pyarrow"):
+        arr = obj
+        if isinstance(arr, pa.ChunkedArray):
+            arr = arr.combine_chunks()
+        if not isinstance(arr, pa.Array):
+            raise TypeError(f"{what} must be an array, not {type(obj).__name__}")
+        if pa.types.is_dictionary(arr.type):
+            arr = arr.dictionary_decode()
+        t = arr.type
+        if pa.types.is_binary(t):
+            return arr
+        if not any(getattr(pa.types, f"is_{kind}")(t) for kind in _ARROW_BINARY_KINDS):
+            raise TypeError(f"{what} must be binary or string, not Arrow {t}")
+        try:
+            return arr.cast(pa.binary())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise ValueError(f"{what}: {exc}") from None
+    if mod.startswith("numpy"):
+        if obj.ndim != 1:
+            raise ValueError(f"{what} must be one-dimensional")
+        kind = obj.dtype.kind
+        if kind == "S":
+            width, count = obj.dtype.itemsize, len(obj)
+            if width * count > 0x7FFFFFFF:
+                raise ValueError(f"{what}: more than 2 GiB in one call")
+            data = np.ascontiguousarray(obj).view(np.uint8)
+            offsets = np.arange(0, (count + 1) * width, width, dtype=np.int32)
+            return pa.Array.from_buffers(pa.binary(), count,
+                                         [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+        if kind == "U":
+            return binary_column(pa.array(obj, pa.string()), what)
+        if kind != "O":
+            raise TypeError(f"{what} must hold bytes or str, not numpy {obj.dtype}")
+        obj = obj.tolist()
+    if isinstance(obj, (bytes, bytearray, str, memoryview)):
+        raise TypeError(f"{what} must be a sequence of records, not {type(obj).__name__}")
+    seq = obj if type(obj) is list else list(obj)
+    try:
+        return pa.array(seq, pa.binary())
+    except (pa.ArrowTypeError, pa.ArrowInvalid, TypeError):
+        pass  # bytes-like objects Arrow does not take, or a wrong type: say which
+    conv = []
+    for i, v in enumerate(seq):
+        try:
+            conv.append(as_bytes(v))
+        except TypeError as exc:
+            raise TypeError(f"{what}[{i}]: {exc}") from None
+    try:
+        return pa.array(conv, pa.binary())
+    except (pa.ArrowInvalid, pa.ArrowCapacityError) as exc:
+        raise ValueError(f"{what}: {exc}") from None
+
+
+def _column_buffers(arr: Any) -> tuple[Any, Any, Any, Any]:
+    """(offsets, data, validity bitmap or None, lengths with -1 for null) of a binary array,
+    realigned to its first row (what ``encode_arrow_batch_into`` takes)."""
+    import numpy as np
+
+    valid, offsets, data = arr.buffers()
+    n = len(arr)
+    off = np.frombuffer(offsets, np.int32, n + 1, arr.offset * 4) if offsets is not None \
+        else np.zeros(n + 1, np.int32)
+    lengths = np.diff(off).astype(np.int64)
+    bits: Any = None
+    if arr.null_count:
+        if arr.offset % 8 == 0:
+            bits = memoryview(valid).cast("B")[arr.offset // 8 : arr.offset // 8 + (n + 7) // 8]
+        else:
+            flags = np.unpackbits(np.frombuffer(valid, np.uint8),
+                                  bitorder="little")[arr.offset : arr.offset + n]
+            bits = np.packbits(flags, bitorder="little")
+        lengths[~arr.is_valid().to_numpy(zero_copy_only=False)] = -1
+    body = memoryview(data).cast("B") if data is not None else np.zeros(0, np.uint8)
+    return off, body, bits, lengths
+
+
+def _checked_bytes(items: list[Any], what: str) -> list[Any]:
+    """``as_bytes`` of every item, naming the first that is not bytes-like, str or None."""
+    out = []
+    for i, v in enumerate(items):
+        try:
+            out.append(as_bytes(v))
+        except TypeError as exc:
+            raise TypeError(f"{what}[{i}]: {exc}") from None
+    return out
 
 
 def _check_topic(topic: Any) -> str:
@@ -203,6 +319,9 @@ class Producer:
         ks = None if keys is None else as_record_list(keys, "keys")
         if ks is not None and len(ks) != len(vals):
             raise ValueError(f"{len(ks)} keys for {len(vals)} values")
+        if not self.serdes.active:  # every record checked before one is queued
+            vals = _checked_bytes(vals, "values")
+            ks = None if ks is None else _checked_bytes(ks, "keys")
         part = -1 if partition is None else partition
         for i, v in enumerate(vals):
             self.produce(topic, v, None if ks is None else ks[i], part, on_delivery, 0, headers)
@@ -345,14 +464,15 @@ class ShmProducer(Producer, ProducerCore):
         self._unknown_until: dict[str, float] = {}
         self._held: list[tuple] = []   # records to topics not known yet (deadline, args...)
         self._message_timeout = message_timeout
-        self._open: dict[tuple[str, int], Batch] = {}
+        # the open batches: ProducerCore._open_* (a list per topic, indexed by partition)
         # sealed batches the ring did not take yet (full ring, worker restarting), in order
         self._backlog: dict[tuple[str, int], deque[Batch]] = {}
         self._sticky: dict[str, tuple[int, int]] = {}  # partition, bytes left
         self._reports: deque[tuple[Any, Any]] = deque()
         self._queued = 0          # records not yet reported (len())
         self._queued_bytes = 0
-        self._lock = threading.RLock()
+        self._spare: bytearray | None = None
+        self._last_send: dict[tuple[str, int], float] = {}  # when each partition's last batch went
         self._wake = threading.Event()
         self._stop = False
         self._thread = threading.Thread(target=self._linger_loop, name="shmq-producer-linger",
@@ -464,15 +584,16 @@ class ShmProducer(Producer, ProducerCore):
                 cb: Any, headers: Any = None) -> None:
         """The record into its partition's open batch, which may go at once (lock held)."""
         topic, partition = k
-        got = self._open.get(k)
+        got = self._open_get(k)
         fresh = got is None
         if got is None:
-            batch = self._open[k] = Batch(time.monotonic())
-        elif (got.prebuilt is not None or got.count() >= self._batch_records
-              or got.nbytes + size > self._batch_bytes):
-            batch = got
-            self._send(k, batch)
-            batch = self._open[k] = Batch(time.monotonic())
+            batch = Batch(time.monotonic(), self._take_spare())
+            self._open_set(k, batch)
+        elif (got.count() >= self._batch_records
+              or got.size() + size - BATCH_HEADER_SIZE > self._batch_bytes):
+            self._send(k, got)
+            batch = Batch(time.monotonic(), self._take_spare())
+            self._open_set(k, batch)
             fresh = True
         else:
             batch = got
@@ -480,11 +601,12 @@ class ShmProducer(Producer, ProducerCore):
         batch.nbytes += size
         self._queued += 1
         self._queued_bytes += size
-        if batch.count() >= self._batch_records or batch.nbytes >= self._batch_bytes:
+        if batch.count() >= self._batch_records or batch.size() >= self._batch_bytes:
             self._send(k, batch)
         elif fresh and self._eager:
             self._pump(0)
-            if self._broker.can_send(topic, partition):
+            if (self._broker.can_send(topic, partition)
+                    and time.monotonic() - self._last_send.get(k, 0.0) >= EAGER_GAP_S):
                 self._send(k, batch)  # room in flight: a lone record does not linger
             else:
                 self._wake.set()
@@ -545,8 +667,8 @@ class ShmProducer(Producer, ProducerCore):
         cannot take now -- full, or its worker restarting -- waits in the partition's backlog,
         in order, until it can, or until ``message.timeout.ms`` fails it (``_expire_unsent``):
         a worker's death never raises out of ``produce`` or ``poll``."""
-        if self._open.get(k) is batch:
-            del self._open[k]
+        if self._open_get(k) is batch:
+            self._open_pop(k)
         queue = self._backlog.get(k)
         if queue is not None:  # earlier batches wait: this one goes after them
             queue.append(batch)
@@ -563,8 +685,9 @@ class ShmProducer(Producer, ProducerCore):
             del self._backlog[k]
 
     def _hand_over(self, k: tuple[str, int], batch: Batch) -> bool:
-        """``send_batch``; False when the batch could not go now and is to be kept."""
-        from shmq.ipc.client import NotLocalError, SessionLostError
+        """The batch into the ring (its encoded bytes copied; compressed first with
+        ``compression.type``); False when it could not go now and is to be kept."""
+        from shmq.ipc.client import NotLocalError, SessionLostError, _restamp, compress_batch
         from shmq.ipc.session import AttachError
 
         topic, partition = k
@@ -574,24 +697,36 @@ class ShmProducer(Producer, ProducerCore):
         def answered(result: Any) -> None:
             self._answered(result, count, reports, nbytes)
 
+        write: Callable[..., int] = batch.write
+        if self._codec:
+            packed = compress_batch(batch.encoded(), self._codec, self._codec_level)
+
+            def write_packed(view: Any, at: int, size: int, pid: int, epoch: int,
+                             seq: int) -> int:
+                if size >= 0:
+                    _restamp(packed, pid, epoch, seq)
+                    view[at : at + len(packed)] = packed
+                return len(packed)
+
+            write = write_packed
+
         try:
-            if batch.prebuilt is None and batch.headers is None and not self._codec:
-                # the open batch's lists as they are: no tuple per record
-                self._broker.send_columns(topic, partition, batch.keys, batch.values,
-                                          batch.stamps, acks=self._acks,
-                                          timeout=max(self._linger, 1.0), on_delivery=answered)
-            else:
-                self._broker.send_batch(topic, partition, batch.records(), acks=self._acks,
-                                        timeout=max(self._linger, 1.0), on_delivery=answered,
-                                        compression=self._codec,
-                                        compression_level=self._codec_level)
+            self._broker.send_with(topic, partition, count, write, acks=self._acks,
+                                   timeout=max(self._linger, 1.0), on_delivery=answered)
         except (BufferError, SessionLostError, AttachError, NotLocalError, OSError):
             return False  # the ring stayed full or the worker is away: it goes later
         except Exception:  # not sent and never to be answered: not queued any more
             self._queued -= count
             self._queued_bytes -= nbytes
             raise
+        self._last_send[k] = time.monotonic()
+        if self._spare is None and batch.size() <= SPARE_MAX:
+            self._spare = batch.release()  # its bytes are in the ring: the next batch's buffer
         return True
+
+    def _take_spare(self) -> bytearray | None:
+        spare, self._spare = self._spare, None
+        return spare
 
     def _pump(self, timeout: float = 0.0) -> None:
         """The broker's answers (lock held).  A worker that did not come back has had its
@@ -605,31 +740,33 @@ class ShmProducer(Producer, ProducerCore):
 
     def _unsent(self) -> list[tuple[tuple[str, int], Batch]]:
         out = [(k, b) for k, q in self._backlog.items() for b in q]
-        return out + list(self._open.items())
+        return out + self._open_items()
 
     def _fail_unsent(self, k: tuple[str, int], batch: Batch, err: KafkaError) -> None:
         """Report every record of a batch that never went (lock held)."""
         topic, partition = k
         reports = batch.reports()
-        for i, rec in enumerate(batch.records()):
-            key, value, ts = (None, rec, 0) if type(rec) is bytes else rec[:3]
-            hdrs = rec[3] if type(rec) is tuple and len(rec) > 3 else None
+        out = self._reports
+        for i in range(batch.count()):
             r = reports[i] if reports is not None else None
-            cb = r[0] if r is not None else None
-            self._reports.append((cb, Message(topic, partition, -1001, key, value, hdrs,
-                                              err, (TIMESTAMP_CREATE_TIME, ts))))
+            if r is None:  # no callback: only counted down by poll
+                out.append((None, 0))
+                continue
+            cb, key, value, ts, hdrs = r
+            out.append((cb, Message(topic, partition, -1001, key, value, hdrs, err,
+                                    (TIMESTAMP_CREATE_TIME, ts))))
         self._queued_bytes -= batch.nbytes
 
     def _expire_unsent(self) -> None:
         """Batches that could not go within ``message.timeout.ms`` of their first record are
         reported ``_MSG_TIMED_OUT`` (lock held)."""
-        if not (self._backlog or self._open):
+        if not (self._backlog or self._n_open):
             return
         limit = time.monotonic() - self._message_timeout
         for k, batch in self._unsent():
             if batch.opened <= limit:
-                if self._open.get(k) is batch:
-                    del self._open[k]
+                if self._open_get(k) is batch:
+                    self._open_pop(k)
                 else:
                     queue = self._backlog[k]
                     queue.remove(batch)
@@ -676,95 +813,146 @@ class ShmProducer(Producer, ProducerCore):
     def produce_batch(self, topic: str, values: Any = None, keys: Any = None,
                       partition: int | None = None, headers: Any = None,
                       on_delivery: Any = None) -> int:
+        """See ``Producer.produce_batch``.  Lists, numpy and Arrow arrays become one Arrow binary
+        column each, checked whole before anything is queued (a wrong type raises, nothing is
+        half-sent), and each batch is encoded from the columns in one Cython pass
+        (``_fast.encode_arrow_batch_into``), with no object per record."""
         if (self.closed or (type(values) is list and values and type(values[0]) is dict)
                 or self.interceptors or self.serdes.active or on_delivery is not None
                 or self._default_cb is not None or headers is not None):
             return super().produce_batch(topic, values, keys, partition, headers, on_delivery)
+        import numpy as np
+
         _check_topic(topic)
-        vals = as_record_list(values, "values")
-        ks = None if keys is None else as_record_list(keys, "keys")
-        count = len(vals)
+        if type(values) is list and keys is None:
+            total, longest_value = _fast.bytes_stats(values)
+            if total >= 0:  # bytes and None only: encoded from the list itself
+                return self._produce_list(topic, values, partition, total, longest_value)
+        vcol = binary_column(values, "values")
+        kcol = None if keys is None else binary_column(keys, "keys")
+        count = len(vcol)
+        if kcol is not None and len(kcol) != count:
+            raise ValueError(f"{len(kcol)} keys for {count} values")
         if not count:
             return 0
-        if ks is not None and len(ks) != count:
-            raise ValueError(f"{len(ks)} keys for {count} values")
-        if not all(type(v) is bytes or v is None for v in vals) or (
-                ks is not None and not all(type(k) is bytes or k is None for k in ks)):
-            return super().produce_batch(topic, vals, ks, partition, headers, on_delivery)
-        longest = max(len(v) for v in vals if v is not None) if any(
-            v is not None for v in vals) else 0
-        if ks is not None:
-            longest += max((len(k) for k in ks if k is not None), default=0)
-        if RECORD_MAX_OVERHEAD + longest > self._message_max:
+        explicit = partition is not None and partition != -1
+        if kcol is not None and not explicit and (self.custom_partitioner is not None
+                                                  or self._partitioner != 0):
+            # another partitioner than Java's: record by record (every value is checked)
+            return super().produce_batch(topic, vcol.to_pylist(), kcol.to_pylist(), partition,
+                                         headers, on_delivery)
+        voff, vdata, vvalid, vlen = _column_buffers(vcol)
+        sizes = RECORD_MAX_OVERHEAD + np.maximum(vlen, 0)
+        kbufs = None
+        if kcol is not None:
+            kbufs = _column_buffers(kcol)
+            sizes += np.maximum(kbufs[3], 0)
+        longest = int(sizes.max())
+        if longest > self._message_max:
             raise kafka_exception(KafkaError.MSG_SIZE_TOO_LARGE,
                                   "Unable to produce message: Broker: Message size too large")
         n = self._counts.get(topic) or self._partition_count(topic)
         if not n:
             raise kafka_exception(KafkaError._UNKNOWN_TOPIC,
                                   f"Unable to produce messages: {topic} is unknown")
-        nbytes = RECORD_MAX_OVERHEAD * count + sum(len(v) for v in vals if v is not None)
+        nbytes = int(sizes.sum())
         if (self._queued + count > self._max_messages
                 or self._queued_bytes + nbytes > self._max_bytes):
             raise BufferError("Local: Queue full")
-        groups: dict[int, list[int]] | None = None
-        if partition is not None and partition != -1:
+        rows = np.arange(count, dtype=np.int64)
+        if explicit:
             part = _as_int(partition)
             if not 0 <= part < n:
                 raise kafka_exception(KafkaError._UNKNOWN_PARTITION,
                                       "Unable to produce message: Local: Unknown partition")
-        elif ks is not None and self.custom_partitioner is None:
-            murmur = _fast.murmur2_partition
-            sticky = -1
-            groups = {}
-            for i, k in enumerate(ks):
-                if k is None:
-                    if sticky < 0:
-                        sticky = self._sticky_partition(topic, n, nbytes // count)
-                    p = sticky
-                else:
-                    p = murmur(k, n)
-                groups.setdefault(p, []).append(i)
-            part = -1
-        elif ks is not None:
-            return super().produce_batch(topic, vals, ks, partition, headers, on_delivery)
+            plan = [(part, rows)]
+        elif kbufs is not None:  # Java's murmur2 of each key; keyless ones stick together
+            parts = np.empty(count, np.int32)
+            _fast.murmur2_partitions(kbufs[0], kbufs[1], kbufs[2], n, parts)
+            if kbufs[2] is not None and (parts < 0).any():
+                parts[parts < 0] = self._sticky_partition(topic, n, nbytes // count)
+            order = np.argsort(parts, kind="stable")
+            cuts = np.flatnonzero(np.diff(parts[order])) + 1
+            plan = [(int(parts[g[0]]), g) for g in np.split(order, cuts)]
         else:
-            part = self._sticky_partition(topic, n, nbytes)
+            plan = [(self._sticky_partition(topic, n, nbytes), rows)]
         now = time.time_ns() // 1_000_000
         # a batch holds at most batch.num.messages records and batch.size bytes (the broker
         # refuses one over message.max.bytes: MESSAGE_TOO_LARGE for every record of it)
-        step = max(1, min(self._batch_records,
-                          self._batch_bytes // (RECORD_MAX_OVERHEAD + longest)))
+        step = max(1, min(self._batch_records, (self._batch_bytes - BATCH_HEADER_SIZE)
+                          // (longest - BATCH_HEADER_SIZE)))
+        k_off, k_data, k_valid = kbufs[:3] if kbufs is not None else (None, None, None)
+        encode = _fast.encode_arrow_batch_into
         with self._lock:
-            plan: list[tuple[int, list[Any]]] = []
-            if groups is None:
-                if ks is not None:
-                    recs = [(ks[i], vals[i]) for i in range(count)]
-                elif any(v is None for v in vals):  # a bare record is bytes; None needs a tuple
-                    recs = [(None, v) for v in vals]
-                else:
-                    recs = vals
-                plan.append((part, recs))
-            else:
-                assert ks is not None
-                for p, idx in groups.items():
-                    plan.append((p, [(ks[i], vals[i], now) for i in idx]))
             self._queued += count
             self._queued_bytes += nbytes
             counted = 0
-            for p, recs in plan:
+            for p, group in plan:
                 k = (topic, p)
-                open_batch = self._open.get(k)
+                open_batch = self._open_get(k)
                 if open_batch is not None:  # earlier records go first
                     self._send(k, open_batch)
-                for at in range(0, len(recs), step):
-                    chunk = recs[at : at + step]
-                    batch = Batch(time.monotonic())
-                    batch.prebuilt = chunk
+                for at in range(0, len(group), step):
+                    chunk = np.ascontiguousarray(group[at : at + step], dtype=np.int64)
+                    size = -encode(_EMPTY, 0, 0, chunk, k_off, k_data, k_valid, voff, vdata,
+                                   vvalid, now)
+                    data = self._take_spare()
+                    if data is None or len(data) < size:
+                        data = bytearray(size)
+                    encode(data, 0, size, chunk, k_off, k_data, k_valid, voff, vdata, vvalid,
+                           now)
+                    batch = Batch(time.monotonic(), data)
+                    batch.load(data, size, len(chunk), now, now)
                     # the queued bytes, shared out so that they add up to nbytes exactly
                     batch.nbytes = nbytes * (counted + len(chunk)) // count - \
                         nbytes * counted // count
                     counted += len(chunk)
                     self._send(k, batch)
+        return count
+
+    def _produce_list(self, topic: str, values: list[Any], partition: Any, total: int,
+                      longest_value: int) -> int:
+        """``produce_batch`` of a keyless list of bytes or None: each batch encoded from the
+        list in one Cython pass (``Batch.extend``), no Arrow column between."""
+        count = len(values)
+        if not count:
+            return 0
+        longest = RECORD_MAX_OVERHEAD + longest_value
+        if longest > self._message_max:
+            raise kafka_exception(KafkaError.MSG_SIZE_TOO_LARGE,
+                                  "Unable to produce message: Broker: Message size too large")
+        n = self._counts.get(topic) or self._partition_count(topic)
+        if not n:
+            raise kafka_exception(KafkaError._UNKNOWN_TOPIC,
+                                  f"Unable to produce messages: {topic} is unknown")
+        nbytes = RECORD_MAX_OVERHEAD * count + total
+        if (self._queued + count > self._max_messages
+                or self._queued_bytes + nbytes > self._max_bytes):
+            raise BufferError("Local: Queue full")
+        if partition is not None and partition != -1:
+            part = _as_int(partition)
+            if not 0 <= part < n:
+                raise kafka_exception(KafkaError._UNKNOWN_PARTITION,
+                                      "Unable to produce message: Local: Unknown partition")
+        else:
+            part = self._sticky_partition(topic, n, nbytes)
+        now = time.time_ns() // 1_000_000
+        step = max(1, min(self._batch_records, (self._batch_bytes - BATCH_HEADER_SIZE)
+                          // (longest - BATCH_HEADER_SIZE)))
+        k = (topic, part)
+        with self._lock:
+            self._queued += count
+            self._queued_bytes += nbytes
+            open_batch = self._open_get(k)
+            if open_batch is not None:  # earlier records go first
+                self._send(k, open_batch)
+            for at in range(0, count, step):
+                stop = min(count, at + step)
+                batch = Batch(time.monotonic(), self._take_spare())
+                batch.extend(values, at, stop, now)
+                # the queued bytes, shared out so that they add up to nbytes exactly
+                batch.nbytes = nbytes * stop // count - nbytes * at // count
+                self._send(k, batch)
         return count
 
     # -- reports ----------------------------------------------------------------------------
@@ -812,7 +1000,7 @@ class ShmProducer(Producer, ProducerCore):
         t = -1.0 if timeout is None else float(timeout)
         deadline = time.monotonic() + t if t >= 0 else float("inf")
         with self._lock:
-            for k, batch in list(self._open.items()):
+            for k, batch in self._open_items():
                 self._send(k, batch)
         while True:
             self._retry_held()
@@ -841,7 +1029,7 @@ class ShmProducer(Producer, ProducerCore):
             err = KafkaError(ERR_PURGE_QUEUE)
             for k, batch in self._unsent():
                 self._fail_unsent(k, batch, err)
-            self._open.clear()
+            self._open_clear()
             self._backlog.clear()
 
     # -- linger -----------------------------------------------------------------------------
@@ -856,19 +1044,31 @@ class ShmProducer(Producer, ProducerCore):
                 with self._lock:
                     self._pump(0)
                     self._send_waiting()
-                    now = time.monotonic()
-                    due = now + EAGER_CHECK_S if self._backlog else None
-                    for k, batch in list(self._open.items()):
-                        ready = self._eager or now - batch.opened >= self._linger
-                        if ready and self._broker.can_send(*k):
-                            self._send(k, batch)
-                        else:
-                            at = now + EAGER_CHECK_S if self._eager else \
-                                batch.opened + self._linger
-                            due = at if due is None else min(due, at)
+                    due = self._send_ready()
                 if due is None:
                     break
                 time.sleep(max(0.0001, min(due - time.monotonic(), 0.1)))
+
+    def _send_ready(self) -> float | None:
+        """Send the open batches that may go now (lock held): their linger passed, or by
+        default their partition has room in flight and its last batch went EAGER_GAP_S ago.
+        Returns when to look again (None: nothing waits)."""
+        now = time.monotonic()
+        due = now + EAGER_CHECK_S if self._backlog else None
+        for k, batch in self._open_items():
+            if self._eager:
+                gap = self._last_send.get(k, 0.0) + EAGER_GAP_S
+                if now >= gap and self._broker.can_send(*k):
+                    self._send(k, batch)
+                    continue
+                at = gap if now < gap else now + EAGER_CHECK_S
+            elif now - batch.opened >= self._linger and self._broker.can_send(*k):
+                self._send(k, batch)
+                continue
+            else:
+                at = batch.opened + self._linger
+            due = at if due is None else min(due, at)
+        return due
 
     def close(self, timeout: float | None = None) -> bool:
         """Flush (up to ``timeout``), stop the linger thread and detach; True when every

@@ -108,12 +108,18 @@ def compressed_batch(records: list[Any], now: int, codec: int,
     with Kafka codec ``codec``, as the Java client writes it: the 61-byte header uncompressed,
     the codec in attribute bits 0-2, the record stream compressed (``shmq.protocol.compression``,
     cramjam).  Producer id, epoch and sequence are stamped (and the CRC computed) by the sender."""
-    from shmq.protocol import compression as codecs
-
     encode = _fast.ring.encode_batch_into
     size = -encode(_NO_VIEW, 0, 0, records, now, -1, -1, -1)
     plain = bytearray(size)
     encode(plain, 0, size, records, now, -1, -1, -1)
+    return compress_batch(plain, codec, level)
+
+
+def compress_batch(plain: Any, codec: int, level: int | None = None) -> bytearray:
+    """An uncompressed RecordBatch v2 with its records compressed with Kafka codec ``codec``
+    (the header kept, its length and codec bits set; the CRC is the sender's)."""
+    from shmq.protocol import compression as codecs
+
     body = codecs.compress(codec, memoryview(plain)[BATCH_HEADER_SIZE:], level)
     batch = plain[:BATCH_HEADER_SIZE] + body
     struct.pack_into(">i", batch, 8, len(batch) - 12)                   # batchLength
