@@ -240,8 +240,9 @@ class IndexFile:
             self.truncate_entries(0)
 
     def flush(self) -> None:
-        if self._mmap is not None:
-            self._mmap.flush()
+        mapping = self._mmap  # read once: another thread may release it (index_mappings.py)
+        if mapping is not None:
+            mapping.flush()
 
     def trim_to_valid_size(self) -> None:
         """Shrink the file to exactly its entries (on roll and close, as Kafka does)."""

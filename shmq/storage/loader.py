@@ -79,7 +79,10 @@ def _remove_temp_files(directory: Path) -> list[int]:
 
 
 def _last_entry(path: Path, entry_size: int, count: int) -> bytes | str:
-    """Entry ``count - 1`` of an index file (b"" when ``count`` is 0), or why it cannot be read."""
+    """Entry ``count - 1`` of an index file (b"" when ``count`` is 0, the file read or not: a
+    new segment's index files are created at their first use), or why it cannot be read."""
+    if count == 0:
+        return b""
     try:
         with open(path, "rb") as f:
             if os.fstat(f.fileno()).st_size < count * entry_size:
@@ -226,7 +229,7 @@ def load_log(directory: Path, config: LogConfig, *, recovery_point: int = 0,
     # an empty segment in front of others holds nothing: keep the structure simple
     if not segments:
         base = max(log_start_offset, 0)
-        seg = LogSegment(directory, base, config, active=True, create=True)
+        seg = LogSegment(directory, base, config, active=True, create=True, lazy_indexes=True)
         seg.next_offset = base
         segments.append(seg)
     else:

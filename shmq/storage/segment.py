@@ -25,7 +25,9 @@ Its indexes, their checks (``sanity_check``, a rebuild if they fail) and the sta
 ``_load_lazily`` at the first access to any of those attributes, through ``__getattr__`` (called
 only while an attribute is missing, so loaded segments pay nothing).  A start then reads almost
 nothing per segment: a clean start with 50 GB of 1 GiB segments used to read ~2,000 scattered
-headers per segment for the index checks (~0.17 s each with a cold cache).
+headers per segment for the index checks (~0.17 s each with a cold cache).  The inactive segments
+whose indexes are mapped are bounded (``index_mappings.py``): past the bound the least recently
+used one unmaps them (``_release_indexes``) and maps them again, unchecked, at its next use.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from shmq.errors import CorruptIndexError, CorruptRecordError
 from shmq.protocol.records import RecordBatchView, scan_headers
 from shmq.storage import disk, layout
 from shmq.storage.descriptors import CACHE, open_with_retry
+from shmq.storage.index_mappings import INDEXES
 from shmq.storage.log_config import LogConfig
 from shmq.storage.offset_index import OffsetIndex
 from shmq.storage.recovery_point import RecoveryRecord
@@ -149,7 +152,11 @@ class LogSegment:
     rolling_base_timestamp: int | None
 
     def __init__(self, directory: Path, base_offset: int, config: LogConfig, *,
-                 active: bool, create: bool = False, lazy: bool = False) -> None:
+                 active: bool, create: bool = False, lazy: bool = False,
+                 lazy_indexes: bool = False) -> None:
+        """``lazy_indexes`` (with ``create``): the index files are created at their first use
+        (the first append, or a lookup): a new partition that is never written costs its
+        ``.log`` file only (Kafka creates them with the log and maps them at first use)."""
         self.directory = directory
         self.base_offset = base_offset
         self.config = config
@@ -159,7 +166,13 @@ class LogSegment:
         # the .log descriptor: opened now to create the file or read it at once, else at first
         # use; at most ``descriptors.CACHE.capacity`` segments hold one (see descriptors.py)
         self._handle: FileHandle | None = None
-        if create or not lazy:
+        if create and lazy_indexes:
+            # a new partition's first segment: created, then closed until its first use (a
+            # topic of 10,000 partitions would hold 10,000 descriptors for empty files)
+            flags = os.O_RDWR | os.O_CLOEXEC | os.O_CREAT | os.O_EXCL
+            os.close(open_with_retry(lambda: os.open(log_path, flags, 0o600)))
+            self.size = 0
+        elif create or not lazy:
             flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT | os.O_EXCL if create else 0)
             fd = open_with_retry(lambda: os.open(log_path, flags, 0o600))
             self._handle = FileHandle(fd, str(log_path))
@@ -171,10 +184,15 @@ class LogSegment:
         self.next_offset = base_offset      # set by the loader / appends
         self.created_ms = int(time.time() * 1000)
         self.rebuilt = False                # its indexes were rebuilt since it was opened
-        self._lazy = lazy and not create
+        # a new, empty segment whose index files do not exist yet (``lazy_indexes``): its state
+        # is known (empty), only the index objects are made at first access
+        self._fresh = create and lazy_indexes
+        self._released = False              # indexes checked, then unmapped (index_mappings)
+        self._lazy = (lazy and not create) or self._fresh
         self._unchecked = False             # kept index entries still to check (defer_check)
-        if not self._lazy:
-            self._open_indexes(writable=active)
+        if not self._lazy or self._fresh:
+            if not self._fresh:
+                self._open_indexes(writable=active)
             self.max_timestamp_so_far = -1
             self.offset_of_max_timestamp = base_offset
             self.bytes_since_last_index_entry = 0
@@ -219,14 +237,41 @@ class LogSegment:
 
     @property
     def loaded(self) -> bool:
-        """False until a lazy segment's indexes are loaded and checked."""
-        return not self._lazy
+        """False until a lazy segment's indexes are loaded and checked (a new segment whose
+        index files are not created yet counts as loaded: its state is known)."""
+        return not self._lazy or self._fresh or self._released
+
+    def _entries(self) -> tuple[int, int]:
+        """(offset, time) index entries, without creating the index files of a new segment."""
+        if self._fresh:
+            return 0, 0
+        return self.offset_index.entries, self.time_index.entries
 
     def _open_indexes(self, *, writable: bool) -> None:
         index_path, time_path = self._index_paths
         bytes_ = self.config.segment_index_bytes
         self.offset_index = OffsetIndex(index_path, self.base_offset, bytes_, writable=writable)
         self.time_index = TimeIndex(time_path, self.base_offset, bytes_, writable=writable)
+        if not writable:
+            INDEXES.opened(self)
+
+    def _release_indexes(self) -> bool:
+        """Unmap the indexes of an inactive segment (``index_mappings.py``); they are mapped
+        again, without the first load's checks, at the next use.  False if it cannot now."""
+        indexes = self._opened_indexes()
+        if self.active or self._lazy or any(i.writable or i.rebuilding for i in indexes):
+            return False
+        for index in indexes:
+            index.flush()  # what a flush of this segment would have written back
+        for index in indexes:
+            try:
+                index.close()
+            except BufferError:  # a view of it is alive: unmapped when that goes
+                pass
+        self.__dict__.pop("offset_index", None)
+        self.__dict__.pop("time_index", None)
+        self._lazy = self._released = True
+        return True
 
     def _opened_indexes(self) -> tuple[OffsetIndex | TimeIndex, ...]:
         """The index objects that exist (none for a lazy segment not loaded yet)."""
@@ -275,7 +320,7 @@ class LogSegment:
     def check_indexes(self) -> str | None:
         """Open the indexes, check them (``sanity_check``) and read the tail state from them,
         next offset included: what is wrong with them, or None."""
-        self._lazy = False
+        self._lazy = self._fresh = self._released = False
         self._open_indexes(writable=False)
         try:
             self.sanity_check()
@@ -286,7 +331,18 @@ class LogSegment:
 
     def _load_lazily(self) -> None:
         """The checks a clean start used to make for every segment (``check_indexes``; the last
-        batch ending where the loader expects), made at first use."""
+        batch ending where the loader expects), made at first use.  A new segment only creates
+        its (preallocated, sparse) index files."""
+        if self._fresh:
+            self._open_indexes(writable=self.active)
+            self._fresh = self._lazy = False
+            return
+        if self._released:  # checked at its first load: map the indexes again
+            self._open_indexes(writable=False)
+            self._released = self._lazy = False
+            if self.active:
+                self.make_active()
+            return
         expected = self.next_offset
         problem = self.check_indexes()
         if problem is None and self.next_offset != expected:
@@ -452,6 +508,8 @@ class LogSegment:
         verify what it gets."""
         if checked and self._unchecked:
             self._ensure_checked()
+        if not self.active:
+            INDEXES.touch(self)
         _, pos = self.offset_index.lookup(offset)
         end = self.size if end_position is None else end_position
         for header in self._headers(max(pos, start_position), end):
@@ -525,6 +583,8 @@ class LogSegment:
         ``timestamp`` and offset >= start (``LogSegment.findOffsetByTimestamp``)."""
         if self._unchecked:
             self._ensure_checked()
+        if not self.active:
+            INDEXES.touch(self)
         _, ts_offset = self.time_index.lookup(timestamp)
         _, pos = self.offset_index.lookup(max(ts_offset, starting_offset))
         for header in self._headers(pos, self.size):
@@ -609,7 +669,7 @@ class LogSegment:
         Stricter than Kafka on one point: batch base offsets must follow each other without gaps
         (shmq never compacts), because baseOffset is not covered by the CRC.
         """
-        self._lazy = False
+        self._lazy = self._fresh = self._released = False
         if not self._opened_indexes():
             self._open_indexes(writable=False)
         self.rebuilt = resume is None
@@ -685,8 +745,9 @@ class LogSegment:
     def recovery_record(self, leader_epoch: int) -> RecoveryRecord:
         """Where recovery may start if everything below this segment's end is durable (taken
         under the log's lock, written once the fsync is done: ``PartitionLog.flush``)."""
+        offset_entries, time_entries = self._entries()
         return RecoveryRecord(self.next_offset, self.base_offset, self.size,
-                              self.offset_index.entries, self.time_index.entries,
+                              offset_entries, time_entries,
                               self.bytes_since_last_index_entry, leader_epoch,
                               self.max_timestamp_so_far, self.offset_of_max_timestamp)
 
@@ -722,7 +783,7 @@ class LogSegment:
         lookups until the next rebuild.  (Kafka checks only the order and the last entries.)
         """
         for index in (self.offset_index, self.time_index):
-            if index.missing:
+            if index.missing and self.size:  # an empty segment's are created at first use
                 raise FileNotFoundError(index.path)
             if index.misaligned:  # cut, or grown by a torn write: not what append leaves
                 raise CorruptIndexError(f"index {index.path} is not a whole number of entries")
@@ -866,11 +927,13 @@ class LogSegment:
         self.offset_index.seal()
         self.time_index.seal()
         self.active = False
+        INDEXES.opened(self)
 
     def make_active(self) -> None:
         """Regrow the indexes to their preallocated size (the last segment after load; a lazy
         one regrows them when it is loaded)."""
         self.active = True
+        INDEXES.forget(self)
         if self._lazy:
             return
         self.offset_index.make_writable(self.config.segment_index_bytes)
@@ -884,12 +947,14 @@ class LogSegment:
 
     def close(self) -> None:
         """Trim the indexes and drop this segment's reference to the log descriptor."""
+        INDEXES.forget(self)
         for index in self._opened_indexes():
             index.close()
         self.handle = FileHandle(-1, str(self.log_path))
 
     def crash_close(self) -> None:
         """Release everything without trimming: the state a SIGKILL leaves (fault tests)."""
+        INDEXES.forget(self)
         for index in self._opened_indexes():
             index.close_untrimmed()
         self.handle = FileHandle(-1, str(self.log_path))
@@ -903,7 +968,8 @@ class LogSegment:
                 path.unlink()
             except FileNotFoundError:
                 pass
-        self._lazy = False  # nothing left to load
+        self._lazy = self._fresh = self._released = False  # nothing left to load
+        INDEXES.forget(self)
         self.handle = FileHandle(-1, str(self.log_path))
 
     def __repr__(self) -> str:
