@@ -178,7 +178,7 @@ class PartitionLog:
     def __init__(self, directory: Path, config: LogConfig, segments: list[LogSegment],
                  log_start_offset: int, recovery_point: int, leader_epoch: int = -1,
                  recovered: Any = None, summary: LoadSummary | None = None, *,
-                 new: bool = False) -> None:
+                 new: bool = False, txn_bases: set[int] | None = None) -> None:
         """``recovered``: the header table (``scan_headers`` columns) of the batches recovery
         scanned, whose leader epochs rebuild what the checkpoint lacks.  ``new``: a directory
         just created (``create``), holding no file to read."""
@@ -219,7 +219,7 @@ class PartitionLog:
         self._aborted_ends: list[int] = []
         self._txn_dirty: set[int] = set()  # segments whose .txnindex the next flush fsyncs
         if not new:
-            self._load_txn_indexes()
+            self._load_txn_indexes(txn_bases)
             self._rebuild_producer_state()
         # leader-epoch-checkpoint (LeaderEpochFileCache): (epoch, start offset), one per epoch.
         # Written (and fsynced) by the next flush after an epoch starts (see _assign_epoch):
@@ -337,10 +337,13 @@ class PartitionLog:
 
     # -- transactions (``.txnindex``, markers, the last stable offset) ------------------------
 
-    def _load_txn_indexes(self) -> None:
-        """Every segment's aborted transactions, those past the LEO dropped (a truncated log)."""
+    def _load_txn_indexes(self, bases: set[int] | None = None) -> None:
+        """Every segment's aborted transactions, those past the LEO dropped (a truncated log).
+        ``bases``: the segments that have a ``.txnindex`` (the loader listed them)."""
         leo = self.log_end_offset
         for seg in self.segments:
+            if bases is not None and seg.base_offset not in bases:
+                continue
             path = txn_index.path_for(self.directory, seg.base_offset)
             try:
                 entries = txn_index.read(path)
@@ -510,7 +513,8 @@ class PartitionLog:
         summary = LoadSummary(loaded.validated_bytes, loaded.truncated_bytes,
                               len(loaded.rebuilt_segments), loaded.resumed_at)
         return cls(directory, config, loaded.segments, loaded.log_start_offset,
-                   loaded.recovery_point, loaded.leader_epoch, loaded.recovered_batches, summary)
+                   loaded.recovery_point, loaded.leader_epoch, loaded.recovered_batches, summary,
+                   txn_bases=loaded.txn_bases)
 
     # -- offsets ------------------------------------------------------------------------------
 
