@@ -91,10 +91,7 @@ def _remove_temp_files(directory: Path) -> tuple[list[int], set[int], list[str]]
 
 
 def _last_entry(path: Path, entry_size: int, count: int) -> bytes | str:
-    """Entry ``count - 1`` of an index file (b"" when ``count`` is 0, the file read or not: a
-    new segment's index files are created at their first use), or why it cannot be read."""
-    if count == 0:
-        return b""
+    """Entry ``count - 1`` of an index file (b"" when ``count`` is 0), or why it cannot be read."""
     try:
         with open(path, "rb") as f:
             if os.fstat(f.fileno()).st_size < count * entry_size:
@@ -169,6 +166,7 @@ def load_log(directory: Path, config: LogConfig, *, recovery_point: int = 0,
     truncated = validated = 0
     epoch = -1
     resume: RecoveryRecord | None = None
+    resumed_at: tuple[int, int] | None = None
     if record is not None:
         at = next((i for i, s in enumerate(segments) if s.base_offset == record.segment_base), None)
         why = "its segment is gone" if at is None else _resumable(segments[at], record)
@@ -217,12 +215,18 @@ def load_log(directory: Path, config: LogConfig, *, recovery_point: int = 0,
                     recover(len(segments) - 1)
     elif resume is not None:
         first_to_recover = bases.index(resume.segment_base)
+        if first_to_recover == len(segments) - 1 and resume.position == segments[-1].size:
+            # the record names the log's exact end: nothing to validate (the usual case after
+            # a crash with acks=all and flush.on.ack)
+            segments[-1].adopt_tail(resume)
+            resumed_at = (resume.segment_base, resume.position)
+            epoch = max(epoch, resume.leader_epoch)
+            first_to_recover = len(segments)
     else:
         first_to_recover = 0
         for i, seg in enumerate(segments):
             if seg.base_offset <= recovery_point:
                 first_to_recover = i
-    resumed_at = None
     i = first_to_recover
     while i < len(segments):
         seg = segments[i]

@@ -271,6 +271,29 @@ class LogSegment:
         if not writable:
             INDEXES.opened(self)
 
+    def adopt_tail(self, record: RecoveryRecord) -> None:
+        """The last segment after an unclean shutdown, when its (checked) recovery record names
+        its exact end: nothing to validate.  The indexes are mapped writable with the recorded
+        entry counts (a crash leaves them preallocated) and the state is the record's, which is
+        what ``recover(resume=record)`` would leave, without cutting, trimming and regrowing
+        both files (six ftruncates: 58 % of an unclean start's time per log).  The kept entries
+        get the clean start's check at the first read, as after a resumed recovery."""
+        self._lazy = self._fresh = self._released = False
+        self.active = True
+        index_path, time_path = self._index_paths
+        size = self.config.segment_index_bytes
+        self.offset_index = OffsetIndex(index_path, self.base_offset, size, writable=True,
+                                        entries=record.offset_index_entries)
+        self.time_index = TimeIndex(time_path, self.base_offset, size, writable=True,
+                                    entries=record.time_index_entries)
+        self.max_timestamp_so_far = record.max_timestamp
+        self.offset_of_max_timestamp = record.offset_of_max_timestamp
+        self.bytes_since_last_index_entry = record.bytes_since_index_entry
+        self.next_offset = record.offset
+        self._load_rolling_base()
+        self.append_final_time_entry()  # as recover() leaves the time index
+        self.defer_check()
+
     def _release_indexes(self) -> bool:
         """Unmap the indexes of an inactive segment (``index_mappings.py``); they are mapped
         again, without the first load's checks, at the next use.  False if it cannot now."""
@@ -799,7 +822,7 @@ class LogSegment:
         lookups until the next rebuild.  (Kafka checks only the order and the last entries.)
         """
         for index in (self.offset_index, self.time_index):
-            if index.missing and self.size:  # an empty segment's are created at first use
+            if index.missing:
                 raise FileNotFoundError(index.path)
             if index.misaligned:  # cut, or grown by a torn write: not what append leaves
                 raise CorruptIndexError(f"index {index.path} is not a whole number of entries")
@@ -962,8 +985,13 @@ class LogSegment:
             index.flush()
 
     def close(self) -> None:
-        """Trim the indexes and drop this segment's reference to the log descriptor."""
+        """Trim the indexes and drop this segment's reference to the log descriptor.  A new
+        segment never used gets its (empty) index files now: a clean shutdown leaves every
+        segment whole, and the next start's check finds nothing missing."""
         INDEXES.forget(self)
+        if self._fresh:
+            for path in self._index_paths:
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
         for index in self._opened_indexes():
             index.close()
         self.handle = FileHandle(-1, str(self.log_path))
