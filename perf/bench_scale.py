@@ -1,6 +1,7 @@
 """How shmq's cost grows: partitions, start and recovery, connections, record size, log size.
 
-    python perf/bench_scale.py [--only partitions,start,segments,connections,large,sustained]
+    python perf/bench_scale.py [--only partitions,start,segments,recovery,connections,large,
+        sustained] [--recovery-segments 100000]
         [--repeat 3] [--partitions 1,6,64,1000,10000] [--records 200000] [--size 100]
         [--clients kcat,ck] [--start-partitions 10000] [--segments 1000]
         [--segment-bytes 65536] [--idle 1000] [--busy 10] [--busy-records 20000]
@@ -30,6 +31,20 @@ Parts (``--only``):
   having a leader in Metadata, and to the first acknowledgement of a record produced to the
   last partition; RSS and USS of the whole tree once ready.  Anchor: the same broker with no
   topic.  Target (issue 17): <= 3 s and <= 2 GiB.
+  Then the mapped files and open descriptors under the data dir, summed over the broker's
+  processes (``/proc/<pid>/maps`` and ``/proc/<pid>/fd``: what a start holds open), and the
+  start after SIGKILL of every process (a recovery of every log from its recovery point).
+  Creating the topic is timed apart (CreateTopics plus CreatePartitions until every partition
+  has a leader, then until the workers are idle).
+* ``recovery``: one partition of ``--recovery-segments`` segments (default 100,000, one
+  100-byte record each: the bench writes them straight into the stopped broker's partition
+  directory in Kafka's format, with a recovery point at the log end and no clean-shutdown
+  marker, as a SIGKILL would leave them; building them through the broker would take its
+  rolls' time), then: the start that recovers them, a record produced (acks=all) and every
+  process SIGKILLed, the start after that kill, and a clean restart.  Seconds to the ready line
+  and to the first fetch of the last record.  Recovery validates only what follows the
+  recovery point: the rows grow with the number of segment files (listing and stat-ing them),
+  not with their bytes.
 * ``segments``: one partition of ``--segments`` segments (``internal.segment.bytes``
   ``--segment-bytes``, Kafka's testing override of the 1 MiB minimum, so 1,000 segments take
   64 MiB), then (a) a clean restart: start time and RSS, and (b) SIGKILL of every broker process
@@ -134,6 +149,22 @@ def create_big_topic(bootstrap: str, topic: str, partitions: int, timeout: float
     leaders_ready(bootstrap, topic, partitions, timeout)
 
 
+def stop_clean(b: Broker, timeout: float) -> float:
+    """SIGTERM and wait up to ``timeout`` for the clean stop (the suite's ``Broker.stop``
+    SIGKILLs after 15 s, and a worker with 5,000 written logs takes longer to flush and close
+    them: its next start would be an unclean one); seconds it took.  Raises when it did not stop."""
+    t0 = time.monotonic()
+    b.proc.send_signal(signal.SIGTERM)
+    try:
+        b.proc.wait(timeout=timeout)
+    except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired
+        b.stop()
+        raise PhaseError(f"no clean stop within {timeout} s") from None
+    seconds = time.monotonic() - t0
+    b.stop()  # reaps anything left, closes the log
+    return seconds
+
+
 def kill_all(b: Broker) -> None:
     """SIGKILL every process of the broker's session at once (a power-cut of the broker)."""
     for pid in _session_members(b.proc.pid):
@@ -159,6 +190,29 @@ def memory(b: Broker) -> dict[str, float]:
         rss += info.rss
         uss += info.uss
     return {"rss": rss, "uss": uss}
+
+
+def file_usage(b: Broker, data: Path) -> dict[str, int]:
+    """Mappings of files and open descriptors under ``data``, summed over the broker's
+    processes (``/proc/<pid>/maps``, ``/proc/<pid>/fd``)."""
+    import psutil
+
+    root = str(data.resolve())
+    maps = fds = 0
+    proc = psutil.Process(b.proc.pid)
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            with open(f"/proc/{p.pid}/maps") as f:
+                maps += sum(1 for line in f if root in line)
+            for fd in os.listdir(f"/proc/{p.pid}/fd"):
+                try:
+                    if os.readlink(f"/proc/{p.pid}/fd/{fd}").startswith(root):
+                        fds += 1
+                except OSError:
+                    continue
+        except OSError:
+            continue
+    return {"maps": maps, "fds": fds}
 
 
 def leaders_ready(bootstrap: str, topic: str, partitions: int, timeout: float) -> float:
@@ -334,10 +388,12 @@ class Scale:
         out: dict[str, Any] = {"partitions": parts}
         b, empty_s = start(self.work, data, a.workers)
         empty_mem = memory(b)
+        empty_files = file_usage(b, data)
         try:
             t0 = time.monotonic()
             create_big_topic(b.bootstrap, "many", parts, a.phase_timeout)
             out["create_s"] = time.monotonic() - t0
+            out["create_idle_s"] = out["create_s"] + settle(b, a.phase_timeout)
             lines = self.work / "one-each.txt"
             lines.write_bytes(b"".join(b"%d:x\n" % i for i in range(parts)))
             # one record in each partition: keyed "i:x" lines spread by murmur2, so not every
@@ -346,28 +402,50 @@ class Scale:
             run_kcats([["kcat", "-P", "-b", b.bootstrap, "-t", "many", "-K", ":", "-l",
                         str(lines), *KCAT_X]], [None], self.env_kcat, a.phase_timeout)
         finally:
-            b.stop()
+            out["stop_s"] = stop_clean(b, a.phase_timeout * 5)
         try:
             b, ready_s = start(self.work, data, a.workers)
             try:
+                files = file_usage(b, data)
                 leaders_s = leaders_ready(b.bootstrap, "many", parts, a.phase_timeout)
                 mem = memory(b)
                 ack_s = first_ack(b.bootstrap, "many", parts - 1, a.phase_timeout)
+            finally:
+                kill_all(b)  # then a start that recovers every log
+            b, killed_s = start(self.work, data, a.workers)
+            try:
+                killed_files = file_usage(b, data)
+                killed_leaders_s = leaders_ready(b.bootstrap, "many", parts, a.phase_timeout)
+                killed_mem = memory(b)
+                killed_ack_s = first_ack(b.bootstrap, "many", parts - 1, a.phase_timeout)
             finally:
                 b.stop()
         finally:
             shutil.rmtree(data, ignore_errors=True)
         out |= {"empty_start_s": empty_s, "empty_rss": empty_mem["rss"],
                 "empty_uss": empty_mem["uss"], "start_s": ready_s, "leaders_s": leaders_s,
-                "first_ack_s": ack_s, "rss": mem["rss"], "uss": mem["uss"]}
+                "first_ack_s": ack_s, "rss": mem["rss"], "uss": mem["uss"],
+                "maps": files["maps"], "fds": files["fds"], "killed_start_s": killed_s,
+                "killed_leaders_s": killed_leaders_s, "killed_first_ack_s": killed_ack_s,
+                "killed_rss": killed_mem["rss"], "killed_maps": killed_files["maps"],
+                "killed_fds": killed_files["fds"]}
         self.results["start"] = out
         table.append(["no topic (anchor)", f"{empty_s:.2f}", "-", "-",
-                      f"{empty_mem['rss'] / 2**20:,.0f}", f"{empty_mem['uss'] / 2**20:,.0f}"])
-        table.append([f"{parts:,} partitions (created in {out['create_s']:.1f} s)",
-                      f"{ready_s:.2f}", f"{leaders_s:.2f}", f"{ack_s:.2f}",
-                      f"{mem['rss'] / 2**20:,.0f}", f"{mem['uss'] / 2**20:,.0f}"])
+                      f"{empty_mem['rss'] / 2**20:,.0f}", f"{empty_mem['uss'] / 2**20:,.0f}",
+                      f"{empty_files['maps']} / {empty_files['fds']}"])
+        table.append([f"{parts:,} partitions, clean restart", f"{ready_s:.2f}",
+                      f"{leaders_s:.2f}", f"{ack_s:.2f}", f"{mem['rss'] / 2**20:,.0f}",
+                      f"{mem['uss'] / 2**20:,.0f}", f"{files['maps']} / {files['fds']}"])
+        table.append([f"{parts:,} partitions, after SIGKILL", f"{killed_s:.2f}",
+                      f"{killed_leaders_s:.2f}", f"{killed_ack_s:.2f}",
+                      f"{killed_mem['rss'] / 2**20:,.0f}", f"{killed_mem['uss'] / 2**20:,.0f}",
+                      f"{killed_files['maps']} / {killed_files['fds']}"])
+        created = _table(["create the topic, stop the broker", "s"], [
+            [f"{parts:,} partitions: every leader in Metadata", f"{out['create_s']:.2f}"],
+            ["  and the workers idle again", f"{out['create_idle_s']:.2f}"],
+            ["clean stop (a record in most partitions)", f"{out['stop_s']:.2f}"]])
         return _table(["broker holding", "exec -> ready s", "+ leaders s", "+ first ack s",
-                       "RSS MiB", "USS MiB"], table)
+                       "RSS MiB", "USS MiB", "maps / fds"], table) + "\n" + created
 
     # - many segments: start and recovery -
 
@@ -396,7 +474,7 @@ class Scale:
                                               "-l", str(lines), *KCAT_X, *small]], [None],
                                             self.env_kcat, a.phase_timeout)
         finally:
-            b.stop()
+            stop_clean(b, a.phase_timeout * 5)
         logs = sorted((data / "logs").rglob("segs-0/*.log")) or sorted(data.rglob("segs-0/*.log"))
         out["segment_files"] = len(logs)
         table = []
@@ -430,6 +508,49 @@ class Scale:
         self.results["segments"] = out
         return _table(["one partition", "exec -> ready s", "+ fetch of last record s",
                        "RSS MiB", "USS MiB"], table)
+
+    # - recovery with many segments -
+
+    def recovery(self) -> str:
+        a = self.args
+        n = a.recovery_segments
+        data = self.fresh("recovery")
+        b, _ = start(self.work, data, a.workers)
+        try:
+            create_topic(b.bootstrap, "rec", 1, timeout=a.phase_timeout)
+        finally:
+            b.stop()
+        (directory,) = data.glob("worker-*/rec-0")
+        t0 = time.monotonic()
+        write_segments(directory, n)
+        written_s = time.monotonic() - t0
+        out: dict[str, Any] = {"segments": n, "write_s": written_s}
+        table = []
+        try:
+            for label, key in (("start after the crash (written)", "written"),
+                               ("start after SIGKILL of every process", "killed"),
+                               ("clean restart", "clean")):
+                b, ready_s = start(self.work, data, a.workers, timeout=a.phase_timeout * 5)
+                try:
+                    mem = memory(b)
+                    fetch_s = first_fetch(b.bootstrap, "rec", 0, n - 1, a.phase_timeout * 5)
+                    if key == "written":
+                        first_ack(b.bootstrap, "rec", 0, a.phase_timeout)  # acknowledged ...
+                        n += 1
+                finally:
+                    if key == "written":
+                        kill_all(b)  # ... and then the power cut
+                    else:
+                        stop_clean(b, a.phase_timeout * 5)
+                out[key] = {"start_s": ready_s, "fetch_s": fetch_s, "rss": mem["rss"]}
+                table.append([label, f"{ready_s:.2f}", f"{fetch_s:.2f}",
+                              f"{mem['rss'] / 2**20:,.0f}"])
+        finally:
+            shutil.rmtree(data, ignore_errors=True)
+        self.results["recovery"] = out
+        return _table([f"one partition, {a.recovery_segments:,} segments (written in "
+                       f"{written_s:.0f} s)", "exec -> ready s", "+ fetch of last record s",
+                       "RSS MiB"], table)
 
     # - idle and busy connections -
 
@@ -560,6 +681,37 @@ class Scale:
         return _table(["10 KiB records, confluent-kafka, 6 partitions", "MB/s"], table)
 
 
+def write_segments(directory: Path, count: int) -> None:
+    """Replace the (empty) log in ``directory`` with ``count`` segments of one 100-byte record
+    each, in Kafka's format, left as a crash leaves them: the recovery point (checkpoint) at
+    the log end, no clean-shutdown marker, no summary, and a producer snapshot at the end (what
+    a roll writes), so that a start validates nothing below the recovery point."""
+    from shmq.protocol.records import encode_batch
+    from shmq.storage import checkpoint, layout
+    from shmq.storage.producer_state import ProducerStateManager
+
+    log_dir = directory.parent
+    for name in os.listdir(directory):
+        if name != layout.PARTITION_METADATA:
+            os.unlink(directory / name)
+    batch = bytearray(encode_batch([(None, b"x" * 100, int(time.time() * 1000))]))
+    for i in range(count):
+        struct.pack_into(">q", batch, 0, i)  # baseOffset: outside the CRC
+        log_path, index_path, time_path = layout.segment_paths(directory, i)
+        log_path.write_bytes(batch)
+        index_path.write_bytes(b"")
+        time_path.write_bytes(b"")
+    ProducerStateManager(directory).take_snapshot(count)
+    recovery = checkpoint.read_offsets(log_dir / layout.RECOVERY_POINT_CHECKPOINT)
+    recovery[("rec", 0)] = count
+    checkpoint.write_offsets(log_dir / layout.RECOVERY_POINT_CHECKPOINT, recovery)
+    for name in (layout.CLEAN_SHUTDOWN_FILE, "shmq-log-summary"):
+        try:
+            os.unlink(log_dir / name)
+        except FileNotFoundError:
+            pass
+
+
 def raise_nofile(need: int) -> int:
     """Raise the soft descriptor limit towards ``need`` (up to the hard one); the new limit."""
     import resource
@@ -599,8 +751,8 @@ def plot(results: dict[str, Any], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [k for k in ("partitions", "start", "segments", "connections", "large",
-                          "sustained") if k in results]
+    panels = [k for k in ("partitions", "start", "segments", "recovery", "connections",
+                          "large", "sustained") if k in results]
     extra = 1 if "partitions" in results else 0
     n = len(panels) + extra
     cols = min(3, n)
@@ -635,6 +787,18 @@ def plot(results: dict[str, Any], path: Path, title: str) -> None:
         ax.set_title(f"start with {s['partitions']:,} partitions "
                      f"(RSS {s['rss'] / GiB:.2f} GiB, USS {s['uss'] / GiB:.2f} GiB)",
                      fontsize=9)
+        ax.legend(fontsize=7)
+    if "recovery" in results:
+        ax = next(axs)
+        s = results["recovery"]
+        keys = [k for k in ("written", "killed", "clean") if k in s]
+        xs = range(len(keys))
+        ax.bar([x - 0.2 for x in xs], [s[k]["start_s"] for k in keys], 0.4, label="ready")
+        ax.bar([x + 0.2 for x in xs], [s[k]["fetch_s"] for k in keys], 0.4,
+               label="+ fetch of last")
+        ax.set_xticks(list(xs), ["recover", "after SIGKILL", "clean"])
+        ax.set_ylabel("seconds")
+        ax.set_title(f"one partition, {s['segments']:,} segments", fontsize=9)
         ax.legend(fontsize=7)
     if "segments" in results:
         ax = next(axs)
@@ -683,7 +847,7 @@ def plot(results: dict[str, Any], path: Path, title: str) -> None:
 # -- main ---------------------------------------------------------------------------------------
 
 
-PARTS = ("partitions", "start", "segments", "connections", "large", "sustained")
+PARTS = ("partitions", "start", "segments", "recovery", "connections", "large", "sustained")
 
 
 def _sizes(text: str) -> list[tuple[int, int]]:
@@ -706,6 +870,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--start-partitions", type=int, default=10_000)
     ap.add_argument("--segments", type=int, default=1000)
     ap.add_argument("--segment-bytes", type=c.size_arg, default=65536)
+    ap.add_argument("--recovery-segments", type=int, default=100_000)
     ap.add_argument("--idle", type=int, default=1000)
     ap.add_argument("--busy", type=int, default=10)
     ap.add_argument("--busy-records", type=int, default=20_000)

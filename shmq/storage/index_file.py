@@ -44,7 +44,10 @@ class IndexFile:
 
     ENTRY_SIZE = 8
 
-    def __init__(self, path: Path, base_offset: int, max_index_size: int, *, writable: bool) -> None:
+    def __init__(self, path: Path, base_offset: int, max_index_size: int, *, writable: bool,
+                 entries: int | None = None) -> None:
+        """``entries``: how many entries the file holds, when its length does not say (a
+        preallocated index a crash left untrimmed, its count taken from a recovery record)."""
         self.path = path
         self.base_offset = base_offset
         self.max_entries = max_index_size // self.ENTRY_SIZE
@@ -63,6 +66,8 @@ class IndexFile:
         # AbstractIndex: an existing index holds floor(length / entry) entries; a length that is
         # not a whole number of entries is corrupt (Kafka's sanityCheck rebuilds it)
         self.entries = length // self.ENTRY_SIZE if existed else 0
+        if entries is not None:
+            self.entries = min(entries, self.entries)
         self.misaligned = length % self.ENTRY_SIZE != 0
         self.writable = writable
         self.closed = False
@@ -120,7 +125,9 @@ class IndexFile:
     def _resize(self, length: int) -> None:
         self._unmap()
         try:
-            os.ftruncate(self._open_fd(), length)
+            fd = self._open_fd()
+            if os.fstat(fd).st_size != length:  # an ftruncate costs ~0.5 ms on a busy disk
+                os.ftruncate(fd, length)
             self._map(length)
         finally:
             self._release_fd()
@@ -240,8 +247,9 @@ class IndexFile:
             self.truncate_entries(0)
 
     def flush(self) -> None:
-        if self._mmap is not None:
-            self._mmap.flush()
+        mapping = self._mmap  # read once: another thread may release it (index_mappings.py)
+        if mapping is not None:
+            mapping.flush()
 
     def trim_to_valid_size(self) -> None:
         """Shrink the file to exactly its entries (on roll and close, as Kafka does)."""

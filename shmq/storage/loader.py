@@ -54,28 +54,40 @@ class LoadedLog(NamedTuple):
     rebuilt_segments: list[int]     # base offsets of segments whose indexes were rebuilt now
     resumed_at: tuple[int, int] | None = None   # (segment, byte) where validation resumed
     validated_bytes: int = 0        # bytes of .log validated batch by batch
+    txn_bases: set[int] | None = None   # segments with a .txnindex file (None: not known)
 
 
-def _remove_temp_files(directory: Path) -> list[int]:
+def _remove_temp_files(directory: Path) -> tuple[list[int], set[int], list[str]]:
+    """Remove temporary files and indexes without their log; (the segments' base offsets, those
+    with a ``.txnindex``, the producer snapshots' names).  One listing of the directory: a log
+    may hold 100,000 segments."""
     bases: set[int] = set()
-    for entry in os.scandir(directory):
-        name = entry.name
-        if name.endswith(layout.TEMP_SUFFIXES):
-            os.unlink(entry.path)
+    indexes: list[tuple[str, str]] = []
+    snapshots: list[str] = []
+    for name in os.listdir(directory):
+        if name.endswith(layout.SNAPSHOT_SUFFIX):
+            snapshots.append(name)
+        elif name.endswith(layout.TEMP_SUFFIXES):
+            os.unlink(os.path.join(directory, name))
         elif name.endswith(layout.LOG_SUFFIX):
             try:
                 bases.add(layout.offset_from_filename(name))
             except ValueError:
-                log.warning("ignoring stray file %s", entry.path)
-    for entry in os.scandir(directory):
-        if entry.name.endswith((layout.INDEX_SUFFIX, layout.TIME_INDEX_SUFFIX, layout.TXN_INDEX_SUFFIX)):
-            try:
-                base = layout.offset_from_filename(entry.name)
-            except ValueError:
-                continue
-            if base not in bases:
-                os.unlink(entry.path)  # an index without its log
-    return sorted(bases)
+                log.warning("ignoring stray file %s", os.path.join(directory, name))
+        elif name.endswith((layout.INDEX_SUFFIX, layout.TIME_INDEX_SUFFIX,
+                            layout.TXN_INDEX_SUFFIX)):
+            indexes.append((name, name.split(".", 1)[1]))
+    txn: set[int] = set()
+    for name, suffix in indexes:
+        try:
+            base = layout.offset_from_filename(name)
+        except ValueError:
+            continue
+        if base not in bases:
+            os.unlink(os.path.join(directory, name))  # an index without its log
+        elif "." + suffix == layout.TXN_INDEX_SUFFIX:
+            txn.add(base)
+    return sorted(bases), txn, snapshots
 
 
 def _last_entry(path: Path, entry_size: int, count: int) -> bytes | str:
@@ -142,7 +154,7 @@ def _resumable(segment: LogSegment, record: RecoveryRecord) -> RecoveryRecord | 
 def load_log(directory: Path, config: LogConfig, *, recovery_point: int = 0,
              log_start_offset: int = 0, clean_shutdown: bool = False) -> LoadedLog:
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    bases = _remove_temp_files(directory)
+    bases, txn_bases, snapshots = _remove_temp_files(directory)
     epochs = checkpoint.read_leader_epochs(directory / layout.LEADER_EPOCH_CHECKPOINT)
     checkpointed_epoch = max((e for e, _ in epochs), default=-1) if epochs else -1
     record = recovery_point_file.read(directory)
@@ -154,6 +166,7 @@ def load_log(directory: Path, config: LogConfig, *, recovery_point: int = 0,
     truncated = validated = 0
     epoch = -1
     resume: RecoveryRecord | None = None
+    resumed_at: tuple[int, int] | None = None
     if record is not None:
         at = next((i for i, s in enumerate(segments) if s.base_offset == record.segment_base), None)
         why = "its segment is gone" if at is None else _resumable(segments[at], record)
@@ -202,12 +215,18 @@ def load_log(directory: Path, config: LogConfig, *, recovery_point: int = 0,
                     recover(len(segments) - 1)
     elif resume is not None:
         first_to_recover = bases.index(resume.segment_base)
+        if first_to_recover == len(segments) - 1 and resume.position == segments[-1].size:
+            # the record names the log's exact end: nothing to validate (the usual case after
+            # a crash with acks=all and flush.on.ack)
+            segments[-1].adopt_tail(resume)
+            resumed_at = (resume.segment_base, resume.position)
+            epoch = max(epoch, resume.leader_epoch)
+            first_to_recover = len(segments)
     else:
         first_to_recover = 0
         for i, seg in enumerate(segments):
             if seg.base_offset <= recovery_point:
                 first_to_recover = i
-    resumed_at = None
     i = first_to_recover
     while i < len(segments):
         seg = segments[i]
@@ -226,7 +245,7 @@ def load_log(directory: Path, config: LogConfig, *, recovery_point: int = 0,
     # an empty segment in front of others holds nothing: keep the structure simple
     if not segments:
         base = max(log_start_offset, 0)
-        seg = LogSegment(directory, base, config, active=True, create=True)
+        seg = LogSegment(directory, base, config, active=True, create=True, lazy_indexes=True)
         seg.next_offset = base
         segments.append(seg)
     else:
@@ -236,13 +255,12 @@ def load_log(directory: Path, config: LogConfig, *, recovery_point: int = 0,
         # it describes bytes recovery dropped (it could not resume from it), which new appends
         # could fill again: gone, until the next flush writes one that holds
         recovery_point_file.remove(directory)
-    for entry in os.scandir(directory):  # producer snapshots of offsets the log lost
-        if entry.name.endswith(layout.SNAPSHOT_SUFFIX):
-            try:
-                if layout.offset_from_filename(entry.name) > leo:
-                    os.unlink(entry.path)
-            except ValueError:
-                continue
+    for name in snapshots:  # producer snapshots of offsets the log lost
+        try:
+            if layout.offset_from_filename(name) > leo:
+                os.unlink(os.path.join(directory, name))
+        except (ValueError, FileNotFoundError):
+            continue
     start = min(max(log_start_offset, segments[0].base_offset), leo)
     if clean_shutdown and not truncated:
         rp = leo
@@ -251,4 +269,5 @@ def load_log(directory: Path, config: LogConfig, *, recovery_point: int = 0,
         rp = min(durable, leo)
     epoch = max(epoch, checkpointed_epoch)
     batches = np.concatenate(recovered) if recovered else np.empty((0, 12), dtype=np.int64)
-    return LoadedLog(segments, start, rp, epoch, batches, truncated, rebuilt, resumed_at, validated)
+    return LoadedLog(segments, start, rp, epoch, batches, truncated, rebuilt, resumed_at, validated,
+                     txn_bases)

@@ -25,6 +25,23 @@ reads.  Then the marker is removed: from now on a crash must look like a crash. 
 rewrites both checkpoint files (atomically); ``shutdown`` flushes and closes every log,
 checkpoints, and writes the marker last.  Without ``hosted`` (storage tests, tools) every
 directory is opened, with ``topic_configs`` or the default config.
+
+Opening at first use (``lazy``, the worker's mode)
+--------------------------------------------------
+A worker may host 10,000 partitions, and opening a log costs ~0.6 ms (three directory
+listings, five small files, the producer state): a start used to open them all.  After a clean
+shutdown nothing in a log needs checking, so ``startup`` opens none of the logs a clean
+shutdown described: each becomes a ``DeferredLog`` holding what the worker must publish before
+it serves (log start, end, last stable offset, size) and what retention needs, read from one
+file, ``shmq-log-summary``, that ``shutdown`` writes (atomically, before the marker) and every
+``startup`` removes after reading it (so only the summary of the last clean shutdown is used).
+``get_log`` opens a deferred log at its first use (produce, fetch, ListOffsets, DeleteRecords,
+truncation), exactly as ``startup`` would have; retention opens one only when its oldest
+segment is due (the rule evaluated on the summary's figures); a deleted topic's deferred logs
+are removed without being opened; checkpoints carry their offsets unchanged.  A log the summary
+does not describe (an unclean shutdown, a summary that is missing, malformed, or names another
+topic id) is opened at start as before: recovery never waits for a first request.  The summary is
+shmq's own file (Kafka ignores files in a log directory); the logs keep Kafka's format.
 """
 
 from __future__ import annotations
@@ -48,6 +65,98 @@ from shmq.storage.log_config import LogConfig
 log = logging.getLogger(__name__)
 
 RECOVERY_THREADS = 8  # logs opened (and recovered) at once by startup
+SUMMARY_FILE = "shmq-log-summary"
+SUMMARY_VERSION = 1
+
+
+class DeferredLog:
+    """A log a clean shutdown described, not opened yet: what the worker publishes for it (the
+    attributes ``BrokerContext.publish_state`` reads) and what retention checks."""
+
+    __slots__ = ("directory", "config", "topic_id", "recovery_point", "log_start_offset",
+                 "log_end_offset", "last_stable_offset", "size_in_bytes", "segment_count",
+                 "first_size", "first_largest_timestamp", "second_base", "generation")
+
+    storage_errno = None
+
+    def __init__(self, directory: Path, config: LogConfig, entry: list, recovery_point: int,
+                 log_start_offset: int) -> None:
+        (_, _, self.topic_id, leo, first_unstable, _, self.size_in_bytes, self.segment_count,
+         self.first_size, self.first_largest_timestamp, self.second_base) = entry
+        self.directory = directory
+        self.config = config
+        self.recovery_point = recovery_point
+        self.log_start_offset = log_start_offset
+        self.log_end_offset = leo
+        self.last_stable_offset = first_unstable if 0 <= first_unstable < leo else leo
+        self.generation = int.from_bytes(os.urandom(4), "big")
+
+    @property
+    def high_watermark(self) -> int:
+        return self.log_end_offset  # one replica: the HW is the LEO once loaded
+
+    def retention_due(self, now_ms: int) -> bool:
+        """Whether ``PartitionLog.delete_old_segments`` would delete its oldest segment now:
+        its rule, on the summary's figures (True when the oldest segment's newest timestamp is
+        not known: open the log and see)."""
+        if self.second_base is not None and 0 <= self.second_base <= self.log_start_offset:
+            return True
+        config = self.config
+        if not config.delete_enabled or (self.segment_count == 1 and self.first_size == 0):
+            return False
+        if config.retention_bytes >= 0 and \
+                self.size_in_bytes - config.retention_bytes - self.first_size >= 0:
+            return True
+        if config.retention_ms >= 0:
+            largest = self.first_largest_timestamp
+            return largest is None or now_ms - largest > config.retention_ms
+        return False
+
+    def summary(self, tp: tuple[str, int]) -> list:
+        return [tp[0], tp[1], self.topic_id, self.log_end_offset,
+                self.last_stable_offset if self.last_stable_offset < self.log_end_offset
+                else -1, self.log_start_offset, self.size_in_bytes, self.segment_count,
+                self.first_size, self.first_largest_timestamp, self.second_base]
+
+
+def _summary_entry(tp: tuple[str, int], plog: PartitionLog) -> list:
+    """What ``shmq-log-summary`` holds of an open log (taken before it is closed)."""
+    first = plog.segments[0]
+    # the oldest segment's largest timestamp, if known without loading its indexes now
+    largest = first.largest_timestamp if first.loaded else None
+    unstable = plog.producer_state.first_unstable_offset()
+    return [tp[0], tp[1], str(plog.topic_id) if plog.topic_id is not None else None,
+            plog.log_end_offset, -1 if unstable is None else unstable, plog.log_start_offset,
+            plog.size_in_bytes, len(plog.segments), first.size, largest,
+            plog.segments[1].base_offset if len(plog.segments) > 1 else None]
+
+
+def _read_summary(path: Path) -> dict[tuple[str, int], list]:
+    """The logs ``path`` describes; {} when it is missing or not a summary we wrote."""
+    try:
+        data = json.loads(path.read_bytes())
+        if data.get("version") != SUMMARY_VERSION:
+            return {}
+        out = {}
+        for entry in data["logs"]:
+            (topic, partition, topic_id, leo, unstable, start, size, count, first_size,
+             largest, second) = entry
+            ints = (partition, leo, unstable, start, size, count, first_size)
+            if (not isinstance(topic, str) or not all(type(v) is int for v in ints)
+                    or not (topic_id is None or isinstance(topic_id, str))
+                    or not (largest is None or type(largest) is int)
+                    or not (second is None or type(second) is int)
+                    or min(leo, start, size, first_size) < 0 or count < 1 or start > leo):
+                return {}
+            if topic_id is not None:
+                uuid.UUID(topic_id)
+            out[(topic, partition)] = list(entry)
+        return out
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        log.warning("ignoring %s (every log is opened at start): %s", path, exc)
+        return {}
 
 
 class HostedLog(NamedTuple):
@@ -68,10 +177,13 @@ class StartupReport(NamedTuple):
     rebuilt_segments: int       # segments whose indexes were rebuilt at start
     deleted: tuple[str, ...]    # stray directories removed
     seconds: float
+    deferred: int = 0           # logs left to open at first use
 
     def describe(self) -> str:
         how = "a clean shutdown" if self.clean else "an unclean shutdown"
         parts = [f"{self.opened} logs opened after {how}"]
+        if self.deferred:
+            parts[0] += f", {self.deferred} left to open at first use"
         if not self.clean:
             parts.append(f"{self.recovered} recovered from their recovery points, "
                          f"{_size(self.validated_bytes)} validated")
@@ -96,19 +208,28 @@ class LogManager:
         self.log_dir = Path(log_dir)
         self.default_config = default_config or LogConfig()
         self.logs: dict[tuple[str, int], PartitionLog] = {}
+        # logs a clean shutdown described, opened at their first use (see "Opening at first use")
+        self.deferred: dict[tuple[str, int], DeferredLog] = {}
+        self.lazy = False
         self.had_clean_shutdown = False
         self._started = False
 
     # -- start and stop -------------------------------------------------------------------------
 
     def startup(self, topic_configs: dict[str, LogConfig] | None = None, *,
-                hosted: Mapping[tuple[str, int], HostedLog] | None = None) -> StartupReport:
+                hosted: Mapping[tuple[str, int], HostedLog] | None = None,
+                lazy: bool | None = None) -> StartupReport:
+        """``lazy`` (default: with ``hosted``): leave the logs a clean shutdown described to
+        be opened at first use."""
         started = time.monotonic()
+        self.lazy = hosted is not None if lazy is None else lazy
         self.log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         marker = self.log_dir / layout.CLEAN_SHUTDOWN_FILE
         self.had_clean_shutdown = marker.exists()
         recovery = checkpoint.read_offsets(self.log_dir / layout.RECOVERY_POINT_CHECKPOINT)
         starts = checkpoint.read_offsets(self.log_dir / layout.LOG_START_OFFSET_CHECKPOINT)
+        summary_path = self.log_dir / SUMMARY_FILE
+        summary = _read_summary(summary_path) if self.lazy and self.had_clean_shutdown else {}
         topic_configs = topic_configs or {}
         deleted: list[str] = []
         todo: list[tuple[tuple[str, int], Path, HostedLog | None]] = []
@@ -117,8 +238,16 @@ class LogManager:
                 shutil.rmtree(entry.path, ignore_errors=True)  # a deletion that did not finish
                 continue
             tp = layout.parse_partition_dir(entry.name) if entry.is_dir() else None
-            if tp is not None:
-                todo.append((tp, Path(entry.path), hosted.get(tp) if hosted is not None else None))
+            if tp is None:
+                continue
+            want = hosted.get(tp) if hosted is not None else None
+            described = summary.get(tp)
+            if (described is not None and want is not None and described[2] is not None
+                    and uuid.UUID(described[2]) == uuid.UUID(want.topic_id)):
+                self.deferred[tp] = DeferredLog(Path(entry.path), want.config, described,
+                                                recovery.get(tp, 0), starts.get(tp, 0))
+            else:
+                todo.append((tp, Path(entry.path), want))
 
         def open_one(tp: tuple[str, int], directory: Path,
                      want: HostedLog | None) -> PartitionLog | str:
@@ -147,6 +276,9 @@ class LogManager:
                     deleted.append(result)
                 else:
                     self.logs[tp] = result
+        # the summary describes the state the last shutdown left, for this start only: an
+        # unclean stop, or a run of a version that writes none, must not leave it to a later one
+        _unlink(summary_path)
         if self.had_clean_shutdown:
             marker.unlink()
         self._started = True
@@ -158,7 +290,8 @@ class LogManager:
             validated_bytes=sum(s.validated_bytes for s in summaries),
             truncated_bytes=sum(s.truncated_bytes for s in summaries),
             rebuilt_segments=sum(s.rebuilt_segments for s in summaries),
-            deleted=tuple(deleted), seconds=time.monotonic() - started)
+            deleted=tuple(deleted), seconds=time.monotonic() - started,
+            deferred=len(self.deferred))
 
     def shutdown(self) -> None:
         """Flush and close every log, checkpoint, then mark the shutdown clean.  A write the disk
@@ -166,13 +299,26 @@ class LogManager:
         LogManager does, so the next start recovers instead of trusting a missing snapshot or
         index entry; every file is still closed."""
         failed: list[str] = []
-        for key, log_ in self.logs.items():
-            try:
-                log_.close()
-            except OSError as exc:
-                failed.append(f"{key[0]}-{key[1]}: {exc.strerror or exc}")
+        described: list[list] = []
+        if self.lazy:
+            described = [_summary_entry(key, log_) for key, log_ in self.logs.items()]
+        # each close flushes (fsyncs) and writes its snapshot: RECOVERY_THREADS at once, as
+        # Kafka's shutdown closes a directory's logs in num.recovery.threads.per.data.dir
+        # threads (one after another, a worker with 5,000 written logs took longer than the
+        # 15 s a supervisor waits before SIGKILL, and its next start was an unclean one)
+        with ThreadPoolExecutor(max(1, min(RECOVERY_THREADS, len(self.logs)))) as pool:
+            closing = [(key, pool.submit(log_.close)) for key, log_ in self.logs.items()]
+            for key, future in closing:
+                try:
+                    future.result()
+                except OSError as exc:
+                    failed.append(f"{key[0]}-{key[1]}: {exc.strerror or exc}")
+        described.extend(d.summary(key) for key, d in self.deferred.items())
         try:
             self.checkpoint()
+            if self.lazy and not failed:  # before the marker, which makes it count
+                checkpoint.write_atomically(self.log_dir / SUMMARY_FILE, json.dumps(
+                    {"version": SUMMARY_VERSION, "logs": described}, separators=(",", ":")))
         except OSError as exc:
             failed.append(f"checkpoints: {exc.strerror or exc}")
         if failed:
@@ -183,34 +329,65 @@ class LogManager:
                 self.log_dir / layout.CLEAN_SHUTDOWN_FILE,
                 json.dumps({"version": 0, "brokerEpoch": -1}) + "\n")
         self.logs.clear()
+        self.deferred.clear()
         self._started = False
 
     # -- logs -------------------------------------------------------------------------------------
 
     def get_log(self, topic: str, partition: int) -> PartitionLog | None:
-        return self.logs.get((topic, partition))
+        """The log of ``topic``-``partition`` if this directory holds one, opened now if it was
+        deferred (see "Opening at first use")."""
+        plog = self.logs.get((topic, partition))
+        if plog is None and self.deferred:
+            return self._open_deferred((topic, partition))
+        return plog
+
+    def holds(self, topic: str, partition: int) -> bool:
+        """Whether this directory has the log, open or deferred (without opening it)."""
+        tp = (topic, partition)
+        return tp in self.logs or tp in self.deferred
+
+    def _open_deferred(self, tp: tuple[str, int]) -> PartitionLog | None:
+        d = self.deferred.pop(tp, None)
+        if d is None:
+            return None
+        plog = PartitionLog.open(d.directory, d.config, recovery_point=d.recovery_point,
+                                 log_start_offset=d.log_start_offset, clean_shutdown=True)
+        self.logs[tp] = plog
+        return plog
 
     def get_or_create_log(self, topic: str, partition: int, config: LogConfig | None = None,
                           topic_id: str | None = None) -> PartitionLog:
         tp = (topic, partition)
-        plog = self.logs.get(tp)
+        plog = self.get_log(topic, partition)
         if plog is None:
             if layout.parse_partition_dir(layout.partition_dir_name(topic, partition)) != tp:
                 raise ConfigError(f"illegal topic name {topic!r}")
             directory = self.log_dir / layout.partition_dir_name(topic, partition)
-            if topic_id is not None and directory.exists():
+            exists = directory.exists()
+            if topic_id is not None and exists:
                 why = _stray(directory, HostedLog(topic_id, config or self.default_config))
                 if why is not None:  # an earlier topic's directory: never serve it
                     log.warning("deleting stray log %s: %s", directory, why)
                     self._delete_directory(directory)
-            plog = PartitionLog.open(directory, config or self.default_config, clean_shutdown=True)
-            if topic_id is not None:
-                plog.assign_topic_id(topic_id)
+                    exists = False
+            if exists:
+                plog = PartitionLog.open(directory, config or self.default_config,
+                                         clean_shutdown=True)
+                if topic_id is not None:
+                    plog.assign_topic_id(topic_id)
+            else:
+                plog = PartitionLog.create(directory, config or self.default_config,
+                                           topic_id=topic_id)
             self.logs[tp] = plog
         return plog
 
     def delete_log(self, topic: str, partition: int) -> None:
-        """Close the log and remove its directory (renamed to ``*-delete`` first, like Kafka)."""
+        """Close the log and remove its directory (renamed to ``*-delete`` first, like Kafka);
+        a deferred one is removed without being opened."""
+        deferred = self.deferred.pop((topic, partition), None)
+        if deferred is not None:
+            self._delete_directory(deferred.directory)
         plog = self.logs.pop((topic, partition), None)
         if plog is None:
             return
@@ -218,13 +395,17 @@ class LogManager:
         self._delete_directory(plog.directory)
 
     def remove_strays(self, hosted: Mapping[tuple[str, int], HostedLog]) -> list[str]:
-        """Delete every open log that ``hosted`` no longer lists, or lists under another topic
-        id (a metadata update: topics deleted, or deleted and created again)."""
+        """Delete every log that ``hosted`` no longer lists, or lists under another topic id
+        (a metadata update: topics deleted, or deleted and created again)."""
         doomed = []
         for tp, plog in list(self.logs.items()):
             want = hosted.get(tp)
             if want is None or (plog.topic_id is not None
                                 and plog.topic_id != uuid.UUID(want.topic_id)):
+                doomed.append(tp)
+        for tp, d in list(self.deferred.items()):
+            want = hosted.get(tp)
+            if want is None or uuid.UUID(d.topic_id) != uuid.UUID(want.topic_id):
                 doomed.append(tp)
         for topic, partition in doomed:
             self.delete_log(topic, partition)
@@ -244,7 +425,9 @@ class LogManager:
         """Truncate a log and checkpoint at once (Kafka's ``LogManager.truncateTo``): the old,
         higher recovery point must not survive in the checkpoint file, or a crash after new
         appends would skip validating bytes that were never fsynced."""
-        plog = self.logs[(topic, partition)]
+        plog = self.get_log(topic, partition)
+        if plog is None:
+            raise KeyError((topic, partition))
         plog.truncate_to(offset)
         self.checkpoint()
 
@@ -256,8 +439,12 @@ class LogManager:
     def checkpoint_offsets(self) -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], int]]:
         """What ``checkpoint`` writes, taken now (in the owner's thread; the writing, with its
         fsyncs, may then run in another: ``write_checkpoint``)."""
-        return ({tp: plog.recovery_point for tp, plog in self.logs.items()},
-                {tp: plog.log_start_offset for tp, plog in self.logs.items()})
+        recovery = {tp: plog.recovery_point for tp, plog in self.logs.items()}
+        start = {tp: plog.log_start_offset for tp, plog in self.logs.items()}
+        for tp, d in self.deferred.items():  # unchanged since the start: as read then
+            recovery[tp] = d.recovery_point
+            start[tp] = d.log_start_offset
+        return recovery, start
 
     def write_checkpoint(self, offsets: tuple[dict[tuple[str, int], int],
                                               dict[tuple[str, int], int]]) -> None:
@@ -269,6 +456,8 @@ class LogManager:
         """Kafka's retention over every log; segments deleted.  ``checkpoint=False``: the caller
         writes the checkpoint (a worker, in a thread)."""
         now = int(time.time() * 1000) if now_ms is None else now_ms
+        for tp in [tp for tp, d in self.deferred.items() if d.retention_due(now)]:
+            self._open_deferred(tp)  # its oldest segment is due: open it and apply the rule
         deleted = sum(plog.delete_old_segments(now) for plog in self.logs.values())
         if deleted and checkpoint:
             self.checkpoint()
@@ -286,6 +475,13 @@ class LogManager:
     def flush_due(self, now_ms: int | None = None) -> None:
         for plog in self.logs.values():
             plog.maybe_flush(now_ms)
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _stray(directory: Path, want: HostedLog | None) -> str | None:

@@ -7,7 +7,9 @@ Boot, in this order (a worker never answers a client before it knows the cluster
 2. Open the logs it hosts with their topics' effective configs (``LogManager.startup``):
    recovery validates only what follows each log's recovery record; logs of topics that are gone,
    or that were deleted and created again under the same name (another topic id), are deleted
-   crash-safely; logs it leads and has none of yet are created.
+   crash-safely; logs it leads and has none of yet are created.  After a clean shutdown no log
+   is opened: each opens at its first use, and its offsets are published from the summary the
+   shutdown wrote (``LogManager``, "Opening at first use").
 3. Serve on the listening socket the controller bound and passed in (``--listen-fd``).  The
    controller keeps that socket open across restarts, so a client connecting while the worker
    restarts waits in the backlog instead of being refused and backing off.  Then report ``ready``
@@ -142,10 +144,18 @@ def apply_metadata(ctx: Any, manager: Any, new: Any) -> None:
     ctx.metadata = new
     ctx.wake_fetches()  # a parked fetch of a deleted or moved partition answers now
     apply_log_configs(ctx, manager)  # dynamic topic/broker configs, at once
-    for (topic, partition), plog in list(manager.logs.items()):
-        if topic in new.topics:
-            ctx.publish_state(topic, partition, plog)
+    publish_states(ctx, manager)
     create_led_logs(ctx, manager)
+
+
+def publish_states(ctx: Any, manager: Any) -> None:
+    """Every log's offsets into its state table slot, the deferred ones' (not opened yet, see
+    ``LogManager``) from what the last clean shutdown recorded."""
+    topics = ctx.metadata.topics
+    for logs in (manager.logs, manager.deferred):
+        for (topic, partition), plog in list(logs.items()):
+            if topic in topics:
+                ctx.publish_state(topic, partition, plog)
 
 
 def apply_log_configs(ctx: Any, manager: Any) -> None:
@@ -154,10 +164,23 @@ def apply_log_configs(ctx: Any, manager: Any) -> None:
     from shmq.broker.dynamic_configs import effective_log_config
 
     deleted = 0
+    configs: dict[str, Any] = {}
+
+    def config_of(topic: str) -> Any:
+        if topic not in configs:
+            configs[topic] = effective_log_config(ctx.metadata, ctx.config.log, ctx.node_id, topic)
+        return configs[topic]
+
+    now_ms = int(time.time() * 1000)
+    for tp, deferred in list(manager.deferred.items()):
+        if tp[0] in ctx.metadata.topics and config_of(tp[0]) != deferred.config:
+            deferred.config = config_of(tp[0])
+            if deferred.retention_due(now_ms):  # opened (with the new config) and applied
+                deleted += manager.get_log(*tp).delete_old_segments(now_ms)
     for (topic, _partition), plog in list(manager.logs.items()):
         if topic not in ctx.metadata.topics:
             continue
-        config = effective_log_config(ctx.metadata, ctx.config.log, ctx.node_id, topic)
+        config = config_of(topic)
         if config != plog.config:
             plog.update_config(config)
             deleted += plog.delete_old_segments()
@@ -175,13 +198,20 @@ def create_led_logs(ctx: Any, manager: Any) -> int:
     creations per worker.  Runs before the metadata is acknowledged, so CreateTopics and
     CreatePartitions answer once the logs exist.  A log that cannot be created is logged and
     left to the first request, which then gets the error."""
+    from shmq.broker.dynamic_configs import effective_log_config
+
     created = 0
     for name, info in ctx.metadata.topics.items():
+        config = None  # the topic's, computed once for all its new partitions
         for p, part in enumerate(info.partitions):
-            if part.leader != ctx.node_id or manager.get_log(name, p) is not None:
+            if part.leader != ctx.node_id or manager.holds(name, p):
                 continue
             try:
-                ctx.log_for(name, p)
+                if config is None:
+                    config = effective_log_config(ctx.metadata, ctx.config.log, ctx.node_id,
+                                                  name)
+                plog = manager.get_or_create_log(name, p, config, topic_id=info.topic_id)
+                ctx.publish_state(name, p, plog)
             except Exception:  # a disk error must not stop the metadata update
                 log.exception("could not create the log of %s-%d", name, p)
             else:
@@ -222,6 +252,16 @@ def publish_partition_gauges(ctx: Any, manager: Any,
         last[key] = now
         ctx.metrics.partition_gauges(info.partitions[key[1]].slot, plog.size_in_bytes,
                                      len(plog.segments))
+    for key, deferred in list(manager.deferred.items()):  # as the last clean shutdown left them
+        info = topics.get(key[0])
+        if info is None or not 0 <= key[1] < len(info.partitions):
+            continue
+        now = (deferred.log_end_offset, deferred.log_start_offset, deferred.segment_count)
+        if last.get(key) == now:
+            continue
+        last[key] = now
+        ctx.metrics.partition_gauges(info.partitions[key[1]].slot, deferred.size_in_bytes,
+                                     deferred.segment_count)
 
 
 # After this many producer ids expired at once, free heap pages go back to the OS (below).
@@ -333,8 +373,7 @@ async def run(args: argparse.Namespace) -> int:
         metrics_table = None
         if settings.get("metrics_table"):
             metrics_table, ctx.metrics = attach_metrics(settings["metrics_table"], args.node_id)
-        for (topic, partition), plog in manager.logs.items():
-            ctx.publish_state(topic, partition, plog)
+        publish_states(ctx, manager)
         created = create_led_logs(ctx, manager)
         server = await serve(Router(ctx), config.host, args.port, config.socket_request_max_bytes,
                              ctx.stats, ctx.metrics, sock=listener,

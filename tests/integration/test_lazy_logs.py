@@ -1,0 +1,270 @@
+"""Logs opened at first use (issue 17): a worker started after a clean shutdown opens no log, and
+a new partition gets no index files until it is written.  Real broker processes, real files,
+confluent-kafka.
+
+* Every API on a partition never opened since the start behaves as before: ListOffsets (latest,
+  earliest, by time), Fetch, Produce, DeleteRecords, retention (after AlterConfigs), and
+  DeleteTopics (its directories go without being opened).
+* After a start, and after creating a topic, the workers map and hold no file of the logs.
+* SIGKILL of every process, with one partition opened since the start and others never opened:
+  the next start recovers every log, nothing acknowledged is lost, and the start after the next
+  clean stop opens none again.
+* An index file cut or garbled while the broker was down is rebuilt when its lazily opened
+  partition is first read, as before.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
+from conftest import RunningBroker, _remove_stale_shm, start_broker
+
+HOUR_MS = 3_600_000
+ENV = {k: v for k, v in os.environ.items() if k != "SHMQ_LOG_LEVEL"}  # the INFO ready lines
+DEFERRED = re.compile(r"worker (\d+) ready: (\d+) logs opened after a clean shutdown, "
+                      r"(\d+) left to open at first use")
+
+
+def _create(admin: AdminClient, topic: str, partitions: int, **config: str) -> None:
+    admin.create_topics([NewTopic(topic, partitions, 1, config=config)])[topic].result(30)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        parts = admin.list_topics(topic, timeout=10).topics[topic].partitions
+        if len(parts) == partitions and all(p.leader >= 0 for p in parts.values()):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"no leader for every partition of {topic}")
+
+
+def _produce(bootstrap: str, topic: str, partitions: int | list[int], count: int,
+             timestamp: int = 0) -> None:
+    """``count`` records into each partition (``partitions``: a count, or a list of them)."""
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0})
+    errors: list = []
+    for part in range(partitions) if isinstance(partitions, int) else partitions:
+        for i in range(count):
+            p.produce(topic, b"%s-%d-%d" % (topic.encode(), part, i), partition=part,
+                      timestamp=timestamp, on_delivery=lambda e, m: e and errors.append(e))
+    assert p.flush(30) == 0 and errors == []
+
+
+def _records(bootstrap: str, topic: str, partition: int, start: int = 0) -> list[tuple[int, bytes]]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "lazy", "enable.auto.commit": False,
+                  "enable.partition.eof": True})
+    try:
+        c.assign([TopicPartition(topic, partition, start)])
+        out = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            if m.error():
+                if m.error().code() == KafkaError._PARTITION_EOF:
+                    return out
+                raise AssertionError(m.error())
+            out.append((m.offset(), m.value()))
+        raise AssertionError(f"{topic}-{partition}: no end after {out}")
+    finally:
+        c.close()
+
+
+def _watermarks(bootstrap: str, topic: str, partition: int) -> tuple[int, int]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "lazy"})
+    try:
+        return c.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+    finally:
+        c.close()
+
+
+def _deferred(b: RunningBroker, since: int) -> tuple[int, int, int]:
+    """(workers, logs opened, logs deferred) summed over the ready lines of clean starts logged
+    after byte ``since``."""
+    text = b.log_path.read_bytes()[since:].decode(errors="replace")
+    found = DEFERRED.findall(text)
+    return len(found), sum(int(o) for _, o, _ in found), sum(int(d) for _, _, d in found)
+
+
+def _recovered(b: RunningBroker, since: int) -> tuple[int, int]:
+    """(workers, logs opened) from the ready lines of unclean starts after byte ``since``."""
+    text = b.log_path.read_bytes()[since:].decode(errors="replace")
+    found = re.findall(r"worker \d+ ready: (\d+) logs opened after an unclean shutdown", text)
+    return len(found), sum(int(n) for n in found)
+
+
+def _file_usage(b: RunningBroker) -> tuple[int, int]:
+    """(mappings, descriptors) of files under the workers' log dirs, over every process."""
+    root = str(b.data_dir.resolve() / "worker-")
+    maps = fds = 0
+    proc = psutil.Process(b.proc.pid)
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            with open(f"/proc/{p.pid}/maps") as f:
+                maps += sum(1 for line in f if root in line)
+            for fd in os.listdir(f"/proc/{p.pid}/fd"):
+                try:
+                    fds += os.readlink(f"/proc/{p.pid}/fd/{fd}").startswith(root)
+                except OSError:
+                    continue
+        except (OSError, psutil.NoSuchProcess):
+            continue
+    return maps, fds
+
+
+def _restart(b: RunningBroker) -> tuple[RunningBroker, int]:
+    """Stop ``b`` cleanly, start it again: (the new broker, where its log began)."""
+    assert b.stop() == 0, b.log_path.read_text()
+    since = b.log_path.stat().st_size
+    return start_broker(b.data_dir, env=ENV), since
+
+
+def _power_cut(b: RunningBroker) -> None:
+    """SIGKILL of every process of the broker at once (the controller stopped first, so it
+    neither restarts a worker nor lets one see its death and stop cleanly)."""
+    controller = psutil.Process(b.proc.pid)
+    os.kill(controller.pid, signal.SIGSTOP)
+    children = controller.children(recursive=True)
+    for child in children:
+        os.kill(child.pid, signal.SIGKILL)
+    os.kill(controller.pid, signal.SIGKILL)
+    b.proc.wait(10)
+    psutil.wait_procs(children, timeout=10)
+    if b.proc.stdout is not None:
+        b.proc.stdout.close()
+    _remove_stale_shm(b.data_dir)
+
+
+def _partition_dirs(b: RunningBroker, topic: str) -> list[str]:
+    return sorted(p.name for p in b.data_dir.glob(f"worker-*/{topic}-*"))
+
+
+def test_never_opened_partitions_serve_as_before(tmp_path: Path) -> None:
+    b = start_broker(tmp_path / "data", env=ENV)
+    try:
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        _create(admin, "lz", 6)
+        _create(admin, "ret", 2, **{"retention.ms": str(2 * HOUR_MS)})
+        hour_ago = int(time.time() * 1000) - HOUR_MS
+        _produce(b.bootstrap, "lz", 6, 5, hour_ago)
+        _produce(b.bootstrap, "ret", 2, 5, hour_ago)
+        b, since = _restart(b)
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        assert _deferred(b, since) == (2, 0, 8), b.log_path.read_text()[-3000:]
+        assert _file_usage(b) == (0, 0)
+
+        # a new topic's logs exist without index files, and nothing of them is mapped
+        _create(admin, "fresh", 20)
+        assert len(_partition_dirs(b, "fresh")) == 20
+        assert not list(b.data_dir.glob("worker-*/fresh-*/*.index"))
+        assert _file_usage(b) == (0, 0)  # no mapping, no descriptor
+
+        # ListOffsets, by time too
+        assert _watermarks(b.bootstrap, "lz", 0) == (0, 5)
+        c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "lazy"})
+        try:
+            (found,) = c.offsets_for_times([TopicPartition("lz", 1, hour_ago - 1000)], timeout=10)
+            assert found.offset == 0
+        finally:
+            c.close()
+        # Fetch
+        assert _records(b.bootstrap, "lz", 2) == [(i, b"lz-2-%d" % i) for i in range(5)]
+        # Produce
+        _produce(b.bootstrap, "lz", [3], 1)
+        assert _records(b.bootstrap, "lz", 3, 5) == [(5, b"lz-3-0")]
+        assert _file_usage(b)[0] > 0  # the counter sees what an opened, written log maps
+        # DeleteRecords
+        (fut,) = admin.delete_records([TopicPartition("lz", 4, 2)]).values()
+        assert fut.result(30).low_watermark == 2
+        assert _watermarks(b.bootstrap, "lz", 4) == (2, 5)
+        # retention, once AlterConfigs shortens it below the records' age
+        res = ConfigResource("topic", "ret", incremental_configs=[ConfigEntry(
+            "retention.ms", str(HOUR_MS // 2), incremental_operation=AlterConfigOpType.SET)])
+        admin.incremental_alter_configs([res])[res].result(30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _watermarks(b.bootstrap, "ret", 1) != (5, 5):
+            time.sleep(0.2)
+        assert [_watermarks(b.bootstrap, "ret", p) for p in (0, 1)] == [(5, 5), (5, 5)]
+        # DeleteTopics: lz-5 was never opened
+        admin.delete_topics(["lz"])["lz"].result(30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _partition_dirs(b, "lz"):
+            time.sleep(0.1)
+        assert _partition_dirs(b, "lz") == []
+    finally:
+        assert b.stop() == 0, b.log_path.read_text()
+
+
+def test_sigkill_recovers_opened_and_never_opened_logs(tmp_path: Path) -> None:
+    b = start_broker(tmp_path / "data", env=ENV)
+    try:
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        _create(admin, "rk", 4)
+        _produce(b.bootstrap, "rk", 4, 3)
+        b, since = _restart(b)
+        assert _deferred(b, since) == (2, 0, 4), b.log_path.read_text()[-3000:]
+        p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all", "linger.ms": 0})
+        for i in (3, 4):  # rk-0 opened and written; rk-1..3 never opened
+            p.produce("rk", b"rk-0-%d" % i, partition=0)
+        assert p.flush(30) == 0
+        _power_cut(b)
+        since = b.log_path.stat().st_size
+        b = start_broker(b.data_dir, env=ENV)
+        assert _recovered(b, since) == (2, 4), b.log_path.read_text()[-3000:]
+        assert _deferred(b, since) == (0, 0, 0)
+        for part in range(4):
+            n = 5 if part == 0 else 3
+            assert _records(b.bootstrap, "rk", part) == [(i, b"rk-%d-%d" % (part, i))
+                                                         for i in range(n)]
+        b, since = _restart(b)
+        assert _deferred(b, since) == (2, 0, 4)
+        assert _records(b.bootstrap, "rk", 0, 4) == [(4, b"rk-0-4")]
+    finally:
+        b.stop()
+
+
+@pytest.mark.parametrize("damage", ["cut", "garbled"])
+def test_a_damaged_index_of_a_lazily_opened_log_is_rebuilt(tmp_path: Path, damage: str) -> None:
+    b = start_broker(tmp_path / "data", workers=1, env=ENV)
+    try:
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        _create(admin, "ix", 1, **{"index.interval.bytes": "200"})
+        p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all", "linger.ms": 0})
+        for i in range(40):
+            p.produce("ix", b"v%03d" % i + b"." * 100, partition=0)
+            assert p.flush(10) == 0  # a batch each: an index entry every two
+        assert b.stop() == 0
+        (index,) = b.data_dir.glob("worker-1/ix-0/*.index")
+        original = index.read_bytes()
+        assert len(original) >= 8 * 10
+        if damage == "cut":
+            index.write_bytes(original[:-3])
+        else:  # an entry naming another batch's position, still in order
+            entry = bytearray(original)
+            entry[8 * 5 + 4 : 8 * 5 + 8] = (int.from_bytes(original[8 * 5 + 4 : 8 * 5 + 8], "big")
+                                            + 1).to_bytes(4, "big")
+            index.write_bytes(bytes(entry))
+        since = b.log_path.stat().st_size
+        b = start_broker(b.data_dir, workers=1, env=ENV)
+        assert _deferred(b, since) == (1, 0, 1)
+        for start in (0, 17, 39):
+            got = _records(b.bootstrap, "ix", 0, start)
+            assert got == [(i, b"v%03d" % i + b"." * 100) for i in range(start, 40)]
+        assert "rebuilding indexes of" in b.log_path.read_bytes()[since:].decode(errors="replace")
+        assert b.stop() == 0
+        assert index.read_bytes() == original  # rebuilt as the appends wrote it
+    finally:
+        b.stop()
