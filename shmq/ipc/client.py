@@ -67,8 +67,10 @@ REATTACH_TIMEOUT_S = 30.0
 # Before sleeping on its eventfd for an answer, a client looks at the completion ring for this
 # long: the worker usually answers within microseconds, and a sleeping client costs the worker
 # an eventfd write per answer and itself a wake-up (measured: 14,760 kicks for 20,000 small
-# batches without it).
-SPIN_S = 0.00005
+# batches without it).  200 us rather than 50: a 100 KB batch takes ~100 us to append, and with
+# 50 us the client slept between answers (0.21-0.27 worker kicks an entry for 1,000-record
+# batches, against 0.09-0.10, perf/README.md's bench_shm section).
+SPIN_S = 0.0002
 # A client that never blocks (poll(0) between sends) peeks at the session socket this often at
 # most while answers are due: a worker's death is noticed that fast without a system call per
 # batch (a blocking wait watches the socket and notices at once).
