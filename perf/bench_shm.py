@@ -2,7 +2,7 @@
 
     python perf/bench_shm.py [--records 2000000] [--per-message 200000] [--batch 1000]
                              [--repeat 3] [--latency-seconds 3] [--workers 1] [--dir /tmp]
-                             [--only ring,peers,tcp,latency,cpu]
+                             [--only ring,peers,tcp,latency,cpu] [--trace]
 
 Every row moves 100 B records from one producer process to one consumer process (both started
 with ``multiprocessing``'s spawn context; their start-up is not timed).  The shmq rows go
@@ -18,8 +18,13 @@ Rows (median of ``--repeat`` runs, with the spread (max - min) / median):
   idempotent-producer bound), timed from the first call to the end of ``flush()`` (every batch
   acknowledged: in the log).  acks=all is the client default (Kafka's); acks=1 is named beside.
 * ``ring read -> Arrow``: another process reads the partition from offset 0 with
-  ``LocalBroker.read_arrow`` (the spark_bridge schema) until it has every record; ``ring read
-  (views)`` the same with zero-copy ``read`` only (batches found, not decoded).
+  ``LocalBroker.read_arrow`` (the spark_bridge schema) until it has every record; ``ring
+  iter_arrow`` the same through ``LocalBroker.iter_arrow`` (reads in order, two threads
+  decoding); ``ring read (views)`` with zero-copy ``read`` only (batches found, not decoded).
+  Start-up (imports, the segment listing, one read of the warm-up record) is not timed, as the
+  producer's warm-up record is not.
+* Every row's values are distinct 100 B strings (one object repeated would be pickled once by
+  multiprocessing.Queue, with a memo reference per record).
 * ``multiprocessing.Queue``, ``pyzmq ipc://`` (PUSH/PULL), ``posix_ipc MessageQueue``: per
   message (one ``put``/``send`` per record, ``--per-message`` records) and packed (``--batch``
   records joined into one message; posix_ipc: as many as fit its 8 KiB message limit).  Timed
@@ -30,7 +35,11 @@ Rows (median of ``--repeat`` runs, with the spread (max - min) / median):
 * ``latency``: the produce call to a waiting reader (another process in ``read(timeout=...)``,
   asleep on the state table's futex), the send time carried in each record, at 10,000 records/s
   (one record per call) and at 1,000,000 records/s (100 records per call every 100 us);
-  p50 / p99 / max.  The anchor row is confluent-kafka at 10,000 msg/s (defaults, so linger.ms 5).
+  p50 / p99 / max.  The producer sleeps between calls (timer slack 1 ns), never spins.  The
+  anchor row is confluent-kafka at 10,000 msg/s (defaults, so linger.ms 5).  ``--trace`` adds
+  where the records waited, from the worker's ring trace (``SHMQ_RING_TRACE``) joined by offset:
+  produce call -> the worker's drain takes the entry -> appended and published in the state
+  table -> the reader has it.
 * ``broker CPU per record``: utime+stime of the broker's processes (controller and workers)
   during the ring produce and during the confluent-kafka produce of the same records.
 
@@ -107,8 +116,7 @@ def ring_reader(data_dir: str, topic: str, n: int, arrow: Any, chunk: int, ready
     offset, got = 1, 0  # offset 0 is the warm-up record
     deadline = t0 + 300
     if arrow == "iter":
-        for rb, offset in broker.iter_arrow(topic, 0, offset, chunk, end=offset + n,
-                                            timeout=1.0):
+        for rb, _ in broker.iter_arrow(topic, 0, offset, chunk, end=offset + n, timeout=1.0):
             got += rb.num_rows
             del rb
     while got < n and time.monotonic() < deadline:
@@ -338,7 +346,9 @@ def lat_ring_reader(data_dir: str, topic: str, expect: int, ready, go, out) -> N
         del values, rb, data, ends
         got += int(keep.sum())
         offset = r.next_offset
-    cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64))
+    def cat(xs: list[Any]) -> Any:
+        return np.concatenate(xs) if xs else np.zeros(0, np.int64)
+
     out.put(("reader", 0, 0, got, (cat(sent), cat(seen), cat(offsets))))
     broker.close()
 
