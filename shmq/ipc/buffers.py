@@ -4,9 +4,9 @@ Why
 ---
 ``read_arrow`` decodes into new column buffers at every call.  Fresh anonymous pages cost a page
 fault and a zero-fill each, and on a VM whose guest hands freed memory back to the host (free
-page reporting) a fresh page costs a fault in the host too: 4-15 us per 4 KiB page measured here
-(perf/probe_pages.py, quiet to loaded),
-against ~0.3 us for a page the process already has.  A reader that decodes chunk after chunk
+page reporting) a fresh page costs a fault in the host too: 4-15 us per 4 KiB page measured
+here (``perf/probe_pages.py``, quiet to loaded), against ~0.3 us for a page the process already
+has.  A reader that decodes chunk after chunk
 into the same memory pays that once.  pyarrow's allocator does not promise it (mimalloc purges
 freed memory back to the kernel after ~10 ms), so the reader keeps its own buffers.
 
