@@ -2,7 +2,7 @@
 
     python perf/bench_shm.py [--records 2000000] [--per-message 200000] [--batch 1000]
                              [--repeat 3] [--latency-seconds 3] [--workers 1] [--dir /tmp]
-                             [--only ring,peers,tcp,latency,cpu]
+                             [--only ring,peers,tcp,latency,cpu] [--trace]
 
 Every row moves 100 B records from one producer process to one consumer process (both started
 with ``multiprocessing``'s spawn context; their start-up is not timed).  The shmq rows go
@@ -18,8 +18,13 @@ Rows (median of ``--repeat`` runs, with the spread (max - min) / median):
   idempotent-producer bound), timed from the first call to the end of ``flush()`` (every batch
   acknowledged: in the log).  acks=all is the client default (Kafka's); acks=1 is named beside.
 * ``ring read -> Arrow``: another process reads the partition from offset 0 with
-  ``LocalBroker.read_arrow`` (the spark_bridge schema) until it has every record; ``ring read
-  (views)`` the same with zero-copy ``read`` only (batches found, not decoded).
+  ``LocalBroker.read_arrow`` (the spark_bridge schema) until it has every record; ``ring
+  iter_arrow`` the same through ``LocalBroker.iter_arrow`` (reads in order, two threads
+  decoding); ``ring read (views)`` with zero-copy ``read`` only (batches found, not decoded).
+  Start-up (imports, the segment listing, one read of the warm-up record) is not timed, as the
+  producer's warm-up record is not.
+* Every row's values are distinct 100 B strings (one object repeated would be pickled once by
+  multiprocessing.Queue, with a memo reference per record).
 * ``multiprocessing.Queue``, ``pyzmq ipc://`` (PUSH/PULL), ``posix_ipc MessageQueue``: per
   message (one ``put``/``send`` per record, ``--per-message`` records) and packed (``--batch``
   records joined into one message; posix_ipc: as many as fit its 8 KiB message limit).  Timed
@@ -30,7 +35,11 @@ Rows (median of ``--repeat`` runs, with the spread (max - min) / median):
 * ``latency``: the produce call to a waiting reader (another process in ``read(timeout=...)``,
   asleep on the state table's futex), the send time carried in each record, at 10,000 records/s
   (one record per call) and at 1,000,000 records/s (100 records per call every 100 us);
-  p50 / p99 / max.  The anchor row is confluent-kafka at 10,000 msg/s (defaults, so linger.ms 5).
+  p50 / p99 / max.  The producer sleeps between calls (timer slack 1 ns), never spins.  The
+  anchor row is confluent-kafka at 10,000 msg/s (defaults, so linger.ms 5).  ``--trace`` adds
+  where the records waited, from the worker's ring trace (``SHMQ_RING_TRACE``) joined by offset:
+  produce call -> the worker's drain takes the entry -> appended and published in the state
+  table -> the reader has it.
 * ``broker CPU per record``: utime+stime of the broker's processes (controller and workers)
   during the ring produce and during the confluent-kafka produce of the same records.
 
@@ -62,7 +71,9 @@ MQ_LIMIT = 8192
 # -- child roles (module level: the spawn context imports them) -------------------------------
 
 def _payload(n: int) -> list[bytes]:
-    return [b"x" * SIZE] * n
+    """``n`` distinct 100 B values.  Not one object ``n`` times: pickle (multiprocessing.Queue)
+    would send it once and ``n`` memo references, ~5 B a record instead of 100."""
+    return [b"%08d" % i + b"x" * (SIZE - 8) for i in range(n)]
 
 
 def ring_producer(data_dir: str, topic: str, n: int, batch: int, acks: Any, ready, go, out) -> None:
@@ -86,16 +97,28 @@ def ring_producer(data_dir: str, topic: str, n: int, batch: int, acks: Any, read
     broker.close()
 
 
-def ring_reader(data_dir: str, topic: str, n: int, arrow: bool, chunk: int, ready, go,
+def ring_reader(data_dir: str, topic: str, n: int, arrow: Any, chunk: int, ready, go,
                 out) -> None:
+    """``arrow``: False (zero-copy views), True (``read_arrow`` calls) or "iter"
+    (``iter_arrow``: reads in order, two threads decoding)."""
     from shmq.ipc.client import attach
 
     broker = attach(data_dir)
+    # start-up, as the producer's warm-up record: imports (pyarrow), the segment listing and
+    # mapping, one read of the warm-up record at offset 0
+    if arrow:
+        broker.read_arrow(topic, 0, 0, 1, timeout=30.0)
+    else:
+        broker.read(topic, 0, 0, 1, timeout=30.0)
     ready.set()
     go.wait()
     t0 = time.monotonic()
     offset, got = 1, 0  # offset 0 is the warm-up record
     deadline = t0 + 300
+    if arrow == "iter":
+        for rb, _ in broker.iter_arrow(topic, 0, offset, chunk, end=offset + n, timeout=1.0):
+            got += rb.num_rows
+            del rb
     while got < n and time.monotonic() < deadline:
         if arrow:
             rb, nxt = broker.read_arrow(topic, 0, offset, chunk, timeout=1.0)
@@ -244,12 +267,23 @@ def tcp_consumer(bootstrap: str, topic: str, n: int, ready, go, out) -> None:
 
 
 def _pace(due: float) -> None:
-    """Sleep until ~80 us before ``due`` (sleep overshoots by ~60 us here), then spin: a pure
-    spin would take a whole core from the broker and the reader on a 2-core box."""
+    """Sleep until ``due`` (the process's timer slack set to 1 us by ``_fine_sleep``).  No spin:
+    on a 2-core box a spinning producer takes a whole core from the worker and the reader,
+    whose wake-ups then wait for a CPU (the latency rows measured that run queue).  A late
+    wake-up delays the send, not the measured latency (stamped at the send); the schedule is
+    absolute, so the rate holds."""
     left = due - time.monotonic()
-    if left > 0.00012:
-        time.sleep(left - 0.00008)
-    while time.monotonic() < due:
+    if left > 0:
+        time.sleep(left)
+
+
+def _fine_sleep() -> None:
+    """prctl(PR_SET_TIMERSLACK, 1 ns): sleeps end when asked, not up to 50 us later."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(29, 1, 0, 0, 0)
+    except (OSError, AttributeError):
         pass
 
 
@@ -264,6 +298,7 @@ def lat_ring_producer(data_dir: str, topic: str, rate: int, per_call: int, secon
     broker.send_batch(topic, 0, [b"w" * SIZE], acks=1).result(30)
     ready.set()
     go.wait()
+    _fine_sleep()
     interval = per_call / rate
     calls = int(seconds / interval)
     warm = int(WARMUP_S / interval)
@@ -286,8 +321,11 @@ def lat_ring_reader(data_dir: str, topic: str, expect: int, ready, go, out) -> N
 
     broker = attach(data_dir)
     offset = broker.reader(topic, 0).state().high_watermark
+    broker.read_arrow(topic, 0, max(0, offset - 1), 1)  # imports and buffers before the clock
     ready.set()
-    lat: list[Any] = []
+    sent: list[Any] = []
+    seen: list[Any] = []
+    offsets: list[Any] = []
     got = 0
     deadline = time.monotonic() + 300
     while got < expect and time.monotonic() < deadline:
@@ -295,14 +333,52 @@ def lat_ring_reader(data_dir: str, topic: str, expect: int, ready, go, out) -> N
         now = time.monotonic_ns()
         if not len(r):
             continue
-        stamps = np.fromiter((int.from_bytes(x.value[:8], "little") for x in r.records()),
-                             dtype=np.int64)
-        lat.append(now - stamps[stamps != 0])
-        got += int((stamps != 0).sum())
+        if len(r) < 64:  # a few records: decoded as objects (cheaper than Arrow's set-up)
+            recs = r.records()
+            stamps = np.array([int.from_bytes(x.value[:8], "little") for x in recs], np.int64)
+            offs = np.array([x.offset for x in recs], np.int64)
+        else:  # each value's first 8 bytes, from the Arrow columns (no object per record)
+            rb = r.to_arrow(topic, 0)
+            values = rb.column("value")
+            ends = np.frombuffer(values.buffers()[1], np.int32, len(values) + 1,
+                                 values.offset * 4)
+            data = np.frombuffer(values.buffers()[2], np.uint8)
+            stamps = data[ends[:-1, None] + np.arange(8)].copy().view("<i8").ravel()
+            offs = rb.column("offset").to_numpy().copy()
+            del values, rb, data, ends
+        keep = stamps != 0
+        sent.append(stamps[keep])
+        seen.append(np.full(int(keep.sum()), now, np.int64))
+        offsets.append(offs[keep])
+        got += int(keep.sum())
         offset = r.next_offset
-    allv = np.concatenate(lat) if lat else np.zeros(1, np.int64)
-    out.put(("reader", 0, 0, got, allv.tolist()))
+    def cat(xs: list[Any]) -> Any:
+        return np.concatenate(xs) if xs else np.zeros(0, np.int64)
+
+    out.put(("reader", 0, 0, got, (cat(sent), cat(seen), cat(offsets))))
     broker.close()
+
+
+def trace_breakdown(trace_dir: Path, sent: Any, seen: Any, offsets: Any) -> list[tuple[str, Any]]:
+    """Where each record waited, from the worker's ring trace (``SHMQ_RING_TRACE``) joined by
+    offset: produce call -> the worker's drain takes the entry -> appended and published ->
+    the reader has it."""
+    import numpy as np
+
+    rows = []
+    for f in sorted(trace_dir.glob("ring-trace-*.txt")):
+        rows.extend(tuple(int(x) for x in line.split()) for line in f.read_text().splitlines())
+        f.unlink()
+    if not rows or not len(offsets):
+        return []
+    t = np.array(sorted(r for r in rows if r[1] >= 0), dtype=np.int64)  # by base offset
+    t = t[np.argsort(t[:, 1], kind="stable")]
+    at = np.searchsorted(t[:, 1], offsets, side="right") - 1
+    ok = at >= 0
+    taken, published = t[at[ok], 2], t[at[ok], 3]
+    return [("produce call -> worker takes the entry", taken - sent[ok]),
+            ("worker: append + publish", published - taken),
+            ("publish -> reader has it", seen[ok] - published)]
 
 
 def lat_tcp_producer(bootstrap: str, topic: str, rate: int, seconds: float, ready, go, out) -> None:
@@ -313,6 +389,7 @@ def lat_tcp_producer(bootstrap: str, topic: str, rate: int, seconds: float, read
     p.flush(30)
     ready.set()
     go.wait()
+    _fine_sleep()
     interval = 1 / rate
     calls = int(seconds * rate)
     warm = int(WARMUP_S / interval)
@@ -430,6 +507,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--phase-timeout", type=float, default=300.0)
     p.add_argument("--only", default="ring,peers,tcp,latency,cpu")
     p.add_argument("--dir", default=tempfile.gettempdir())
+    p.add_argument("--trace", action="store_true",
+                   help="latency rows: where records wait, from the worker's ring trace")
     args = p.parse_args(argv)
     only = set(args.only.split(","))
 
@@ -442,6 +521,8 @@ def main(argv: list[str] | None = None) -> int:
     print("  timing      wall time (time.monotonic) in the producer and consumer processes (the "
           "clock line above is _common's default and does not apply here)\n")
     work = Path(tempfile.mkdtemp(prefix="bench-shm-", dir=args.dir))
+    if args.trace:
+        os.environ["SHMQ_RING_TRACE"] = str(work)  # inherited by the broker's workers
     broker = start_shmq(args.workers, work / "data", work)
     data_dir = str(work / "data")
     h = Harness(args)
@@ -482,6 +563,7 @@ def main(argv: list[str] | None = None) -> int:
                     if acks == 1:
                         for arrow, label2 in (
                                 (True, f"ring read -> Arrow (spark schema), {args.read_chunk}/read"),
+                                ("iter", f"ring iter_arrow (2 decoding threads), {args.read_chunk}/read"),
                                 (False, f"ring read (zero-copy views), {args.read_chunk}/read")):
                             res = h.run_one(ring_reader, (data_dir, t, args.records, arrow,
                                                           args.read_chunk), args.phase_timeout)
@@ -537,10 +619,17 @@ def main(argv: list[str] | None = None) -> int:
                     rate_, per_call = (int(x) for x in pair.split(":"))
                     t = topic()
                     expect = int(args.latency_seconds * rate_ / per_call) * per_call
+                    for f in work.glob("ring-trace-*.txt"):  # earlier sessions' (other topics)
+                        f.unlink()
                     r = h.run_pair(lat_ring_producer, (data_dir, t, rate_, per_call,
                                                        args.latency_seconds),
                                    lat_ring_reader, (data_dir, t, expect), args.phase_timeout)
-                    rows.append((f"latency ring {rate_:,}/s", r["reader"][4], "ns"))
+                    sent, seen, offsets = r["reader"][4]
+                    rows.append((f"latency ring {rate_:,}/s", (seen - sent).tolist(), "ns"))
+                    if args.trace:
+                        time.sleep(0.5)  # the session's trace is written when it ends
+                        for part, values in trace_breakdown(work, sent, seen, offsets):
+                            rows.append((f"  {rate_:,}/s: {part}", values.tolist(), "ns"))
                 t = topic()
                 expect = int(args.latency_seconds * 10_000)
                 r = h.run_pair(lat_tcp_producer, (broker.bootstrap, t, 10_000, args.latency_seconds),

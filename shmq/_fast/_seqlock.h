@@ -104,13 +104,38 @@ static inline void shmq_slot_write(unsigned char *base, const shmq_slot_values_t
         syscall(SYS_futex, shmq_slot_futex_word(s), FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
+static inline int64_t shmq_monotonic_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
 /* Sleep until the slot's seq is no longer ``seen`` or ``timeout_ns`` passed (< 0: no limit).
+ * First look at seq for up to ``spin_ns`` (no flag set, no system call): data that follows
+ * within that time is seen without the futex round trip and the wake-up of a halted CPU.
  * Returns 1 when seq changed (or may have: a wake-up), 0 on timeout.  Spurious returns are
  * allowed: the caller re-reads the slot. */
-static inline int shmq_slot_wait(unsigned char *base, uint64_t seen, int64_t timeout_ns) {
+static inline int shmq_slot_wait(unsigned char *base, uint64_t seen, int64_t timeout_ns,
+                                 int64_t spin_ns) {
     shmq_slot_t *s = (shmq_slot_t *)base;
     struct timespec ts, *tp = NULL;
     long r;
+    if (spin_ns > 0) {
+        int64_t until = shmq_monotonic_ns() + spin_ns;
+        unsigned n = 0;
+        while (1) {
+            if (__atomic_load_n(&s->seq, __ATOMIC_ACQUIRE) != seen)
+                return 1;
+            shmq_cpu_relax();
+            if ((++n & 63) == 0 && shmq_monotonic_ns() >= until)
+                break;
+        }
+        if (timeout_ns >= 0) {
+            timeout_ns -= spin_ns;
+            if (timeout_ns <= 0)
+                return 0;
+        }
+    }
     __atomic_exchange_n(&s->waiters, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&s->seq, __ATOMIC_SEQ_CST) != seen)
         return 1;

@@ -25,6 +25,7 @@ import ctypes.util
 import errno
 import struct
 import sys
+import time
 from typing import Any
 
 SLOT_SIZE = 64
@@ -148,12 +149,23 @@ def slot_seq(buf: Any, slot_offset: int) -> int:
             return int(seq_word[0])
 
 
-def wait_slot(buf: Any, slot_offset: int, seen: int, timeout: float) -> bool:
-    """Sleep until the slot's seq is no longer ``seen`` or ``timeout`` passed (see seqlock.pyx)."""
+def wait_slot(buf: Any, slot_offset: int, seen: int, timeout: float, spin: float = 0.0) -> bool:
+    """Sleep until the slot's seq is no longer ``seen`` or ``timeout`` passed, after looking at
+    seq for up to ``spin`` seconds (see seqlock.pyx)."""
     with memoryview(buf).cast("B") as view:
         if view.readonly:
             raise BufferError("underlying buffer is not writable")
         _check_slot(view, slot_offset)
+        if spin > 0:
+            until = time.monotonic() + spin
+            with view[slot_offset : slot_offset + 8] as raw, raw.cast("Q") as seq_word:
+                while time.monotonic() < until:
+                    if seq_word[0] != seen:
+                        return True
+            if timeout >= 0:
+                timeout -= spin
+                if timeout <= 0:
+                    return False
         with view[slot_offset + _WAITERS : slot_offset + _WAITERS + 4] as raw, \
                 raw.cast("I") as waiters:
             waiters[0] = 1

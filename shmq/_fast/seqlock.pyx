@@ -46,7 +46,7 @@ cdef extern from "_seqlock.h":
     int shmq_slot_read(const unsigned char *base, shmq_slot_values_t *out,
                        long max_spins) noexcept nogil
     uint64_t shmq_slot_seq(const unsigned char *base) noexcept nogil
-    int shmq_slot_wait(unsigned char *base, uint64_t seen, int64_t timeout_ns) noexcept nogil
+    int shmq_slot_wait(unsigned char *base, uint64_t seen, int64_t timeout_ns, int64_t spin_ns) noexcept nogil
 
 SLOT_SIZE = 64
 # Each attempt costs one `pause` (~40-140 cycles) at most: 10,000 attempts bound a reader to
@@ -103,14 +103,16 @@ def slot_seq(const unsigned char[::1] buf not None, Py_ssize_t slot_offset):
 
 
 def wait_slot(unsigned char[::1] buf not None, Py_ssize_t slot_offset, uint64_t seen,
-              double timeout):
-    """Sleep (FUTEX_WAIT, no spinning) until the slot's seq is no longer ``seen`` or
-    ``timeout`` seconds passed (negative: no limit).  True when it changed or may have (a
-    wake-up; the caller re-reads the slot), False on timeout.  The buffer must be writable: the
-    reader sets the slot's ``waiters`` flag so the writer knows to wake it."""
+              double timeout, double spin=0.0):
+    """Sleep (FUTEX_WAIT) until the slot's seq is no longer ``seen`` or ``timeout`` seconds
+    passed (negative: no limit), after looking at seq for up to ``spin`` seconds first.  True
+    when it changed or may have (a wake-up; the caller re-reads the slot), False on timeout.
+    The buffer must be writable: the reader sets the slot's ``waiters`` flag so the writer
+    knows to wake it."""
     cdef int r
     cdef int64_t ns = -1 if timeout < 0 else <int64_t>(timeout * 1e9)
+    cdef int64_t spin_ns = <int64_t>(spin * 1e9) if spin > 0 else 0
     _check_slot(buf.shape[0], &buf[0], slot_offset)
     with nogil:
-        r = shmq_slot_wait(&buf[slot_offset], seen, ns)
+        r = shmq_slot_wait(&buf[slot_offset], seen, ns, spin_ns)
     return r == 1

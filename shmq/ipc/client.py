@@ -41,13 +41,14 @@ import socket
 import struct
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from shmq import _fast
 from shmq.errors import KafkaApiError, ShmqError
 from shmq.ipc import ring as rings
+from shmq.ipc.buffers import BufferPool
 from shmq.ipc.reader import READ_UNCOMMITTED, PartitionReader, ReadResult, read_state
 from shmq.ipc.session import (
     VERSION,
@@ -66,8 +67,10 @@ REATTACH_TIMEOUT_S = 30.0
 # Before sleeping on its eventfd for an answer, a client looks at the completion ring for this
 # long: the worker usually answers within microseconds, and a sleeping client costs the worker
 # an eventfd write per answer and itself a wake-up (measured: 14,760 kicks for 20,000 small
-# batches without it).
-SPIN_S = 0.00005
+# batches without it).  200 us rather than 50: a 100 KB batch takes ~100 us to append, and with
+# 50 us the client slept between answers (0.21-0.27 worker kicks an entry for 1,000-record
+# batches, against 0.09-0.10, perf/README.md's bench_shm section).
+SPIN_S = 0.0002
 # A client that never blocks (poll(0) between sends) peeks at the session socket this often at
 # most while answers are due: a worker's death is noticed that fast without a system call per
 # batch (a blocking wait watches the socket and notices at once).
@@ -406,6 +409,9 @@ class LocalBroker:
         self.table = StateTable.attach(name, readonly=False)
         self.sessions: dict[int, _Session] = {}
         self.readers: dict[tuple[str, int], PartitionReader] = {}
+        self.buffers = BufferPool()  # read_arrow's column buffers, reused once released
+        self._decoders: Any = None   # iter_arrow's decoding threads
+        self._decoders_size = 0
         self.producer_id, self.producer_epoch = -1, -1
         self._sequences: dict[tuple[str, int], int] = {}
         self._unanswered: dict[tuple[str, int], int] = {}
@@ -1024,7 +1030,8 @@ class LocalBroker:
                 raise KafkaApiError(UNKNOWN_TOPIC_OR_PARTITION,
                                     f"{topic}-{partition} is not in the broker's slot directory")
             r = PartitionReader(self.table, slot,
-                                lambda node: self.partition_dir(topic, partition, node))
+                                lambda node: self.partition_dir(topic, partition, node),
+                                self.buffers)
             self.readers[key] = r
         return r
 
@@ -1044,6 +1051,44 @@ class LocalBroker:
                         isolation=isolation)
         return got.to_arrow(topic, partition, include_headers=include_headers), got.next_offset
 
+    def iter_arrow(self, topic: str, partition: int, offset: int, max_records: int = 1 << 16,
+                   *, end: int | None = None, timeout: float = 0.0,
+                   include_headers: bool = False, isolation: str = READ_UNCOMMITTED,
+                   ahead: int = 2) -> Iterator[tuple[Any, int]]:
+        """``(RecordBatch, next offset)`` for the records from ``offset`` on, ``max_records`` at
+        most each, up to ``end`` (exclusive; waiting up to ``timeout`` for each next one), or
+        without ``end`` until a read finds nothing new within ``timeout``.  Reads are made in
+        order here; up to ``ahead`` of them are decoded into Arrow meanwhile by threads (the
+        decoder runs without the GIL), so a large read uses more than one core.  Every read is
+        bounded by the high watermark at its time, as ``read_arrow``'s."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        if self._decoders is None or self._decoders_size != ahead:
+            if self._decoders is not None:
+                self._decoders.shutdown(wait=True)
+            self._decoders = ThreadPoolExecutor(max(1, ahead), thread_name_prefix="shmq-arrow")
+            self._decoders_size = ahead
+        decoders = self._decoders
+        pending: deque[tuple[Any, int]] = deque()
+        at = offset
+        done = False
+        while True:
+            while not done and len(pending) < ahead and (end is None or at < end):
+                want = max_records if end is None else min(max_records, end - at)
+                got = self.read(topic, partition, at, want, isolation=isolation,
+                                timeout=0.0 if pending else timeout)
+                if not len(got):
+                    done = not pending  # nothing new: stop once the decoded ones are out
+                    break
+                pending.append((decoders.submit(got.to_arrow, topic, partition,
+                                                include_headers=include_headers),
+                                got.next_offset))
+                at = got.next_offset
+            if not pending:
+                return
+            future, nxt = pending.popleft()
+            yield future.result(), nxt
+
     # -- end --------------------------------------------------------------------------------
 
     def close(self, timeout: float = 30.0) -> None:
@@ -1059,6 +1104,10 @@ class LocalBroker:
             for r in self.readers.values():
                 r.close()
             self.readers.clear()
+            self.buffers.clear()
+            if self._decoders is not None:
+                self._decoders.shutdown(wait=True)
+                self._decoders = None
             self.table.close()
 
     def __enter__(self) -> LocalBroker:

@@ -19,6 +19,7 @@ each (``_fast.fill_columns``, ``_fast.fill_headers``); nothing is built per reco
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -57,15 +58,18 @@ def empty_batch(include_headers: bool = False) -> pa.RecordBatch:
 
 
 def sections_to_arrow(bodies: list[Any], meta: np.ndarray, topic: str, partition: int, *,
-                      min_offset: int, max_offset: int,
-                      include_headers: bool = False) -> pa.RecordBatch:
+                      min_offset: int, max_offset: int, include_headers: bool = False,
+                      alloc: Callable[[int], pa.Buffer] | None = None) -> pa.RecordBatch:
     """The records of ``bodies`` (uncompressed records sections, ``meta`` as for
-    ``_fast.fill_columns``) with offsets in [min_offset, max_offset), as one Arrow batch."""
+    ``_fast.fill_columns``) with offsets in [min_offset, max_offset), as one Arrow batch.
+    ``alloc(n)`` gives each column buffer (default ``pyarrow.allocate_buffer``; a local reader
+    passes its ``shmq.ipc.buffers.BufferPool``, whose pages it keeps)."""
     meta = np.ascontiguousarray(meta, dtype=np.int64).reshape(-1)
     counts = meta[0::4]
     rows = int(counts.sum())
     data = sum(len(b) for b in bodies) + _SLACK
-    alloc = pa.allocate_buffer
+    if alloc is None:
+        alloc = pa.allocate_buffer
     offsets, stamps = alloc(8 * rows), alloc(8 * rows)
     koff, voff = alloc(4 * (rows + 1)), alloc(4 * (rows + 1))
     kdata, vdata = alloc(data), alloc(data)
@@ -79,12 +83,11 @@ def sections_to_arrow(bodies: list[Any], meta: np.ndarray, topic: str, partition
     arrays = [
         _binary(n, koff, kdata, kvalid, knulls, klen),
         _binary(n, voff, vdata, vvalid, vnulls, vlen),
-        _repeated_string(topic, n),
-        pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(np.full(n, partition,
-                                                                         np.int32))]),
+        _repeated_string(topic, n, alloc),
+        pa.Array.from_buffers(pa.int32(), n, [None, _filled_int32(n, partition, alloc)]),
         offset_array,
         pa.Array.from_buffers(pa.timestamp("us", tz="UTC"), n, [None, stamps]),
-        _timestamp_types(meta, n, offset_array),
+        _timestamp_types(meta, n, offset_array, alloc),
     ]
     if include_headers:
         arrays.append(_headers(bodies, meta, n, min_offset, max_offset))
@@ -96,19 +99,31 @@ def _binary(n: int, off: Any, data: Any, valid: Any, nulls: int, used: int) -> p
                                                   data.slice(0, used)], null_count=nulls)
 
 
-def _repeated_string(text: str, n: int) -> pa.Array:
+def _filled_int32(n: int, value: int, alloc: Callable[[int], pa.Buffer]) -> pa.Buffer:
+    buf = alloc(4 * n)
+    np.frombuffer(buf, dtype=np.int32, count=n).fill(value)
+    return buf
+
+
+def _repeated_string(text: str, n: int,
+                     alloc: Callable[[int], pa.Buffer] = pa.allocate_buffer) -> pa.Array:
     raw = text.encode()
-    ends = np.arange(n + 1, dtype=np.int32) * len(raw)
-    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(ends),
-                                                  pa.py_buffer(raw * n)])
+    ends, data = alloc(4 * (n + 1)), alloc(len(raw) * n)
+    e = np.frombuffer(ends, dtype=np.int32, count=n + 1)
+    e[:] = np.arange(n + 1, dtype=np.int32)
+    e *= len(raw)
+    if raw and n:
+        np.frombuffer(data, dtype=np.uint8, count=len(raw) * n).reshape(n, len(raw))[:] = \
+            np.frombuffer(raw, dtype=np.uint8)
+    return pa.Array.from_buffers(pa.string(), n, [None, ends, data])
 
 
-def _timestamp_types(meta: np.ndarray, n: int, offsets: pa.Array) -> pa.Array:
+def _timestamp_types(meta: np.ndarray, n: int, offsets: pa.Array,
+                     alloc: Callable[[int], pa.Buffer] = pa.allocate_buffer) -> pa.Array:
     lat = meta[3::4] != _fast.NO_LOG_APPEND_TIME
     if n == 0 or not lat.any() or lat.all():
         kind = 1 if n and lat.all() else 0
-        return pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(np.full(n, kind,
-                                                                                np.int32))])
+        return pa.Array.from_buffers(pa.int32(), n, [None, _filled_int32(n, kind, alloc)])
     # mixed batches (a topic whose message.timestamp.type changed): each row's batch by offset
     bases = meta[1::4]
     which = np.searchsorted(bases, offsets.to_numpy(zero_copy_only=True), side="right") - 1

@@ -70,10 +70,15 @@ DEFAULT_SUBMIT_BYTES = 8 << 20
 DEFAULT_COMPLETION_BYTES = 1 << 20
 MAX_REGION_BYTES = 256 << 20
 DRAIN_BATCH = 256
-IDLE_SPIN_S = 0.0001
+IDLE_SPIN_S = 0.0002
 MAX_MESSAGE_BYTES = 512           # an error message in a completion is cut to this
 COMPLETION_ROOM = rings.align8(rings.COMPLETION_HEADER_SIZE + MAX_MESSAGE_BYTES)
 UNKNOWN_TOPIC_OR_PARTITION = 3
+# Diagnostics (``perf/bench_shm.py --trace``): with ``SHMQ_RING_TRACE=<dir>`` a session records,
+# per entry, when its drain took it and when its answer was ready (``time.monotonic_ns``, after
+# the append and the state table's publish), with the partition and the base offset, and writes
+# them to ``<dir>/ring-trace-<worker pid>-<session>.txt`` when it ends.
+TRACE_DIR = os.environ.get("SHMQ_RING_TRACE") or None
 
 
 class RingSession:
@@ -99,6 +104,7 @@ class RingSession:
         self.closed = False
         self.last_entry = 0.0
         self.stats = server.stats
+        self.trace: list[tuple[int, int, int, int]] | None = [] if TRACE_DIR else None
 
     # -- set-up -----------------------------------------------------------------------------
 
@@ -185,7 +191,8 @@ class RingSession:
         except BlockingIOError:
             pass
         self.stats["ring_wakeups"] += 1
-        self._schedule()
+        if not self.scheduled and not self.closed:
+            self._drain()  # now: a scheduled drain would wait for the loop's next turn
 
     def _schedule(self) -> None:
         if not self.scheduled and not self.closed:
@@ -236,6 +243,8 @@ class RingSession:
             entry = submit.peek()
             if entry is None:
                 break
+            if self.trace is not None:
+                taken_ns = time.monotonic_ns()
             at, length, kind, flags = entry
             if kind != rings.PRODUCE or length < rings.PRODUCE_HEADER_SIZE:
                 raise rings.RingCorruptError(f"entry kind {kind} of {length} bytes")
@@ -253,6 +262,8 @@ class RingSession:
                 done = None
             else:
                 result, done = produce_partition(self.ctx, topic, partition, records, acks)
+            if self.trace is not None:
+                self.trace.append((partition, result.base_offset, taken_ns, time.monotonic_ns()))
             del records
             submit.advance(length)
             taken += 1
@@ -336,6 +347,8 @@ class RingSession:
             except rings.RingCorruptError:
                 pass
         self.closed = True
+        if self.trace:
+            self._write_trace()
         if self.view is not None:
             self.stats["ring_sessions_open"] -= 1
         self.server.sessions.pop(self.id, None)
@@ -357,6 +370,17 @@ class RingSession:
             except BufferError:  # a view is still referenced somewhere: unmapped when it goes
                 pass
             self.mapping = None
+
+    def _write_trace(self) -> None:
+        assert TRACE_DIR is not None and self.trace is not None
+        path = Path(TRACE_DIR) / f"ring-trace-{os.getpid()}-{self.id}.txt"
+        try:
+            with open(path.with_suffix(".tmp"), "w") as f:
+                f.writelines(f"{p} {b} {t0} {t1}\n" for p, b, t0, t1 in self.trace)
+            os.replace(path.with_suffix(".tmp"), path)
+        except OSError as exc:
+            log.warning("ring trace not written: %s", exc)
+        self.trace = []
 
 
 class RingServer:

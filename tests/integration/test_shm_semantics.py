@@ -309,6 +309,17 @@ def test_reader_follows_rolls_and_deletions(tmp_path: Path) -> None:
                 got += [x.value for x in r.records()]
                 offset = r.next_offset
             assert got == values
+            # Arrow batches decoded ahead by threads, in order, across the rolls; every batch
+            # kept alive (the reader's pool must not reuse a buffer still in use)
+            kept = list(local.iter_arrow("roll", 0, 0, 37, end=len(values)))
+            assert [v for rb, _ in kept for v in rb.column("value").to_pylist()] == values
+            assert [nxt for _, nxt in kept] == [rb.column("offset")[-1].as_py() + 1
+                                                for rb, _ in kept]
+            # without an end: until a read finds nothing new
+            offsets = [o for rb, _ in local.iter_arrow("roll", 0, 5, 50, ahead=3)
+                       for o in rb.column("offset").to_pylist()]
+            assert offsets == list(range(5, len(values)))
+            del kept
             segments = sorted(p.name for p in (b.data_dir / "worker-1" / "roll-0").glob("*.log")) \
                 or sorted(p.name for p in (b.data_dir / "worker-2" / "roll-0").glob("*.log"))
             assert len(segments) > 10

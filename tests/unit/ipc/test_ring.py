@@ -272,6 +272,40 @@ def test_wait_slot_sleeps_until_a_write_and_times_out(impl) -> None:
     mapping.close()
 
 
+@pytest.mark.parametrize("impl", [_seqlock_reference] + (
+    [__import__("shmq._fast.seqlock", fromlist=["x"])] if fast.HAVE_FAST else []),
+    ids=lambda m: m.__name__)
+def test_wait_slot_spins_before_it_sleeps(impl) -> None:
+    """With ``spin`` the waiter first watches seq without raising the waiters flag (no futex,
+    no wake-up system call for the writer); the spin counts against the timeout."""
+    fd = os.memfd_create("slot")
+    try:
+        os.ftruncate(fd, 4096)
+        mapping = fast.MappedFile(fd, 4096, True)
+    finally:
+        os.close(fd)
+    with memoryview(mapping) as view:
+        impl.write_slot(view, 64, 1, 0, 0, 5, 5, 5, 0, 0)
+        seq = impl.slot_seq(view, 64)
+        t0 = time.monotonic()
+        assert impl.wait_slot(view, 64, seq, 0.06, 0.03) is False
+        assert 0.05 <= time.monotonic() - t0 < 1  # 60 ms in all, not 60 + 30
+        impl.write_slot(view, 64, 1, 0, 0, 5, 5, 5, 0, 0)  # clears the flag that wait raised
+        seq = impl.slot_seq(view, 64)
+        assert struct.unpack_from("=I", view, 64 + 56)[0] == 0
+        got = []
+        th = threading.Thread(target=lambda: got.append(impl.wait_slot(view, 64, seq, 10.0, 5.0)))
+        th.start()
+        time.sleep(0.05)
+        assert struct.unpack_from("=I", view, 64 + 56)[0] == 0  # spinning, not asleep
+        t1 = time.monotonic()
+        impl.write_slot(view, 64, 1, 0, 0, 6, 6, 6, 0, 0)
+        th.join()
+        assert got == [True] and time.monotonic() - t1 < 1.0
+        del th
+    mapping.close()
+
+
 def test_reader_waits_out_a_preempted_writer_and_gives_up_on_a_dead_one() -> None:
     """A slot whose seq is odd (a writer mid-update): the reader waits for it, briefly when the
     writer finishes, and reports NotReadableError when it never does (a writer that died)."""

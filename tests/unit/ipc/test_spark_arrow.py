@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from shmq.ipc.buffers import BufferPool
 from shmq.ipc.reader import batches_to_spark_arrow, spark_schema
 from shmq.protocol import records as rec
 
@@ -37,14 +38,18 @@ item = st.tuples(st.one_of(st.none(), st.binary(max_size=20)), st.binary(max_siz
                                                  max_size=2))
 
 
+POOL = BufferPool(max_bytes=1 << 20)  # shared across examples: buffers are reused
+
+
 @PROPS
 @given(st.lists(st.tuples(st.lists(item, min_size=1, max_size=5), st.booleans(), st.booleans()),
                 min_size=1, max_size=6), st.integers(0, 10), st.integers(0, 40),
-       st.booleans())
-def test_spark_arrow_matches_the_decoder(batches, lo, span, headers) -> None:
+       st.booleans(), st.booleans())
+def test_spark_arrow_matches_the_decoder(batches, lo, span, headers, pooled) -> None:
     buf, expected = _log(batches)
     hi = lo + span
-    got = batches_to_spark_arrow(memoryview(buf), "t.opic", 3, lo, hi, include_headers=headers)
+    got = batches_to_spark_arrow(memoryview(buf), "t.opic", 3, lo, hi, include_headers=headers,
+                                 alloc=POOL.take if pooled else None)
     assert got.schema == spark_schema(headers)
     want = [(r, t) for r, t in expected if lo <= r.offset < hi]
     rows = got.to_pylist()

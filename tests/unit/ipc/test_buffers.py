@@ -1,0 +1,84 @@
+"""``BufferPool``: read_arrow's column buffers are reused once released, never while a caller
+can still see them (a batch, a slice of it, a column, a numpy view)."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pyarrow as pa
+
+from shmq.ipc.buffers import MIN_ARRAY, BufferPool
+from shmq.ipc.reader import batches_to_spark_arrow
+from shmq.protocol import records as rec
+
+
+def _log(n: int, tag: bytes, batch: int = 100) -> bytes:
+    out = b""
+    for base in range(0, n, batch):
+        out += bytes(rec.encode_batch([(b"k%d" % i, tag + b"%06d" % i, 1_700_000_000_000 + i, [])
+                                       for i in range(base, min(n, base + batch))],
+                                      base_offset=base))
+    return out
+
+
+def _decode(pool: BufferPool, buf: bytes, n: int) -> pa.RecordBatch:
+    return batches_to_spark_arrow(memoryview(buf), "t", 0, 0, n, alloc=pool.take)
+
+
+def _addresses(rb: pa.RecordBatch) -> set[int]:
+    return {b.address for col in rb.columns for b in col.buffers() if b is not None}
+
+
+def test_released_buffers_are_reused() -> None:
+    pool = BufferPool()
+    a = _decode(pool, _log(2000, b"a"), 2000)
+    first = _addresses(a)
+    created = pool.created
+    del a
+    gc.collect()
+    b = _decode(pool, _log(2000, b"b"), 2000)
+    assert pool.created == created and pool.reused >= created
+    assert _addresses(b) & first  # the same memory, written again
+    assert b.column("value")[0].as_py() == b"b000000"
+
+
+def test_buffers_in_use_are_never_overwritten() -> None:
+    pool = BufferPool()
+    n = 3000
+    a = _decode(pool, _log(n, b"a"), n)
+    holders = {
+        "slice": a.slice(10, 5),                                   # a slice of the batch
+        "column": a.column("value"),                               # one column
+        "numpy": a.column("offset").to_numpy(zero_copy_only=True),  # a view of one buffer
+    }
+
+    def now(v: object) -> list:
+        return v.tolist() if isinstance(v, np.ndarray) else v.to_pylist()  # type: ignore[union-attr]
+
+    want = {k: now(v) for k, v in holders.items()}
+    del a
+    for name in list(holders):
+        for tag in (b"x", b"y"):  # reads whose results are dropped at once (their buffers free)
+            _decode(pool, _log(n, tag), n)
+        assert {k: now(v) for k, v in holders.items()} == want
+        del holders[name], want[name]
+    gc.collect()
+    assert pool.in_use() == 0
+
+
+def test_sizes_and_cap() -> None:
+    pool = BufferPool(max_bytes=4 * MIN_ARRAY)
+    b1 = pool.take(10)
+    assert b1.size == 10 and pool.pooled_bytes == MIN_ARRAY
+    b2 = pool.take(MIN_ARRAY + 1)            # next power of two
+    assert b2.size == MIN_ARRAY + 1 and pool.pooled_bytes == 3 * MIN_ARRAY
+    b3 = pool.take(2 * MIN_ARRAY)            # over the cap: an ordinary buffer, not pooled
+    assert b3.size == 2 * MIN_ARRAY and pool.pooled_bytes == 3 * MIN_ARRAY
+    assert pool.in_use() == 2
+    del b1, b2, b3
+    assert pool.in_use() == 0
+    small = pool.take(100)                   # the smallest free array that fits
+    assert pool.created == 2 and pool.reused == 1 and small.size == 100
+    pool.clear()
+    assert pool.pooled_bytes == 0 and small.to_pybytes() is not None
