@@ -11,7 +11,7 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-from shmq._fast._client_reference import murmur2_partition  # the one murmur2 twin
+from shmq._fast._client_reference import _zigzag, murmur2_partition  # the one twin of each
 from shmq._fast._errors import CorruptRecordError, InvalidRecordError
 
 HEADER_SIZE = 61
@@ -194,16 +194,6 @@ def _read_varint(data: bytes, pos: int, end: int, max_bytes: int) -> tuple[int, 
         shift += 7
     raw &= _U64  # a 10th byte's high bits fall off, as in Java's readVarlong
     return (raw >> 1) ^ -(raw & 1), pos + i
-
-
-def _zigzag(v: int) -> bytes:
-    z = ((v << 1) ^ (v >> 63)) & 0xFFFFFFFFFFFFFFFF
-    out = bytearray()
-    while z >= 0x80:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
 
 
 def _parse_record(data: bytes, pos: int, end: int) -> tuple[int, int, Any, Any, tuple, int]:

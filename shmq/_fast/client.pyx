@@ -108,24 +108,9 @@ cdef class RLock:
         return False
 
 
-cdef inline int _varint_size(int64_t v) noexcept nogil:
-    cdef uint64_t z = (<uint64_t>v << 1) ^ <uint64_t>(v >> 63)
-    cdef int n = 1
-    while z >= 0x80:
-        z >>= 7
-        n += 1
-    return n
-
-
-cdef inline Py_ssize_t _write_varint(unsigned char *p, int64_t v) noexcept nogil:
-    cdef uint64_t z = (<uint64_t>v << 1) ^ <uint64_t>(v >> 63)
-    cdef Py_ssize_t n = 0
-    while z >= 0x80:
-        p[n] = <unsigned char>((z & 0x7f) | 0x80)
-        z >>= 7
-        n += 1
-    p[n] = <unsigned char>z
-    return n + 1
+cdef extern from "_varint.h":
+    int _varint_size "shmq_varint_size" (int64_t v) noexcept nogil
+    Py_ssize_t _write_varint "shmq_write_varint" (unsigned char *p, int64_t v) noexcept nogil
 
 
 cdef inline Py_ssize_t _field_len(object b) noexcept:

@@ -84,6 +84,7 @@ from typing import Any
 
 from shmq.coordinator.offsets_log import OffsetsLog
 from shmq.coordinator.records import partition_for
+from shmq.protocol.kio_guard import write_uvarint as _uvarint
 
 log = logging.getLogger("shmq.coordinator")
 
@@ -158,15 +159,6 @@ def _str(s: str) -> bytes:
 
 def txn_key(transactional_id: str) -> bytes:
     return _H.pack(0) + _str(transactional_id)
-
-
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _compact_str(s: str) -> bytes:
