@@ -646,6 +646,18 @@ def markers_body(*markers: tuple, version: int = 1) -> dict:
     return {"markers": out}
 
 
+def _read_committed(wire: Wire, topic: str, leader: Any, offset: int, pid: int) -> dict:
+    """A read_committed Fetch of partition 0 from ``offset``: its error, HW and LSO, and which
+    aborted transactions it lists (``pid``'s or not, first offset)."""
+    fetch = fetch_body(topic, 0, offset)
+    fetch["isolation_level"] = 1
+    got = wire.send(FETCH, 12, fetch, to=leader)["responses"][0]["partitions"][0]
+    return {"read_committed": {k: got[k] for k in ("error_code", "high_watermark",
+                                                   "last_stable_offset")},
+            "aborted": [(a["producer_id"] == pid, a["first_offset"])
+                        for a in got["aborted_transactions"]]}
+
+
 def write_txn_markers_scenario(wire: Wire, topic: str) -> Any:
     """kafka-transactions.sh's abort of a hanging transaction and a coordinator's markers, sent
     by hand to the partition's leader: what is written, what is refused, and what a
@@ -696,13 +708,7 @@ def write_txn_markers_scenario(wire: Wire, topic: str) -> Any:
          (pid, epoch, False, 3, {topic: [0]}))
     send("v2, transaction version 0", (pid, epoch, False, 3, {topic: [0]}, 0), version=2)
     out["lso after"] = wire.send(LIST_OFFSETS, 8, lso, to=leader)["topics"]
-    fetch = fetch_body(topic, 0, 0)
-    fetch["isolation_level"] = 1
-    got = wire.send(FETCH, 12, fetch, to=leader)["responses"][0]["partitions"][0]
-    out["read_committed"] = {k: got[k] for k in ("error_code", "high_watermark",
-                                                 "last_stable_offset")}
-    out["aborted"] = [(a["producer_id"] == pid, a["first_offset"])
-                      for a in got["aborted_transactions"]]
+    out.update(_read_committed(wire, topic, leader, 0, pid))
     wire.send(26, 3, {"transactional_id": tid, "producer_id": pid, "producer_epoch": epoch,
                       "committed": False})  # the coordinator's own end (its markers: no-ops)
     return out
@@ -839,13 +845,7 @@ def txn_v2_scenario(wire: Wire, topic: str) -> Any:
     out["lso"] = wire.send(LIST_OFFSETS, 8, lso, to=leader)["topics"]
     # from the aborted transaction's first offset: Kafka rolls a segment at the commit marker
     # (the records' 2023 timestamps are older than segment.ms) and a Fetch reads one segment
-    fetch = fetch_body(topic, 0, 5)
-    fetch["isolation_level"] = 1
-    got = wire.send(FETCH, 12, fetch, to=leader)["responses"][0]["partitions"][0]
-    out["read_committed"] = {k: got[k] for k in ("error_code", "high_watermark",
-                                                 "last_stable_offset")}
-    out["aborted"] = [(a["producer_id"] == pid, a["first_offset"])
-                      for a in got["aborted_transactions"]]
+    out.update(_read_committed(wire, topic, leader, 5, pid))
     r = wire.send(9, 8, {"groups": [{"group_id": group, "topics": [
         {"name": topic, "partition_indexes": [0]}]}], "require_stable": True})
     out["committed offset"] = [(p["committed_offset"], p["error_code"])
