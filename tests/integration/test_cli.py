@@ -310,13 +310,19 @@ def test_ctrl_c_stops_the_consumer_cleanly(cluster: RunningBroker) -> None:
     consumer = subprocess.Popen(
         [sys.executable, "-m", "shmq", "console-consumer", "--bootstrap-server",
          cluster.bootstrap, "--topic", "sigint", "--from-beginning"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, PYTHONFAULTHANDLER="1"))  # SIGABRT prints every thread's stack
     try:
         assert consumer.stdout is not None
         assert consumer.stdout.readline() == "a\n"
         assert consumer.stdout.readline() == "b\n"
         consumer.send_signal(signal.SIGINT)
-        out, err = consumer.communicate(timeout=30)
+        try:
+            out, err = consumer.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # say where it hangs (it did once in a CI run)
+            consumer.send_signal(signal.SIGABRT)
+            out, err = consumer.communicate(timeout=30)
+            pytest.fail(f"no exit within 30 s of SIGINT; its threads:\n{err}")
     finally:
         consumer.kill()
         consumer.wait()  # reaped and its pipes closed even when the test failed: a leaked
