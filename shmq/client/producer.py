@@ -848,17 +848,8 @@ class ShmProducer(Producer, ProducerCore):
             kbufs = _column_buffers(kcol)
             sizes += np.maximum(kbufs[3], 0)
         longest = int(sizes.max())
-        if longest > self._message_max:
-            raise kafka_exception(KafkaError.MSG_SIZE_TOO_LARGE,
-                                  "Unable to produce message: Broker: Message size too large")
-        n = self._counts.get(topic) or self._partition_count(topic)
-        if not n:
-            raise kafka_exception(KafkaError._UNKNOWN_TOPIC,
-                                  f"Unable to produce messages: {topic} is unknown")
         nbytes = int(sizes.sum())
-        if (self._queued + count > self._max_messages
-                or self._queued_bytes + nbytes > self._max_bytes):
-            raise BufferError("Local: Queue full")
+        n = self._admit(topic, count, longest, nbytes)
         rows = np.arange(count, dtype=np.int64)
         if explicit:
             part = _as_int(partition)
@@ -910,6 +901,20 @@ class ShmProducer(Producer, ProducerCore):
                     self._send(k, batch)
         return count
 
+    def _admit(self, topic: str, count: int, longest: int, nbytes: int) -> int:
+        """The checks of a ``produce_batch`` before anything is queued (its largest record, the
+        topic, room in the queue); the topic's partition count."""
+        if longest > self._message_max:
+            raise kafka_exception(KafkaError.MSG_SIZE_TOO_LARGE,
+                                  "Unable to produce message: Broker: Message size too large")
+        n = self._counts.get(topic) or self._partition_count(topic)
+        if not n:
+            raise kafka_exception(KafkaError._UNKNOWN_TOPIC,
+                                  f"Unable to produce messages: {topic} is unknown")
+        if (self._queued + count > self._max_messages
+                or self._queued_bytes + nbytes > self._max_bytes):
+            raise BufferError("Local: Queue full")
+        return n
     def _produce_list(self, topic: str, values: list[Any], partition: Any, total: int,
                       longest_value: int) -> int:
         """``produce_batch`` of a keyless list of bytes or None: each batch encoded from the
@@ -918,17 +923,8 @@ class ShmProducer(Producer, ProducerCore):
         if not count:
             return 0
         longest = RECORD_MAX_OVERHEAD + longest_value
-        if longest > self._message_max:
-            raise kafka_exception(KafkaError.MSG_SIZE_TOO_LARGE,
-                                  "Unable to produce message: Broker: Message size too large")
-        n = self._counts.get(topic) or self._partition_count(topic)
-        if not n:
-            raise kafka_exception(KafkaError._UNKNOWN_TOPIC,
-                                  f"Unable to produce messages: {topic} is unknown")
         nbytes = RECORD_MAX_OVERHEAD * count + total
-        if (self._queued + count > self._max_messages
-                or self._queued_bytes + nbytes > self._max_bytes):
-            raise BufferError("Local: Queue full")
+        n = self._admit(topic, count, longest, nbytes)
         if partition is not None and partition != -1:
             part = _as_int(partition)
             if not 0 <= part < n:
