@@ -235,18 +235,23 @@ def test_hostile_counters_and_lengths_raise_instead_of_reading_out_of_bounds(reg
             del consumer
 
 
+def _slot_page() -> fast.MappedFile:
+    """A 4 KiB shared mapping (memfd) holding a state-table slot at byte 64."""
+    fd = os.memfd_create("slot")
+    try:
+        os.ftruncate(fd, 4096)
+        return fast.MappedFile(fd, 4096, True)
+    finally:
+        os.close(fd)
+
+
 @pytest.mark.parametrize("impl", [_seqlock_reference] + (
     [__import__("shmq._fast.seqlock", fromlist=["x"])] if fast.HAVE_FAST else []),
     ids=lambda m: m.__name__)
 def test_wait_slot_sleeps_until_a_write_and_times_out(impl) -> None:
     """The futex wait on a state-table slot: woken by the writer's publish within milliseconds,
     else back after its timeout; the twin speaks the same protocol."""
-    fd = os.memfd_create("slot")
-    try:
-        os.ftruncate(fd, 4096)
-        mapping = fast.MappedFile(fd, 4096, True)
-    finally:
-        os.close(fd)
+    mapping = _slot_page()
     with memoryview(mapping) as view:
         impl.write_slot(view, 64, 1, 0, 0, 5, 5, 5, 0, 0)
         seq = impl.slot_seq(view, 64)
@@ -278,12 +283,7 @@ def test_wait_slot_sleeps_until_a_write_and_times_out(impl) -> None:
 def test_wait_slot_spins_before_it_sleeps(impl) -> None:
     """With ``spin`` the waiter first watches seq without raising the waiters flag (no futex,
     no wake-up system call for the writer); the spin counts against the timeout."""
-    fd = os.memfd_create("slot")
-    try:
-        os.ftruncate(fd, 4096)
-        mapping = fast.MappedFile(fd, 4096, True)
-    finally:
-        os.close(fd)
+    mapping = _slot_page()
     with memoryview(mapping) as view:
         impl.write_slot(view, 64, 1, 0, 0, 5, 5, 5, 0, 0)
         seq = impl.slot_seq(view, 64)
