@@ -11,7 +11,7 @@ import urllib.request
 from typing import Any
 
 import pytest
-from conftest import RunningBroker
+from _broker import RunningBroker
 
 
 def require_binary(name: str) -> str:

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _broker import RunningBroker, start_broker
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
@@ -20,7 +21,6 @@ from confluent_kafka.admin import (
     NewPartitions,
     NewTopic,
 )
-from conftest import RunningBroker, start_broker
 
 HOUR_MS = 3600 * 1000
 

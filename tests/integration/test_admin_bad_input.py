@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _broker import RunningBroker, start_broker
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
-from conftest import RunningBroker, start_broker
 from kio.schema.alter_configs.v2.request import AlterableConfig as LegacyConfig
 from kio.schema.alter_configs.v2.request import AlterConfigsRequest
 from kio.schema.alter_configs.v2.request import AlterConfigsResource as LegacyResource

@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _broker import RunningBroker, start_broker
 from _monitoring import require_binary
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from conftest import RunningBroker, start_broker
 
 ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
 ZOOKEEPER_SERVER = "/usr/share/zookeeper/bin/zkServer.sh"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import RunningBroker, start_broker
+from _broker import RunningBroker, start_broker
 
 TOPIC_ID = r"[A-Za-z0-9_-]{22}"  # Kafka's Uuid.toString(): URL-safe base64, no padding
 

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _broker import RunningBroker, start_broker
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
-from conftest import RunningBroker, start_broker
 from test_cli import TOPIC_ID, Result, shmq
 
 HOUR_MS = 3600 * 1000

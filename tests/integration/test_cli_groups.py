@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from conftest import RunningBroker, start_broker
+from _broker import RunningBroker, start_broker
 
 OLD = calendar.timegm((2024, 1, 1, 0, 0, 0)) * 1000  # 2024-01-01T00:00:00.000Z
 HOST = r"/?127\.0\.0\.1"

@@ -14,8 +14,8 @@ from typing import Any
 
 import confluent_kafka
 import pytest
+from _broker import RunningBroker, start_broker
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
-from conftest import RunningBroker, start_broker
 from kafka.partitioner.default import murmur2 as kafka_python_murmur2
 
 import shmq

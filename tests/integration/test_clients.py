@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _broker import RunningBroker, start_broker
 from confluent_kafka import (
     OFFSET_BEGINNING,
     TIMESTAMP_CREATE_TIME,
@@ -32,7 +33,6 @@ from confluent_kafka import (
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, NewTopic
-from conftest import RunningBroker, start_broker
 
 from shmq.protocol.records import iter_batches
 

@@ -22,10 +22,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from _broker import RunningBroker, start_broker
 from _monitoring import require_binary
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from conftest import RunningBroker, start_broker
 
 PARTITIONS = 6
 GROUP_OVERRIDES = ("--override", "group.min.session.timeout.ms=1000")

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _broker import RunningBroker, start_broker
 from _monitoring import get, http_address, produce
-from conftest import RunningBroker, start_broker
 
 
 @pytest.fixture(scope="module")

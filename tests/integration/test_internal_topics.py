@@ -18,11 +18,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _broker import RunningBroker, start_broker
 from _monitoring import require_binary
 from _offsets_records import committed, decode
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
-from conftest import RunningBroker, start_broker
 
 from shmq.coordinator.records import partition_for
 

@@ -20,9 +20,9 @@ from typing import Any
 
 import apache_kafka
 import pytest
+from _broker import RunningBroker, start_broker
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from conftest import RunningBroker, start_broker
 from kafka_clients import CODECS, JAVA_SOURCE, KCAT, READERS, WRITERS, Got, Rec, java, sample
 from kafka_differences import assert_same
 from test_groups import CkGroup, covers, crash_mid_join, produce, wait_until

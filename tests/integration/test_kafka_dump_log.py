@@ -23,8 +23,8 @@ from pathlib import Path
 
 import apache_kafka
 import pytest
+from _broker import start_broker
 from confluent_kafka.admin import AdminClient, NewTopic
-from conftest import start_broker
 from kafka_clients import CODECS, KCAT, WRITERS, Rec, sample
 
 CLIENTS = ("confluent-kafka", "kafka-python", "aiokafka", "kcat")

@@ -23,7 +23,7 @@ from typing import Any
 
 import apache_kafka
 import pytest
-from conftest import RunningBroker, reference_kafka, start_broker
+from _broker import RunningBroker, reference_kafka, start_broker
 from kafka_differences import assert_same, normalise
 from kafka_wire import Wire, record_batch
 from test_kafka_wire_diff import create_topic, describe_configs, init_producer_id, produce

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _broker import RunningBroker, start_broker
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
-from conftest import RunningBroker, start_broker
 from kio.schema.create_partitions.v3.request import (
     CreatePartitionsAssignment,
     CreatePartitionsRequest,

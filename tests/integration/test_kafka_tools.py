@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import apache_kafka
 import pytest
+from _broker import RunningBroker, start_broker
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from conftest import RunningBroker, start_broker
 from kafka_differences import assert_same, normalise_cli
 
 NOW_MS = (int(time.time()) - 600) * 1000  # ten minutes ago: inside every retention

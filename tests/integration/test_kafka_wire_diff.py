@@ -19,7 +19,7 @@ from typing import Any
 import apache_kafka
 import crc32c
 import pytest
-from conftest import RunningBroker, start_broker
+from _broker import RunningBroker, start_broker
 from kafka_differences import assert_same, normalise
 from kafka_wire import Wire, produce_body, record_batch
 

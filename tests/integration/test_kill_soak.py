@@ -29,8 +29,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from _broker import RunningBroker, start_broker
 from confluent_kafka import Consumer, KafkaError, TopicPartition
-from conftest import RunningBroker, start_broker
 from test_worker_crash import (
     _alive,
     _ConfluentStream,

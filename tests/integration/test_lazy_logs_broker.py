@@ -23,6 +23,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from _broker import RunningBroker, _remove_stale_shm, start_broker
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
@@ -31,7 +32,6 @@ from confluent_kafka.admin import (
     ConfigResource,
     NewTopic,
 )
-from conftest import RunningBroker, _remove_stale_shm, start_broker
 
 HOUR_MS = 3_600_000
 ENV = {k: v for k, v in os.environ.items() if k != "SHMQ_LOG_LEVEL"}  # the INFO ready lines

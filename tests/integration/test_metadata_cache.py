@@ -10,9 +10,9 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from _broker import RunningBroker, start_broker
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
-from conftest import RunningBroker, start_broker
 from kafka_wire import Wire
 
 TOPIC = "cached"

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _broker import RunningBroker, start_broker
 from _monitoring import (
     consume,
     get,
@@ -23,7 +24,6 @@ from _monitoring import (
     snapshot,
     value,
 )
-from conftest import RunningBroker, start_broker
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("SHMQ_TEST_ARTIFACTS", REPO / "build" / "test-artifacts"))

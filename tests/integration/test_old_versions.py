@@ -24,9 +24,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from _broker import RunningBroker, start_broker
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
-from conftest import RunningBroker, start_broker
 from kafka.protocol.old import admin as kp_admin
 from kafka.protocol.old import commit as kp_commit
 from kafka.protocol.old import fetch as kp_fetch

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import RunningBroker, start_broker
+from _broker import RunningBroker, start_broker
 
 # ProducerPerformance.Stats.printWindow / printTotal (Java's %f is 6 decimals)
 WINDOW = re.compile(r"^(\d+) records sent, (\d+\.\d) records/sec \((\d+\.\d\d) MB/sec\), "

@@ -15,8 +15,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from _broker import RunningBroker, start_broker
 from confluent_kafka.admin import AdminClient, NewTopic
-from conftest import RunningBroker, start_broker
 from kafka.protocol.consumer import ListOffsetsRequest, ListOffsetsResponse
 from kafka.protocol.producer import ProduceResponse
 from test_wire_bad_input import encode, produce_request, read_frame, record_batch

@@ -22,8 +22,8 @@ from typing import Any
 
 import crc32c
 import pytest
+from _broker import RunningBroker, start_broker
 from confluent_kafka.admin import AdminClient, NewTopic
-from conftest import RunningBroker, start_broker
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 from kafka.record.default_records import DefaultRecordBatchBuilder
 

@@ -26,9 +26,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from _broker import RunningBroker, start_broker
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from conftest import RunningBroker, start_broker
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 EXPIRATION_MS = 4000

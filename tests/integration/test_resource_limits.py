@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _broker import RunningBroker, start_broker
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from conftest import RunningBroker, start_broker
 
 
 def _prlimit(soft: int, hard: int) -> tuple[str, ...]:

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _broker import RunningBroker, start_broker
 from confluent_kafka.admin import AdminClient, NewTopic
-from conftest import RunningBroker, start_broker
 
 from shmq.ipc import ring as rings
 from shmq.ipc.client import attach

@@ -25,8 +25,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from _broker import RunningBroker, start_broker
 from confluent_kafka.admin import AdminClient, NewTopic
-from conftest import RunningBroker, start_broker
 
 from shmq.ipc.client import attach
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import crc32c
 import pytest
+from _broker import RunningBroker, start_broker
 from _shm_util import Wire, build_batch, decode_records
 from confluent_kafka.admin import AdminClient, NewTopic
-from conftest import RunningBroker, start_broker
 
 from shmq.errors import OffsetOutOfRangeError
 from shmq.ipc.client import LocalBroker, attach

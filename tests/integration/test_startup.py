@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from _broker import _remove_stale_shm
 from confluent_kafka.admin import AdminClient
-from conftest import _remove_stale_shm
 
 
 def _imported_modules(log: str) -> set[str]:

@@ -15,9 +15,9 @@ import time
 import uuid
 
 import pytest
+from _broker import start_broker
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from conftest import start_broker
 
 
 def create_topic(bootstrap: str, name: str, partitions: int = 3) -> None:

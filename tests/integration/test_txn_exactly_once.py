@@ -17,8 +17,8 @@ import time
 from typing import Any
 
 import pytest
+from _broker import start_broker
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from conftest import start_broker
 from test_transactions import create_topic
 
 PARTITIONS = 2

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import crc32c
 import pytest
+from _broker import RunningBroker, start_broker
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from conftest import RunningBroker, start_broker
 from kafka.protocol.admin import CreateTopicsRequest, CreateTopicsResponse
 from kafka.protocol.consumer import FetchRequest, FetchResponse
 from kafka.protocol.metadata import (

@@ -29,9 +29,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from _broker import RunningBroker, start_broker
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
-from conftest import RunningBroker, start_broker
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 from test_wire_bad_input import encode, frame, read_frame
 from test_worker_crash import (

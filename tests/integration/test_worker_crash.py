@@ -25,9 +25,9 @@ from pathlib import Path
 import crc32c
 import psutil
 import pytest
+from _broker import RunningBroker, start_broker
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from conftest import RunningBroker, start_broker
 
 PARTITIONS = 4
 
