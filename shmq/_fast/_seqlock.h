@@ -24,6 +24,7 @@
 #include <time.h>
 #include <errno.h>
 #include <unistd.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <linux/futex.h>
 
@@ -120,14 +121,19 @@ static inline int shmq_slot_wait(unsigned char *base, uint64_t seen, int64_t tim
     shmq_slot_t *s = (shmq_slot_t *)base;
     struct timespec ts, *tp = NULL;
     long r;
+    if (timeout_ns >= 0 && spin_ns > timeout_ns)
+        spin_ns = timeout_ns;  /* the spin counts against the timeout: never past it */
     if (spin_ns > 0) {
         int64_t until = shmq_monotonic_ns() + spin_ns;
-        unsigned n = 0;
         while (1) {
             if (__atomic_load_n(&s->seq, __ATOMIC_ACQUIRE) != seen)
                 return 1;
-            shmq_cpu_relax();
-            if ((++n & 63) == 0 && shmq_monotonic_ns() >= until)
+            /* Not a pause loop: the CPU goes to whatever else waits for it here (the writer,
+             * its producer), and sched_yield returns at once when nothing does.  A pause loop
+             * kept the CPU for the scheduler's slice (milliseconds) on a box with fewer idle
+             * CPUs than spinners, and the writer's wake-ups waited that long. */
+            sched_yield();
+            if (shmq_monotonic_ns() >= until)
                 break;
         }
         if (timeout_ns >= 0) {

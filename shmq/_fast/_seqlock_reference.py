@@ -15,7 +15,12 @@ Slot layout, native byte order, see ``seqlock.pyx`` for the full picture::
     | segments_gen u32 | flags u32 | waiters u32 | reserved 4 B
 
 Waiting (``wait_slot``) uses the same futex protocol as the compiled module, through libc's
-``syscall`` with ctypes.
+``syscall`` with ctypes.  Its two store-then-load steps (the writer: seq, then the waiters flag;
+the waiter: the flag, then seq) each need a full fence between the store and the load, or both
+sides can read the old value (x86-64 lets a load pass an earlier store to another address: the
+store-buffer litmus test) and the wake-up is lost until the waiter's timeout.  Python has no
+fence, so ``_fence`` takes and gives back a lock: an uncontended ``threading.Lock`` is an atomic
+compare-and-swap in libc (a ``lock``-prefixed instruction, a full barrier on x86-64).
 """
 
 from __future__ import annotations
@@ -23,8 +28,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import os
 import struct
 import sys
+import threading
 import time
 from typing import Any
 
@@ -53,6 +60,14 @@ _U32 = struct.Struct("=I")
 _SYS_FUTEX = 202 if sys.maxsize > 2**32 else 240  # x86-64 (aarch64 is 98)
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 _libc: Any = None
+_FENCE = threading.Lock()
+
+
+def _fence() -> None:
+    """A full memory barrier (see the module docstring): acquiring an uncontended lock is an
+    atomic read-modify-write."""
+    _FENCE.acquire()
+    _FENCE.release()
 
 
 class _Timespec(ctypes.Structure):
@@ -114,6 +129,7 @@ def write_slot(
                 seq_word[0] = seq
             _FIELDS.pack_into(view, slot_offset + 8, *values)
             seq_word[0] = (seq + 1) & 0xFFFFFFFFFFFFFFFF
+        _fence()  # the even seq before the flag is read (the compiled module's seq_cst fence)
         if _U32.unpack_from(view, slot_offset + _WAITERS)[0]:  # a reader sleeps: wake it
             with view[slot_offset + _WAITERS : slot_offset + _WAITERS + 4] as raw, \
                     raw.cast("I") as waiters:
@@ -156,12 +172,15 @@ def wait_slot(buf: Any, slot_offset: int, seen: int, timeout: float, spin: float
         if view.readonly:
             raise BufferError("underlying buffer is not writable")
         _check_slot(view, slot_offset)
+        if 0 <= timeout < spin:
+            spin = timeout  # the spin counts against the timeout: never past it
         if spin > 0:
             until = time.monotonic() + spin
             with view[slot_offset : slot_offset + 8] as raw, raw.cast("Q") as seq_word:
                 while time.monotonic() < until:
                     if seq_word[0] != seen:
                         return True
+                    os.sched_yield()  # the CPU to whoever waits for it (see _seqlock.h)
             if timeout >= 0:
                 timeout -= spin
                 if timeout <= 0:
@@ -169,6 +188,7 @@ def wait_slot(buf: Any, slot_offset: int, seen: int, timeout: float, spin: float
         with view[slot_offset + _WAITERS : slot_offset + _WAITERS + 4] as raw, \
                 raw.cast("I") as waiters:
             waiters[0] = 1
+        _fence()  # the flag before seq is read again
         with view[slot_offset : slot_offset + 8] as raw, raw.cast("Q") as seq_word:
             if seq_word[0] != seen:
                 return True

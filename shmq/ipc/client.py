@@ -815,6 +815,7 @@ class LocalBroker:
         while time.monotonic() < spin_until:
             if completion.published() != completion.head:
                 return
+            os.sched_yield()  # the worker may be waiting for this CPU (see _seqlock.h)
         if completion.set_sleeping():
             session.wait(timeout)
         completion.clear_sleeping()

@@ -215,7 +215,11 @@ class RingSession:
         if more:
             self._schedule()
         elif now - self.last_entry < IDLE_SPIN_S:
-            self._schedule()  # entries usually follow closely: look again on the next loop turn
+            # entries usually follow closely: look again on the next loop turn, after giving
+            # the CPU to whatever waits for it here (the client, a local reader: with fewer
+            # idle CPUs than spinners, a spin that keeps its CPU makes them wait a slice)
+            os.sched_yield()
+            self._schedule()
         elif self.completion is not None and self._completion_full():
             self.completion.set_waiting()  # the client's completion reads will kick us
             if not self._completion_full():

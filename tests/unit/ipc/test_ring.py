@@ -306,6 +306,24 @@ def test_wait_slot_spins_before_it_sleeps(impl) -> None:
     mapping.close()
 
 
+@pytest.mark.parametrize("impl", [_seqlock_reference] + (
+    [__import__("shmq._fast.seqlock", fromlist=["x"])] if fast.HAVE_FAST else []),
+    ids=lambda m: m.__name__)
+def test_wait_slot_spin_never_outlasts_the_timeout(impl) -> None:
+    """A spin longer than the timeout is cut to it: a reader asking for 20 ms with the usual
+    spin is back after 20 ms, not after the spin (it spun a whole ``spin`` before)."""
+    mapping = _slot_page()
+    with memoryview(mapping) as view:
+        impl.write_slot(view, 64, 1, 0, 0, 5, 5, 5, 0, 0)
+        seq = impl.slot_seq(view, 64)
+        t0 = time.monotonic()
+        assert impl.wait_slot(view, 64, seq, 0.02, 2.0) is False
+        assert time.monotonic() - t0 < 1.0
+        assert impl.wait_slot(view, 64, seq, 0.0, 2.0) is False  # no wait at all
+        assert time.monotonic() - t0 < 1.0
+    mapping.close()
+
+
 def test_reader_waits_out_a_preempted_writer_and_gives_up_on_a_dead_one() -> None:
     """A slot whose seq is odd (a writer mid-update): the reader waits for it, briefly when the
     writer finishes, and reports NotReadableError when it never does (a writer that died)."""
