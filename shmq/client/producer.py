@@ -976,6 +976,12 @@ class ShmProducer(Producer, ProducerCore):
             self._retry_held()
             with self._lock:
                 self._pump(0)
+                if self._n_open or self._backlog:
+                    # what may go now goes from here, not only from the linger thread: that
+                    # thread needs the GIL, which a busy caller hands over only every
+                    # sys.getswitchinterval() (5 ms)
+                    self._send_waiting()
+                    self._send_ready()
             served = self._serve()
             if served:
                 return served

@@ -855,6 +855,38 @@ def test_compression_type_is_applied(clients: Clients, kafka: RunningBroker) -> 
         c.close()
 
 
+def test_poll_sends_an_open_batch_that_may_go(kafka: RunningBroker) -> None:
+    """``poll`` sends, on the caller's thread, an open batch that may go now (linger.ms unset:
+    room in flight and the 200 us gap passed), not only the linger thread: that thread needs
+    the GIL, which a busy caller gives up only every switch interval (5 ms), and records waited
+    for it (bench_client's latency row, p50 3.5 ms at 10,000 records/s).  The linger thread is
+    stopped here, so only ``poll`` can send the batch."""
+    clients = Clients("shm", kafka.bootstrap)
+    try:
+        topic = new_topic(clients, 1)
+        p = clients.producer()
+        p.produce(topic, b"warm-up", partition=0)
+        assert p.flush(10) == 0
+        p._stop = True
+        p._wake.set()
+        p._thread.join(5)
+        assert not p._thread.is_alive()
+        k = (topic, 0)
+        p._last_send[k] = time.monotonic()  # within the gap: the record stays in its batch
+        reports: list[Any] = []
+        p.produce(topic, b"v", partition=0, on_delivery=lambda e, m: reports.append((e, m)))
+        assert p._open_get(k) is not None
+        time.sleep(0.002)
+        p.poll(0)
+        assert p._open_get(k) is None  # sent by poll
+        deadline = time.monotonic() + 10
+        while not reports and time.monotonic() < deadline:
+            p.poll(0.1)
+        assert [(e, m.offset()) for e, m in reports] == [(None, 1)]
+    finally:
+        clients.close()
+
+
 def _stop(pid: int) -> None:
     import os
     import signal
