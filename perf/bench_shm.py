@@ -322,15 +322,22 @@ def lat_ring_reader(data_dir: str, topic: str, expect: int, ready, go, out) -> N
     broker = attach(data_dir)
     offset = broker.reader(topic, 0).state().high_watermark
     broker.read_arrow(topic, 0, max(0, offset - 1), 1)  # imports and buffers before the clock
+    # --trace: this process's time on the run queue (runnable, no CPU) per read, from schedstat
+    sched = os.open("/proc/thread-self/schedstat", os.O_RDONLY) \
+        if os.environ.get("SHMQ_RING_TRACE") else -1
+    queued = int(os.pread(sched, 64, 0).split()[1]) if sched >= 0 else 0
     ready.set()
     sent: list[Any] = []
     seen: list[Any] = []
     offsets: list[Any] = []
+    waited: list[Any] = []
     got = 0
     deadline = time.monotonic() + 300
     while got < expect and time.monotonic() < deadline:
         r = broker.read(topic, 0, offset, 1 << 16, timeout=1.0)
         now = time.monotonic_ns()
+        if sched >= 0:
+            was, queued = queued, int(os.pread(sched, 64, 0).split()[1])
         if not len(r):
             continue
         if len(r) < 64:  # a few records: decoded as objects (cheaper than Arrow's set-up)
@@ -350,19 +357,33 @@ def lat_ring_reader(data_dir: str, topic: str, expect: int, ready, go, out) -> N
         sent.append(stamps[keep])
         seen.append(np.full(int(keep.sum()), now, np.int64))
         offsets.append(offs[keep])
+        if sched >= 0:  # since the end of the previous read (decoding it included)
+            waited.append(np.full(int(keep.sum()), queued - was, np.int64))
         got += int(keep.sum())
         offset = r.next_offset
     def cat(xs: list[Any]) -> Any:
         return np.concatenate(xs) if xs else np.zeros(0, np.int64)
 
-    out.put(("reader", 0, 0, got, (cat(sent), cat(seen), cat(offsets))))
+    out.put(("reader", 0, 0, got, (cat(sent), cat(seen), cat(offsets), cat(waited))))
     broker.close()
 
 
-def trace_breakdown(trace_dir: Path, sent: Any, seen: Any, offsets: Any) -> list[tuple[str, Any]]:
+def _steal() -> int:
+    """Clock ticks stolen from this VM's CPUs so far (/proc/stat's "cpu" line, 8th value)."""
+    try:
+        with open("/proc/stat") as f:
+            return int(f.readline().split()[8])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def trace_breakdown(trace_dir: Path, sent: Any, seen: Any, offsets: Any,
+                    waited: Any = None) -> list[tuple[str, Any]]:
     """Where each record waited, from the worker's ring trace (``SHMQ_RING_TRACE``) joined by
     offset: produce call -> the worker's drain takes the entry -> appended and published ->
-    the reader has it."""
+    the reader has it; and how long the reader sat on the run queue (runnable, no CPU: the
+    scheduler's doing, not a missed wake-up) from the end of its previous read to the read
+    that returned the record."""
     import numpy as np
 
     rows = []
@@ -376,9 +397,12 @@ def trace_breakdown(trace_dir: Path, sent: Any, seen: Any, offsets: Any) -> list
     at = np.searchsorted(t[:, 1], offsets, side="right") - 1
     ok = at >= 0
     taken, published = t[at[ok], 2], t[at[ok], 3]
-    return [("produce call -> worker takes the entry", taken - sent[ok]),
-            ("worker: append + publish", published - taken),
-            ("publish -> reader has it", seen[ok] - published)]
+    out = [("produce call -> worker takes the entry", taken - sent[ok]),
+           ("worker: append + publish", published - taken),
+           ("publish -> reader has it", seen[ok] - published)]
+    if waited is not None and len(waited) == len(offsets):
+        out.append(("  reader on the run queue meanwhile", waited[ok]))
+    return out
 
 
 def lat_tcp_producer(bootstrap: str, topic: str, rate: int, seconds: float, ready, go, out) -> None:
@@ -621,15 +645,20 @@ def main(argv: list[str] | None = None) -> int:
                     expect = int(args.latency_seconds * rate_ / per_call) * per_call
                     for f in work.glob("ring-trace-*.txt"):  # earlier sessions' (other topics)
                         f.unlink()
+                    steal0 = _steal()
                     r = h.run_pair(lat_ring_producer, (data_dir, t, rate_, per_call,
                                                        args.latency_seconds),
                                    lat_ring_reader, (data_dir, t, expect), args.phase_timeout)
-                    sent, seen, offsets = r["reader"][4]
+                    stolen = _steal() - steal0
+                    sent, seen, offsets, waited = r["reader"][4]
                     rows.append((f"latency ring {rate_:,}/s", (seen - sent).tolist(), "ns"))
                     if args.trace:
                         time.sleep(0.5)  # the session's trace is written when it ends
-                        for part, values in trace_breakdown(work, sent, seen, offsets):
+                        for part, values in trace_breakdown(work, sent, seen, offsets, waited):
                             rows.append((f"  {rate_:,}/s: {part}", values.tolist(), "ns"))
+                        extra.append(f"latency ring {rate_:,}/s: CPU time stolen by the "
+                                     f"hypervisor during the row (/proc/stat steal, all CPUs): "
+                                     f"{stolen * 1000 // os.sysconf('SC_CLK_TCK')} ms")
                 t = topic()
                 expect = int(args.latency_seconds * 10_000)
                 r = h.run_pair(lat_tcp_producer, (broker.bootstrap, t, 10_000, args.latency_seconds),
