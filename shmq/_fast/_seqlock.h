@@ -112,8 +112,9 @@ static inline int64_t shmq_monotonic_ns(void) {
 }
 
 /* Sleep until the slot's seq is no longer ``seen`` or ``timeout_ns`` passed (< 0: no limit).
- * First look at seq for up to ``spin_ns`` (no flag set, no system call): data that follows
- * within that time is seen without the futex round trip and the wake-up of a halted CPU.
+ * First look at seq for up to ``spin_ns`` (at most ``timeout_ns``; no flag set, so the writer
+ * makes no system call), yielding the CPU between looks: data that follows within that time is
+ * seen without the futex round trip and the wake-up of a halted CPU.
  * Returns 1 when seq changed (or may have: a wake-up), 0 on timeout.  Spurious returns are
  * allowed: the caller re-reads the slot. */
 static inline int shmq_slot_wait(unsigned char *base, uint64_t seen, int64_t timeout_ns,

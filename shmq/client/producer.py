@@ -20,7 +20,8 @@ Theory of operation (shared memory)
   (``_fast.encode_arrow_batch_into``).
 * A batch goes when it reaches ``batch.num.messages`` / ``batch.size``, when ``linger.ms`` has
   passed since its first record (a daemon thread watches the open batches, so records go out
-  without ``poll`` as librdkafka's do), or -- unless the user set ``linger.ms`` -- as soon as
+  without ``poll`` as librdkafka's do; ``poll`` sends what may go as well, since the thread waits
+  for the GIL, which a busy caller gives up only every ``sys.getswitchinterval()``), or -- unless the user set ``linger.ms`` -- as soon as
   its partition has fewer than ``max.in.flight`` (5) batches unanswered: a lone record does not
   wait for the linger (the ring costs no round trip), and records produced while five batches
   are in flight gather into the next one, so batches grow with the rate.

@@ -60,6 +60,7 @@ STUCK_SLOT_S = 1.0
 # A waiting reader looks at its slot this long before it sleeps on the futex: records that
 # follow within that time are read without the futex round trip and the wake-up of a halted
 # CPU (tens of microseconds on a VM), as a producer's client spins on its completion ring.
+# Between looks the spin gives its CPU to whatever else wants it (sched_yield, _seqlock.h).
 # 200 us, not 50: at 10,000 records/s (bench_shm's latency row, shared box, load 5-6) p50 / p99
 # were 1.35 / 7.5 ms with 200 us against 1.5-2.1 / 91-443 ms with 50 us, in alternating runs.
 WAIT_SPIN_S = 0.0002
