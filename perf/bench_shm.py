@@ -39,7 +39,9 @@ Rows (median of ``--repeat`` runs, with the spread (max - min) / median):
   anchor row is confluent-kafka at 10,000 msg/s (defaults, so linger.ms 5).  ``--trace`` adds
   where the records waited, from the worker's ring trace (``SHMQ_RING_TRACE``) joined by offset:
   produce call -> the worker's drain takes the entry -> appended and published in the state
-  table -> the reader has it.
+  table -> the reader has it; how long the reader sat on the run queue (runnable, no CPU:
+  ``/proc/thread-self/schedstat``) before the read that returned each record; and the CPU
+  time the hypervisor stole during each row (``/proc/stat``).
 * ``broker CPU per record``: utime+stime of the broker's processes (controller and workers)
   during the ring produce and during the confluent-kafka produce of the same records.
 
