@@ -391,7 +391,7 @@ class LogManager:
         plog = self.logs.pop((topic, partition), None)
         if plog is None:
             return
-        plog.close()
+        plog.discard()
         self._delete_directory(plog.directory)
 
     def remove_strays(self, hosted: Mapping[tuple[str, int], HostedLog]) -> list[str]:

@@ -158,9 +158,11 @@ class LogSegment:
     def __init__(self, directory: Path, base_offset: int, config: LogConfig, *,
                  active: bool, create: bool = False, lazy: bool = False,
                  lazy_indexes: bool = False) -> None:
-        """``lazy_indexes`` (with ``create``): the index files are created at their first use
-        (the first append, or a lookup): a new partition that is never written costs its
-        ``.log`` file only (Kafka creates them with the log and maps them at first use)."""
+        """``lazy_indexes`` (with ``create``): the index objects are made at their first use
+        (the first append, or a lookup), in anonymous memory, and their files are created at
+        the first flush, trim or close, or at ``index_file.DEFERRED_ENTRIES`` entries: a new
+        partition costs its ``.log`` file only until then (Kafka creates them with the log and
+        maps them at first use)."""
         self.directory = directory
         self.base_offset = base_offset
         self.config = config
@@ -263,11 +265,13 @@ class LogSegment:
             return 0, 0
         return self.offset_index.entries, self.time_index.entries
 
-    def _open_indexes(self, *, writable: bool) -> None:
+    def _open_indexes(self, *, writable: bool, deferred: bool = False) -> None:
         index_path, time_path = self._index_paths
         bytes_ = self.config.segment_index_bytes
-        self.offset_index = OffsetIndex(index_path, self.base_offset, bytes_, writable=writable)
-        self.time_index = TimeIndex(time_path, self.base_offset, bytes_, writable=writable)
+        self.offset_index = OffsetIndex(index_path, self.base_offset, bytes_, writable=writable,
+                                        deferred=deferred)
+        self.time_index = TimeIndex(time_path, self.base_offset, bytes_, writable=writable,
+                                    deferred=deferred)
         if not writable:
             INDEXES.opened(self)
 
@@ -372,8 +376,8 @@ class LogSegment:
         """The checks a clean start used to make for every segment (``check_indexes``; the last
         batch ending where the loader expects), made at first use.  A new segment only creates
         its (preallocated, sparse) index files."""
-        if self._fresh:
-            self._open_indexes(writable=self.active)
+        if self._fresh:  # their files at the first flush, trim or ~1 MiB (index_file.py)
+            self._open_indexes(writable=self.active, deferred=self.active)
             self._fresh = self._lazy = False
             return
         if self._released:  # checked at its first load: map the indexes again

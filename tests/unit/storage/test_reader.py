@@ -91,6 +91,7 @@ def test_chunks_are_bounded_by_records_and_by_bytes(tmp_path: Path) -> None:
 def test_index_lookup_on_the_active_segment_preallocated_index(tmp_path: Path) -> None:
     log = write_log(tmp_path / "t-0", batches=12)
     try:
+        log.flush()  # a new log's first index files exist from its first flush (index_file.py)
         seg = log.active_segment
         index_path = tmp_path / "t-0" / f"{seg.base_offset:020d}.index"
         size = index_path.stat().st_size

@@ -163,7 +163,9 @@ def test_index_entries_match_kafka_oracle(tmp_path, interval: int) -> None:
         if rng.random() < 0.2:
             batch += kbatch([b"m"], [T0 + rng.randrange(-5000, 5000)])  # two batches, one call
         log.append(batch)
-    # while active, the preallocated files hold the entries followed by zeros
+    # while active, the preallocated files hold the entries followed by zeros (a new log's
+    # first index files from its first flush on: index_file.py)
+    log.flush()
     log_path, index_path, time_path = seg_files(log, 0)
     offsets, times = expected_indexes(batch_rows(log_path), interval)
     seg = log.active_segment
