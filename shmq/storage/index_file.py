@@ -23,7 +23,7 @@ Descriptors.  A mapping needs no descriptor once made, so an index holds none, w
 segments' ``.log`` files only, which ``shmq.storage.descriptors`` bounds: with 2,000 partitions
 the active indexes used to hold 4,000.
 
-A new log's first index (``deferred``) lives in anonymous memory until it is needed on disk:
+A new log's first index (``deferred``) lives in a small buffer until it is needed on disk:
 its file is created, its entries written and the file mapped at the first flush, trim, roll,
 close or resize, or once it holds ``DEFERRED_ENTRIES`` entries (about 1 MiB of log at the default
 ``index.interval.bytes``, so a local reader, which reads ``.index`` files, scans at most that
@@ -41,7 +41,6 @@ An index with no entries keeps no mapping (mmap cannot map 0 bytes).  Lookups ru
 
 from __future__ import annotations
 
-import mmap
 import os
 import struct
 from pathlib import Path
@@ -51,6 +50,16 @@ from shmq.errors import CorruptIndexError
 
 _RESERVE_CHUNK = 64 * 1024  # bytes of index allocated ahead (8,192 offset index entries)
 DEFERRED_ENTRIES = 256  # a deferred index gets its file past this many entries (see above)
+
+
+class _Entries(bytearray):
+    """A deferred index's entries before its file exists, used where a mapping is."""
+
+    def close(self) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
 
 
 class IndexFile:
@@ -67,7 +76,7 @@ class IndexFile:
         self.path = path
         self.base_offset = base_offset
         self.max_entries = max_index_size // self.ENTRY_SIZE
-        self._mmap: _fast.MappedFile | mmap.mmap | None = None
+        self._mmap: _fast.MappedFile | _Entries | None = None
         self._fd = -1
         self._length = 0
         self._reserved = 0  # bytes from the start known to be allocated (writable: see reserve)
@@ -76,13 +85,13 @@ class IndexFile:
         # append compares with it: reading it back from the mapping cost ~1.5 us an append
         self._last: tuple[int, int] | None = None
         self.deferred = deferred and writable
-        if self.deferred:
+        if self.deferred:  # the file's size to be, and room in memory for the deferred entries
             self.missing = self.misaligned = self.closed = False
             self.writable = True
             self.entries = 0
-            self._length = self._reserved = self.max_entries * self.ENTRY_SIZE
-            if self._length > 0:
-                self._mmap = mmap.mmap(-1, self._length)
+            self._length = self.max_entries * self.ENTRY_SIZE
+            self._reserved = min(self.max_entries, DEFERRED_ENTRIES) * self.ENTRY_SIZE
+            self._mmap = _Entries(self._reserved)  # 2 KiB, not a 10 MiB mapping
             return
         existed = path.exists()
         self.missing = not existed  # a missing index is rebuilt by the loader
@@ -119,10 +128,7 @@ class IndexFile:
                 assert self._mmap is not None
                 with memoryview(self._mmap) as view:
                     os.pwrite(fd, view[:used], 0)
-            anonymous = self._mmap
             self._mmap = _fast.MappedFile(fd, length, True) if length > 0 else None
-            if anonymous is not None:
-                anonymous.close()
         finally:
             os.close(fd)
         self.deferred = False
@@ -152,9 +158,9 @@ class IndexFile:
         """Allocate the blocks for ``count`` more entries (see "A full disk"); raises OSError
         (ENOSPC, EDQUOT, EIO) when the disk cannot hold them.  Only writable, mapped indexes
         store through a mapping; a rebuild writes with ``pwrite`` (errors come back there)."""
-        if self.deferred and self.entries + count > DEFERRED_ENTRIES:
-            self.materialize()  # before the batches are written: ENOSPC here writes nothing
         need = (self.entries + count) * self.ENTRY_SIZE
+        if self.deferred and need > self._reserved:
+            self.materialize()  # before the batches are written: ENOSPC here writes nothing
         if need <= self._reserved or not self.writable or self.rebuilding or self.closed:
             return
         end = min(max(need, self._reserved + _RESERVE_CHUNK), self._length)
