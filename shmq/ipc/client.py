@@ -584,12 +584,14 @@ class LocalBroker:
 
     def ready(self, topic: str, partition: int) -> bool:
         """Whether a batch to the partition can go without talking to a worker first: a live
-        session to its leader and, when idempotent, a producer id that is not to be replaced."""
+        session to its leader and, when idempotent, a producer id that is not to be replaced.
+        While it is to be replaced nothing new goes until every batch in flight is answered
+        (librdkafka's DRAIN_RESET): a batch sent meanwhile with the old id could follow a
+        sequence the broker never appended."""
         session = self.sessions.get(self._node_for(topic, partition))
         if session is None or not session.alive:
             return False
-        return not self.idempotent or (self.producer_id >= 0 and not (
-            self._reset_producer and not any(self._unanswered.values())))
+        return not self.idempotent or (self.producer_id >= 0 and not self._reset_producer)
 
     def prepare(self, topic: str, partition: int) -> bool:
         """What ``ready`` waits for, one step of it (this may block: a connection, a reattach
