@@ -90,6 +90,7 @@ EAGER_GAP_S = 0.0002
 EAGER_CHECK_S = 0.001      # how often the linger thread looks for room in flight (linger.ms unset):
 #                            often enough for latency, seldom enough that batches amortise a send
 UNKNOWN_RETRY_S = 1.0      # how often metadata of an unknown topic is asked for again
+UNSENT_CHECK_S = 0.01      # how often unsent batches are checked against message.timeout.ms
 
 
 def _as_int(obj: Any) -> int:
@@ -492,6 +493,7 @@ class ShmProducer(Producer, ProducerCore):
         # reports, and is never held while waiting for anything; ``_io`` guards the LocalBroker
         # and is held across its waits.  Taken in that order only by try-acquiring ``_io``.
         self._io = threading.RLock()
+        self._unsent_check = 0.0
         self._wake = threading.Event()
         self._stop = False
         self._thread = threading.Thread(target=self._linger_loop, name="shmq-producer-linger",
@@ -835,10 +837,14 @@ class ShmProducer(Producer, ProducerCore):
                 self._fail_unsent(k, batch, KafkaError(ERR_MSG_TIMED_OUT))
 
     def _send_waiting(self) -> None:
-        """Backlogs first, then open batches refused before (lock held)."""
+        """The backlogs into the rings, as far as they take them now; every 10 ms, the unsent
+        batches past ``message.timeout.ms`` reported (both locks held)."""
         for k in list(self._backlog):
             self._drain_backlog(k)
-        self._expire_unsent()
+        now = time.monotonic()
+        if now >= self._unsent_check:
+            self._unsent_check = now + UNSENT_CHECK_S
+            self._expire_unsent()
 
     def _answered(self, result: Any, count: int, reports: list | None, nbytes: int) -> None:
         with self._lock:  # the broker's thread (_io) answers; produce may hold _lock
