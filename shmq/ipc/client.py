@@ -798,7 +798,6 @@ class LocalBroker:
             raise ValueError(f"acks must be 0, 1, -1 or 'all', not {acks!r}")
         deadline = time.monotonic() + timeout
         ack = ACKS[acks]
-        key = (topic, partition)
         if not wait:
             if not (self.can_send(topic, partition) and self.ready(topic, partition)):
                 return None
@@ -899,6 +898,7 @@ class LocalBroker:
             if at < 0:
                 return False
         view = session.view
+        assert view is not None
         rings.PRODUCE_HEADER.pack_into(view, at, entry_size, rings.PRODUCE, 0, self._next_corr(),
                                        partition, len(name), future.acks, 0, 0)
         body = at + rings.PRODUCE_HEADER_SIZE
