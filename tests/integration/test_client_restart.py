@@ -27,7 +27,7 @@ from typing import Any
 
 import confluent_kafka
 import pytest
-from conftest import RunningBroker, start_broker
+from _broker import RunningBroker, start_broker
 
 import shmq
 from shmq import _fast
