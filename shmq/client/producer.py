@@ -25,6 +25,18 @@ Theory of operation (shared memory)
   its partition has fewer than ``max.in.flight`` (5) batches unanswered: a lone record does not
   wait for the linger (the ring costs no round trip), and records produced while five batches
   are in flight gather into the next one, so batches grow with the rate.
+* **Never blocking** (librdkafka's model: ``produce`` only queues).  Two locks: ``_lock`` (the
+  C lock ``produce`` takes) guards the open batches, the per-partition backlogs, the counts and
+  the reports and is never held across a wait; ``_io`` guards the ``LocalBroker`` and is held
+  across its waits.  A sealed batch joins its partition's backlog; ``produce`` then hands the
+  backlog to the ring only if ``_io`` is free at once and the ring takes each batch without
+  waiting (``LocalBroker.try_send_with``: a live session, a producer id, fewer than
+  ``max.in.flight`` unanswered, room).  Whatever may block -- attaching, reattaching to a
+  restarted worker and resending what it had not answered (``revive`` / ``prepare``),
+  ``InitProducerId`` -- runs on the daemon thread, which holds ``_io`` but not ``_lock``, so a
+  stopped or restarting worker never stalls ``produce``: its batches wait, in order, until
+  ``message.timeout.ms`` or ``BufferError`` once the buffer is full.  ``poll`` / ``flush`` read
+  answers (waiting on the completion eventfd at most their timeout) and never wait for a worker.
 * Answers come back on the completion ring; each batch's delivery reports (``(err, msg)`` with
   the record's offset, timestamp and confluent-kafka's ``KafkaError``) wait in a queue that
   ``poll`` / ``flush`` serve on the caller's thread, as confluent-kafka's do.
@@ -62,6 +74,7 @@ from shmq._fast._client_reference import (
 from shmq.client._common import Interceptors, Message, Serdes, kafka_exception
 from shmq.client.config import COMPRESSION, ClientConfig, invalid, resolve_callable
 from shmq.client.transport import local_data_dir
+from shmq.errors import KafkaApiError
 
 ERR_PURGE_QUEUE = KafkaError._PURGE_QUEUE
 ERR_MSG_TIMED_OUT = KafkaError._MSG_TIMED_OUT
@@ -77,6 +90,7 @@ EAGER_GAP_S = 0.0002
 EAGER_CHECK_S = 0.001      # how often the linger thread looks for room in flight (linger.ms unset):
 #                            often enough for latency, seldom enough that batches amortise a send
 UNKNOWN_RETRY_S = 1.0      # how often metadata of an unknown topic is asked for again
+UNSENT_CHECK_S = 0.01      # how often unsent batches are checked against message.timeout.ms
 
 
 def _as_int(obj: Any) -> int:
@@ -474,6 +488,12 @@ class ShmProducer(Producer, ProducerCore):
         self._queued_bytes = 0
         self._spare: bytearray | None = None
         self._last_send: dict[tuple[str, int], float] = {}  # when each partition's last batch went
+        # The two locks (see "Never blocking" in the module docstring): ``_lock`` (the C lock
+        # ProducerCore.produce takes) guards the open batches, the backlogs, the counts and the
+        # reports, and is never held while waiting for anything; ``_io`` guards the LocalBroker
+        # and is held across its waits.  Taken in that order only by try-acquiring ``_io``.
+        self._io = threading.RLock()
+        self._unsent_check = 0.0
         self._wake = threading.Event()
         self._stop = False
         self._thread = threading.Thread(target=self._linger_loop, name="shmq-producer-linger",
@@ -605,12 +625,16 @@ class ShmProducer(Producer, ProducerCore):
         if batch.count() >= self._batch_records or batch.size() >= self._batch_bytes:
             self._send(k, batch)
         elif fresh and self._eager:
-            self._pump(0)
-            if (self._broker.can_send(topic, partition)
-                    and time.monotonic() - self._last_send.get(k, 0.0) >= EAGER_GAP_S):
-                self._send(k, batch)  # room in flight: a lone record does not linger
-            else:
-                self._wake.set()
+            if (time.monotonic() - self._last_send.get(k, 0.0) >= EAGER_GAP_S
+                    and k not in self._backlog and self._io.acquire(blocking=False)):
+                try:
+                    self._pump(0)
+                    if self._broker.can_send(topic, partition):
+                        self._send(k, batch)  # room in flight: a lone record does not linger
+                        return
+                finally:
+                    self._io.release()
+            self._wake.set()
         elif fresh:
             self._wake.set()
 
@@ -664,23 +688,34 @@ class ShmProducer(Producer, ProducerCore):
         return p
 
     def _send(self, k: tuple[str, int], batch: Batch) -> None:
-        """Seal the open batch of ``k`` and hand it to the ring (lock held).  A batch the ring
-        cannot take now -- full, or its worker restarting -- waits in the partition's backlog,
-        in order, until it can, or until ``message.timeout.ms`` fails it (``_expire_unsent``):
-        a worker's death never raises out of ``produce`` or ``poll``."""
+        """Seal the open batch of ``k`` and hand it to the ring (lock held), if the ring takes
+        it now without waiting: otherwise -- the broker busy on another thread, five batches
+        unanswered, a full ring, the worker restarting -- it waits in the partition's backlog,
+        in order, for the background thread (or ``poll`` / ``flush``) to hand it over, or for
+        ``message.timeout.ms`` to fail it (``_expire_unsent``).  Never waits, never raises for
+        a worker's death."""
         if self._open_get(k) is batch:
             self._open_pop(k)
         queue = self._backlog.get(k)
-        if queue is not None:  # earlier batches wait: this one goes after them
-            queue.append(batch)
-            self._drain_backlog(k)
-        elif not self._hand_over(k, batch):
-            self._backlog[k] = deque((batch,))
+        if queue is None:
+            queue = self._backlog[k] = deque()
+        queue.append(batch)  # after the earlier batches that wait, if any
+        if self._io.acquire(blocking=False):
+            try:
+                if len(queue) > 1 or not self._broker.can_send(*k):
+                    self._pump(0)  # answers make room in flight
+                self._drain_backlog(k)
+            finally:
+                self._io.release()
+        if k in self._backlog:
             self._wake.set()
 
     def _drain_backlog(self, k: tuple[str, int]) -> None:
+        """Hand over the partition's waiting batches, in order, while the ring takes them
+        without waiting (both locks held)."""
         queue = self._backlog[k]
-        while queue and self._broker.can_send(*k) and self._hand_over(k, queue[0]):
+        broker = self._broker
+        while queue and broker.can_send(*k) and self._hand_over(k, queue[0]):
             queue.popleft()
         if not queue:
             del self._backlog[k]
@@ -712,14 +747,15 @@ class ShmProducer(Producer, ProducerCore):
             write = write_packed
 
         try:
-            self._broker.send_with(topic, partition, count, write, acks=self._acks,
-                                   timeout=max(self._linger, 1.0), on_delivery=answered)
-        except (BufferError, SessionLostError, AttachError, NotLocalError, OSError):
-            return False  # the ring stayed full or the worker is away: it goes later
-        except Exception:  # not sent and never to be answered: not queued any more
-            self._queued -= count
-            self._queued_bytes -= nbytes
-            raise
+            sent = self._broker.try_send_with(topic, partition, count, write, acks=self._acks,
+                                              on_delivery=answered)
+        except (SessionLostError, AttachError, NotLocalError, OSError):
+            return False  # the worker is away: it goes later
+        except Exception as exc:  # noqa: BLE001 - never sendable: every record reported
+            self._fail_unsent(k, batch, KafkaError(KafkaError._FAIL, f"not sent: {exc}"))
+            return True
+        if sent is None:
+            return False  # not ready, no room in flight or in the ring: it goes later
         self._last_send[k] = time.monotonic()
         if self._spare is None and batch.size() <= SPARE_MAX:
             self._spare = batch.release()  # its bytes are in the ring: the next batch's buffer
@@ -729,15 +765,40 @@ class ShmProducer(Producer, ProducerCore):
         spare, self._spare = self._spare, None
         return spare
 
-    def _pump(self, timeout: float = 0.0) -> None:
-        """The broker's answers (lock held).  A worker that did not come back has had its
-        batches answered with errors already: that is reported, not raised."""
+    def _pump(self, timeout: float = 0.0) -> int:
+        """The broker's answers (``_io`` held), waiting up to ``timeout`` for one from a live
+        worker, never for a worker to come back (the background thread reattaches).  A worker
+        that did not come back has had its batches answered with errors already: that is
+        reported, not raised."""
         from shmq.ipc.client import SessionLostError
 
         try:
-            self._broker.poll(timeout)
+            return self._broker.poll(timeout, reattach=False)
         except SessionLostError:
-            pass
+            return 1
+
+    def _service(self, timeout: float) -> int:
+        """(``_io`` held) the answers, then the waiting batches."""
+        handled = self._pump(timeout)
+        with self._lock:
+            self._send_waiting()
+        return handled
+
+    def _prepare_waiting(self) -> None:
+        """The background thread's part that may block (``_io`` held, ``_lock`` not): attach,
+        reattach or take a producer id for every partition whose batches wait for it."""
+        from shmq.ipc.client import NotLocalError, SessionLostError
+        from shmq.ipc.session import AttachError
+
+        broker = self._broker
+        with self._lock:
+            keys = list(self._backlog)
+        for k in keys + broker.resends_waiting():
+            try:
+                if not broker.ready(*k):
+                    broker.prepare(*k)
+            except (OSError, AttachError, SessionLostError, NotLocalError, KafkaApiError):
+                pass  # not back yet (or given up: its batches were answered); again later
 
     def _unsent(self) -> list[tuple[tuple[str, int], Batch]]:
         out = [(k, b) for k, q in self._backlog.items() for b in q]
@@ -776,12 +837,21 @@ class ShmProducer(Producer, ProducerCore):
                 self._fail_unsent(k, batch, KafkaError(ERR_MSG_TIMED_OUT))
 
     def _send_waiting(self) -> None:
-        """Backlogs first, then open batches refused before (lock held)."""
+        """The backlogs into the rings, as far as they take them now; every 10 ms, the unsent
+        batches past ``message.timeout.ms`` reported (both locks held)."""
         for k in list(self._backlog):
             self._drain_backlog(k)
-        self._expire_unsent()
+        now = time.monotonic()
+        if now >= self._unsent_check:
+            self._unsent_check = now + UNSENT_CHECK_S
+            self._expire_unsent()
 
     def _answered(self, result: Any, count: int, reports: list | None, nbytes: int) -> None:
+        with self._lock:  # the broker's thread (_io) answers; produce may hold _lock
+            self._answered_locked(result, count, reports, nbytes)
+
+    def _answered_locked(self, result: Any, count: int, reports: list | None,
+                         nbytes: int) -> None:
         code = result.error_code
         if reports is None:
             self._queued -= count
@@ -975,25 +1045,39 @@ class ShmProducer(Producer, ProducerCore):
         deadline = time.monotonic() + t if t >= 0 else float("inf")
         while True:
             self._retry_held()
-            with self._lock:
-                self._pump(0)
-                if self._n_open or self._backlog:
-                    # what may go now goes from here, not only from the linger thread: that
-                    # thread needs the GIL, which a busy caller hands over only every
-                    # sys.getswitchinterval() (5 ms)
-                    self._send_waiting()
-                    self._send_ready()
+            if self._queued and self._io.acquire(blocking=False):
+                try:
+                    self._pump(0)
+                    with self._lock:
+                        if self._n_open or self._backlog:
+                            # what may go now goes from here, not only from the linger thread:
+                            # that thread needs the GIL, which a busy caller hands over only
+                            # every sys.getswitchinterval() (5 ms)
+                            self._send_waiting()
+                            self._send_ready()
+                finally:
+                    self._io.release()
             served = self._serve()
             if served:
                 return served
             left = deadline - time.monotonic()
             if left <= 0:
                 return 0
-            with self._lock:
-                if self._queued and self._broker.flush(0):
-                    self._pump(min(left, 0.005))
-                    continue
-            time.sleep(min(left, 0.005) if self._queued else min(left, 0.05))
+            self._wait_answers(min(left, 0.005) if self._queued else min(left, 0.05))
+
+    def _wait_answers(self, timeout: float) -> None:
+        """Up to ``timeout`` for answers from a live worker (read and acted on), else asleep:
+        never for a worker to come back, nor for ``_io`` longer than ``timeout``."""
+        start = time.monotonic()
+        if self._queued and self._io.acquire(timeout=timeout):
+            try:
+                if self._broker.flush(0) and self._service(timeout):
+                    return
+            finally:
+                self._io.release()
+        rest = timeout - (time.monotonic() - start)
+        if rest > 0:
+            time.sleep(min(rest, 0.001) if self._queued else rest)
 
     def flush(self, timeout: float | None = None) -> int:
         """Send every open batch and wait for every report; returns how many records are still
@@ -1007,17 +1091,18 @@ class ShmProducer(Producer, ProducerCore):
                 self._send(k, batch)
         while True:
             self._retry_held()
-            with self._lock:
-                self._pump(0)
-                self._send_waiting()  # refused by a full ring or a restarting worker before
+            if self._io.acquire(blocking=False):
+                try:
+                    self._service(0)  # with the batches a full ring or a worker held back
+                finally:
+                    self._io.release()
             self._serve()
             if not self._queued:
                 return 0
             left = deadline - time.monotonic()
             if left <= 0:
                 return self._queued
-            with self._lock:
-                self._pump(min(left, 0.005))
+            self._wait_answers(min(left, 0.005))
 
     def __len__(self) -> int:
         return self._queued
@@ -1038,19 +1123,30 @@ class ShmProducer(Producer, ProducerCore):
     # -- linger -----------------------------------------------------------------------------
 
     def _linger_loop(self) -> None:
-        """Send open batches whose linger passed (and, by default, any as soon as its partition
-        may send: fewer than max.in.flight unanswered) while the caller is busy elsewhere."""
+        """The background thread: reattaches to restarted workers, attaches and takes the
+        producer id, reads answers, hands over the batches that wait, and sends open batches
+        whose linger passed (by default, any as soon as its partition may send: fewer than
+        max.in.flight unanswered) while the caller is busy elsewhere.  Everything that may
+        block is done here, holding ``_io`` but not ``_lock``: ``produce`` goes on meanwhile."""
+        due: float | None = None
         while not self._stop:
-            self._wake.wait(1.0)
+            wait = 1.0 if due is None else due - time.monotonic()
+            if wait > 0:
+                self._wake.wait(max(0.0001, min(wait, 1.0)))
             self._wake.clear()  # before looking: a batch opened from now on sets it again
-            while not self._stop:
+            if self._stop:
+                break
+            with self._io:
+                revive = self._broker.revive()
+                self._prepare_waiting()
+                self._pump(0)
                 with self._lock:
-                    self._pump(0)
                     self._send_waiting()
                     due = self._send_ready()
-                if due is None:
-                    break
-                time.sleep(max(0.0001, min(due - time.monotonic(), 0.1)))
+                if self._broker.resends_waiting():  # failed batches, sent again by _pump
+                    due = min(due or float("inf"), time.monotonic() + EAGER_CHECK_S)
+            if revive is not None:
+                due = revive if due is None else min(due, revive)
 
     def _send_ready(self) -> float | None:
         """Send the open batches that may go now (lock held): their linger passed, or by
@@ -1085,7 +1181,7 @@ class ShmProducer(Producer, ProducerCore):
         self.closed = True
         from shmq.ipc.client import SessionLostError
 
-        with self._lock:
+        with self._io:
             try:
                 self._broker.close(timeout=0 if left else 5.0)
             except SessionLostError:

@@ -28,7 +28,15 @@ Theory of operation
   resends, in order, every entry that had no answer, byte for byte from the old ring (the worker
   frees an entry's space only when it answers, so those bytes are intact): the producer id and
   sequences make the retry exact; the broker answers batches it had appended with their
-  original offsets.
+  original offsets.  ``send_batch`` / ``poll`` wait for the restarted worker (up to the reattach
+  timeout); a caller that must never wait (``shmq.Producer``'s ``produce``) sends with
+  ``try_send_with`` (None when the ring cannot take the batch at once), polls with
+  ``poll(reattach=False)``, and leaves the attaching to a thread of its own (``prepare``,
+  ``revive``: one reattach attempt at a time, backing off).
+* **In flight.**  A batch past its delivery timeout is answered ``MSG_TIMED_OUT`` but still
+  counts against ``max_in_flight`` while it is in the ring unanswered (its late answer, or the
+  worker's death, frees its place), as Java's connection keeps such a request in flight: the
+  worker never has more than five unanswered batches of an idempotent partition.
 * **Reading** goes through ``shmq.ipc.reader.PartitionReader`` (one per partition, cached).
 """
 
@@ -252,6 +260,10 @@ class _Session:
         self.peeked = 0.0      # monotonic time of the last look at the socket
         self.kicks = 0         # eventfd writes to the worker (wake-ups it needed)
         self._rpc = 0
+        # after the worker's death: when to try to reattach next, the back-off, when to give up
+        self.retry_at = 0.0
+        self.retry_delay = 0.0
+        self.give_up_at = 0.0
 
     def kick(self) -> None:
         self.kicks += 1
@@ -426,6 +438,7 @@ class LocalBroker:
         self._corr = 0
         self._scratch: bytearray | None = None  # send_batch's encoding buffer, reused
         self._expiry_check = 0.0
+        self._may_block = True    # False within calls that must not wait for a worker
         self.reattached = 0
         self.losses: list[tuple[int, float]] = []  # (node id, when its death was noticed)
         self.closed = False
@@ -489,37 +502,59 @@ class LocalBroker:
 
     def _reattach(self, dead: _Session) -> _Session:
         """The worker went away: a new session with the restarted worker, and every unanswered
-        entry resent from the old ring, in order."""
+        entry resent from the old ring, in order (waiting for it up to the reattach timeout;
+        raises ``SessionLostError`` after it)."""
+        while True:
+            session = self._try_reattach(dead)
+            if session is not None:
+                return session
+            time.sleep(max(0.0, dead.retry_at - time.monotonic()))
+
+    def _try_reattach(self, dead: _Session) -> _Session | None:
+        """One attempt of ``_reattach`` when it is due (``dead.retry_at``): the new session, or
+        None when the worker is not back yet (the next attempt is due at ``dead.retry_at``,
+        backing off from 5 to 100 ms).  Past the reattach timeout every unanswered batch is
+        answered with an error and ``SessionLostError`` raised.  Until it succeeds the dead
+        session keeps its mapping: the unanswered entries' bytes are read from it."""
         assert dead.view is not None
+        now = time.monotonic()
+        if not dead.give_up_at:  # the first attempt
+            self.losses.append((dead.node_id, dead.gone_at or now))
+            dead.give_up_at = now + self.reattach_timeout
+            dead.retry_delay = 0.005
+            dead.retry_at = now
+        if now < dead.retry_at:
+            return None
+        try:
+            session = _Session(self, dead.node_id, self.submit_bytes, self.completion_bytes,
+                               max(0.1, min(2.0, dead.give_up_at - now)))
+        except (OSError, AttachError) as exc:
+            now = time.monotonic()
+            if now + dead.retry_delay > dead.give_up_at:
+                # every unanswered batch is answered with a retriable error: never silence
+                why = f"worker {dead.node_id} did not come back within {self.reattach_timeout} s"
+                if self.sessions.get(dead.node_id) is dead:
+                    del self.sessions[dead.node_id]
+                self._forget(dead)
+                for entry in dead.inflight:
+                    f = entry.future
+                    if f.value is not None:
+                        continue
+                    code = MSG_TIMED_OUT if now >= f._deadline else NETWORK_EXCEPTION
+                    if f._sequenced:  # whether the worker appended it is unknown:
+                        self._reset_producer = True  # a new producer id (KIP-360)
+                    f._set(BatchResult(f.topic, f.partition, -1, f.count, code, why, -1, -1))
+                dead.close()
+                raise SessionLostError(f"{why}: {exc}") from exc
+            dead.retry_at = now + dead.retry_delay
+            dead.retry_delay = min(dead.retry_delay * 2, 0.1)
+            self._load_run_info()
+            return None
         todo = [(e, bytes(dead.view[e.at : e.at + e.length])) for e in dead.inflight
                 if e.future.value is None]
-        self.losses.append((dead.node_id, dead.gone_at or time.monotonic()))
+        self._forget(dead, expired_only=True)  # reported already, never to be answered now
         dead.close()
         deadline = time.monotonic() + self.reattach_timeout
-        delay = 0.005
-        while True:
-            try:
-                session = _Session(self, dead.node_id, self.submit_bytes, self.completion_bytes,
-                                   max(0.1, deadline - time.monotonic()))
-                break
-            except (OSError, AttachError) as exc:
-                if time.monotonic() + delay > deadline:
-                    # every unanswered batch is answered with a retriable error: never silence
-                    why = f"worker {dead.node_id} did not come back within {self.reattach_timeout} s"
-                    self.sessions.pop(dead.node_id, None)
-                    for entry, _ in todo:
-                        f = entry.future
-                        if f.acks != 0:
-                            self._unanswered[(f.topic, f.partition)] -= 1
-                        code = MSG_TIMED_OUT if time.monotonic() >= f._deadline else \
-                            NETWORK_EXCEPTION
-                        if f._sequenced:  # whether the worker appended it is unknown:
-                            self._reset_producer = True  # a new producer id (KIP-360)
-                        f._set(BatchResult(f.topic, f.partition, -1, f.count, code, why, -1, -1))
-                    raise SessionLostError(f"{why}: {exc}") from exc
-                time.sleep(delay)
-                delay = min(delay * 2, 0.1)
-                self._load_run_info()
         self.sessions[dead.node_id] = session
         self.reattached += 1
         for entry, data in todo:
@@ -537,6 +572,77 @@ class LocalBroker:
             session.inflight.append(entry)
             session.by_corr[entry.corr] = entry
         return session
+
+    def _forget(self, dead: _Session, expired_only: bool = False) -> None:
+        """A dead session's entries that wait for an answer (those reported already, with
+        ``expired_only``) no longer count in flight: their worker is gone."""
+        for corr, e in list(dead.by_corr.items()):
+            f = e.future
+            if not expired_only or f.value is not None:
+                del dead.by_corr[corr]
+                self._unanswered[(f.topic, f.partition)] -= 1
+
+    def ready(self, topic: str, partition: int) -> bool:
+        """Whether a batch to the partition can go without talking to a worker first: a live
+        session to its leader and, when idempotent, a producer id that is not to be replaced.
+        While it is to be replaced nothing new goes until every batch in flight is answered
+        (librdkafka's DRAIN_RESET): a batch sent meanwhile with the old id could follow a
+        sequence the broker never appended."""
+        session = self.sessions.get(self._node_for(topic, partition))
+        if session is None or not session.alive:
+            return False
+        return not self.idempotent or (self.producer_id >= 0 and not self._reset_producer)
+
+    def prepare(self, topic: str, partition: int) -> bool:
+        """What ``ready`` waits for, one step of it (this may block: a connection, a reattach
+        attempt with its resends, ``InitProducerId``): attach to the partition's leader, or try
+        once to reattach to it (``_try_reattach``), then take a producer id.  Returns whether
+        the partition is ready now.  Raises ``OSError`` / ``AttachError`` when the worker is not
+        there, ``SessionLostError`` when a reattach gave up."""
+        node = self._node_for(topic, partition)
+        session = self.sessions.get(node)
+        if session is not None and not session.alive and session.view is not None:
+            session = self._try_reattach(session)
+            if session is None:
+                return False
+        elif session is None or not session.alive:
+            if session is not None:
+                session.close()
+            session = _Session(self, node, self.submit_bytes, self.completion_bytes, 2.0)
+            self.sessions[node] = session
+        self._ensure_producer(session)
+        return self.ready(topic, partition)
+
+    def revive(self) -> float | None:
+        """One reattach attempt (when due) for each session whose worker died with batches
+        unanswered; when the next attempt is due (None: no session waits for one).  A session
+        that gave up has answered its batches with errors (``SessionLostError`` is not raised
+        here)."""
+        if self._may_block:
+            self._may_block = False
+            try:
+                return self.revive()
+            finally:
+                self._may_block = True
+        due = None
+        for session in list(self.sessions.values()):
+            if session.alive or session.view is None:
+                continue
+            self._read_completions(session)  # answers written before it died
+            if session.view is None or self.sessions.get(session.node_id) is not session:
+                continue
+            if not any(e.future.value is None for e in session.inflight):
+                self._forget(session)
+                session.close()
+                del self.sessions[session.node_id]
+                continue
+            try:
+                if self._try_reattach(session) is not None:
+                    continue
+            except SessionLostError:
+                continue
+            due = session.retry_at if due is None else min(due, session.retry_at)
+        return due
 
     def _reserve(self, session: _Session, size: int, deadline: float) -> int:
         """Ring space for an entry: back-pressure until ``deadline``."""
@@ -670,17 +776,33 @@ class LocalBroker:
         the size it needs."""
         return self._submit(topic, partition, write, count, acks, timeout, on_delivery)
 
+    def try_send_with(self, topic: str, partition: int, count: int, write: Callable[..., int],
+                      *, acks: int | str = -1,
+                      on_delivery: Callable[[BatchResult], Any] | None = None
+                      ) -> BatchFuture | None:
+        """``send_with`` that never waits and never talks to a worker over its socket: None,
+        with nothing sent, when the batch cannot go into the ring at once -- the partition is
+        not ``ready`` (no live session to its leader: attaching and reattaching are
+        ``prepare`` / ``revive``'s work; no producer id yet), ``max_in_flight`` batches are
+        unanswered or failed ones wait to be sent again, or the ring is full.  A producer's
+        ``produce`` sends with it and keeps what it refuses for its background thread."""
+        return self._submit(topic, partition, write, count, acks, 0.0, on_delivery, wait=False)
+
     def _submit(self, topic: str, partition: int, write: Callable[..., int], count: int,
                 acks: int | str, timeout: float,
                 on_delivery: Callable[[BatchResult], Any] | None,
-                sequenced: bool = True) -> BatchFuture:
+                sequenced: bool = True, wait: bool = True) -> Any:
         if self.closed:
             raise ValueError("attachment is closed")
         if acks not in ACKS:
             raise ValueError(f"acks must be 0, 1, -1 or 'all', not {acks!r}")
         deadline = time.monotonic() + timeout
         ack = ACKS[acks]
-        key = (topic, partition)
+        if not wait:
+            if not (self.can_send(topic, partition) and self.ready(topic, partition)):
+                return None
+            return self._stamp_and_enqueue(topic, partition, write, count, ack, on_delivery,
+                                           sequenced and self.idempotent, deadline, wait)
         node = self._node_for(topic, partition)
         session = self._session(node)
         sequenced = sequenced and self.idempotent
@@ -704,6 +826,16 @@ class LocalBroker:
             self._await_answer(session, min(left, 0.05))
         if sequenced and self._reset_producer and not any(self._unanswered.values()):
             self._ensure_producer(session)
+        return self._stamp_and_enqueue(topic, partition, write, count, ack, on_delivery,
+                                       sequenced, deadline, wait)
+
+    def _stamp_and_enqueue(self, topic: str, partition: int, write: Callable[..., int],
+                           count: int, ack: int,
+                           on_delivery: Callable[[BatchResult], Any] | None, sequenced: bool,
+                           deadline: float, wait: bool) -> BatchFuture | None:
+        """The batch with this moment's producer id, epoch and the partition's next sequence,
+        into the ring (``_enqueue``); the sequence counts only once it is there."""
+        key = (topic, partition)
         seq = self._sequences.get(key, 0) if sequenced else -1
         pid = self.producer_id if sequenced else -1
         epoch = self.producer_epoch if sequenced else -1
@@ -716,7 +848,8 @@ class LocalBroker:
         def stamped(view: Any, at: int, size: int) -> int:
             return write(view, at, size, pid, epoch, seq)
 
-        self._enqueue(topic, partition, stamped, future, deadline)
+        if not self._enqueue(topic, partition, stamped, future, deadline, wait):
+            return None
         if sequenced:
             self._sequences[key] = (seq + count) & 0x7FFFFFFF
         return future
@@ -740,28 +873,32 @@ class LocalBroker:
         return node
 
     def _enqueue(self, topic: str, partition: int, write: Callable[[Any, int, int], int],
-                 future: BatchFuture, deadline: float) -> None:
+                 future: BatchFuture, deadline: float, wait: bool = True) -> bool:
         """One PRODUCE entry written by ``write(view, at, size)`` (``size`` < 0: only return
-        the batch's size) into the ring of the partition's leader, answered to ``future``."""
+        the batch's size) into the ring of the partition's leader, answered to ``future``.
+        Without ``wait``: False (nothing written) when the session is not live or the ring has
+        no room now."""
         name = topic.encode("utf-8")
         if len(name) > 0xFFFF:
             raise ValueError("topic name too long")
         node = self._node_for(topic, partition)
         size = write(_NO_VIEW, 0, -1)  # the size pass needs no ring (a worker may die now)
         entry_size = rings.PRODUCE_HEADER_SIZE + len(name) + size
-        while True:
-            session = self._session(node)  # reattached when the worker died (or raises
-            if entry_size > session.max_entry:  # SessionLostError after the timeout)
+        if wait:
+            session, at = self._reserve_waiting(node, entry_size, deadline)
+        else:
+            live = self.sessions.get(node)
+            if live is None or not live.alive or live.view is None:
+                return False
+            session = live
+            if entry_size > session.max_entry:
                 raise ValueError(f"a batch of {entry_size} bytes does not fit the ring "
                                  f"({session.max_entry} bytes at most): send smaller batches")
-            try:
-                at = self._reserve(session, entry_size, deadline)
-            except SessionLostError:
-                continue
-            if session.view is not None and session.alive:
-                break
-            # the session was closed while we waited for room: its reservation is void
+            at = session.submit.reserve(entry_size)
+            if at < 0:
+                return False
         view = session.view
+        assert view is not None
         rings.PRODUCE_HEADER.pack_into(view, at, entry_size, rings.PRODUCE, 0, self._next_corr(),
                                        partition, len(name), future.acks, 0, 0)
         body = at + rings.PRODUCE_HEADER_SIZE
@@ -777,6 +914,24 @@ class LocalBroker:
             session.by_corr[self._corr] = entry
             key = (topic, partition)
             self._unanswered[key] = self._unanswered.get(key, 0) + 1
+        return True
+
+    def _reserve_waiting(self, node: int, entry_size: int,
+                         deadline: float) -> tuple[_Session, int]:
+        """Room for an entry in the ring of worker ``node``, waiting for it (back-pressure, a
+        reattach) until ``deadline``."""
+        while True:
+            session = self._session(node)  # reattached when the worker died (or raises
+            if entry_size > session.max_entry:  # SessionLostError after the timeout)
+                raise ValueError(f"a batch of {entry_size} bytes does not fit the ring "
+                                 f"({session.max_entry} bytes at most): send smaller batches")
+            try:
+                at = self._reserve(session, entry_size, deadline)
+            except SessionLostError:
+                continue
+            if session.view is not None and session.alive:
+                return session, at
+            # the session was closed while we waited for room: its reservation is void
 
     def _next_corr(self) -> int:
         self._corr = (self._corr + 1) & 0xFFFFFFFF
@@ -784,28 +939,39 @@ class LocalBroker:
 
     # -- completions ------------------------------------------------------------------------
 
-    def poll(self, timeout: float = 0.0) -> int:
+    def poll(self, timeout: float = 0.0, *, reattach: bool = True) -> int:
         """Read the answers that arrived (running ``on_delivery`` callbacks); waits up to
-        ``timeout`` for one when none is there.  Returns how many were handled."""
+        ``timeout`` for one when none is there.  Returns how many were handled.  A worker's
+        death is noticed here; with ``reattach`` (the default) the restarted worker is waited
+        for and the unanswered batches are sent to it again, without it that is left to
+        ``revive`` / ``prepare`` and the call never waits for a worker (only ``timeout`` for
+        answers from live ones)."""
+        if not reattach and self._may_block:
+            self._may_block = False
+            try:
+                return self.poll(timeout, reattach=False)
+            finally:
+                self._may_block = True
         deadline = time.monotonic() + timeout
         while True:
             handled = 0
             for session in list(self.sessions.values()):
-                handled += self._poll_session(session)
+                handled += self._poll_session(session, reattach)
             self._due_resends()
             if time.monotonic() >= self._expiry_check:
                 handled += self._expire()
             left = deadline - time.monotonic()
-            waiting = [s for s in self.sessions.values() if s.by_corr or not s.alive]
-            if handled or left <= 0 or not (waiting or self._resend):
+            dead = reattach and any(not s.alive and s.view is not None
+                                    for s in self.sessions.values())
+            waiting = [s for s in self.sessions.values() if s.by_corr and s.alive]
+            if handled or left <= 0 or not (waiting or dead or self._resend):
                 return handled
-            if not waiting:  # only resends waiting for their backoff
+            if dead:
+                continue  # _poll_session reattaches
+            if not waiting:  # only resends waiting for their backoff (or a worker)
                 time.sleep(min(left, 0.01))
                 continue
-            session = waiting[0]
-            if not session.alive:
-                continue
-            self._await_answer(session, min(left, 0.1))
+            self._await_answer(waiting[0], min(left, 0.1))
 
     def _await_answer(self, session: _Session, timeout: float) -> None:
         """Until the completion ring has an entry (spinning ``SPIN_S``, then asleep on the
@@ -820,7 +986,7 @@ class LocalBroker:
             session.wait(timeout)
         completion.clear_sleeping()
 
-    def _poll_session(self, session: _Session) -> int:
+    def _poll_session(self, session: _Session, reattach: bool = True) -> int:
         handled = 0
         if session.alive:
             handled = self._read_completions(session)
@@ -834,8 +1000,10 @@ class LocalBroker:
             if session.view is None:  # reattached meanwhile (a resend went to its node)
                 return handled
             if any(e.future.value is None for e in session.inflight):
-                self._reattach(session)
+                if reattach:
+                    self._reattach(session)
             else:
+                self._forget(session)
                 session.close()
                 if self.sessions.get(session.node_id) is session:
                     del self.sessions[session.node_id]
@@ -867,7 +1035,9 @@ class LocalBroker:
                     f = inflight.future
                     key = (f.topic, f.partition)
                     self._unanswered[key] -= 1
-                    if code and code != DUPLICATE_SEQUENCE and self._retry(
+                    if f.value is not None:
+                        pass  # expired before (_expire): the late answer only frees its place
+                    elif code and code != DUPLICATE_SEQUENCE and self._retry(
                             f, code, view, inflight.at, inflight.length):
                         pass  # sent again once the partition's batches are all answered
                     else:
@@ -917,8 +1087,9 @@ class LocalBroker:
                 f = entry.future
                 if f.value is not None or now < f._deadline:
                     continue
-                if session.by_corr.pop(entry.corr, None) is not None:
-                    self._unanswered[(f.topic, f.partition)] -= 1
+                # the entry stays in by_corr and counted in flight: it is still in the ring,
+                # unanswered, until the worker answers it (ignored, it is reported) or dies --
+                # what Java's connection does with a request past delivery.timeout.ms
                 if f._sequenced:
                     self._reset_producer = True
                 f._set(BatchResult(f.topic, f.partition, -1, f.count, MSG_TIMED_OUT,
@@ -961,8 +1132,10 @@ class LocalBroker:
             self._rewinding.discard(key)
             if key in self._sequences:
                 self._sequences[key] = self._confirmed.get(key, 0)
-        elif time.monotonic() >= self._resend_at.get(key, 0.0):
+        elif time.monotonic() >= self._resend_at.get(key, 0.0) and self._may_resend(key):
             self._send_again(key)
+        else:  # after the backoff, or once the partition is ready again: _due_resends
+            self._resend_at.setdefault(key, time.monotonic())
 
     def _send_again(self, key: tuple[str, int]) -> None:
         todo = self._resend.pop(key)
@@ -1007,7 +1180,17 @@ class LocalBroker:
         now = time.monotonic()
         for key in [k for k, t in self._resend_at.items()
                     if t <= now and not self._unanswered.get(k, 0)]:
-            self._send_again(key)
+            if self._may_resend(key):
+                self._send_again(key)
+
+    def _may_resend(self, key: tuple[str, int]) -> bool:
+        """Whether failed batches may be sent again now: always from a call that may wait for
+        a worker, else only to a ready partition (``prepare`` makes it ready)."""
+        return self._may_block or self.ready(*key)
+
+    def resends_waiting(self) -> list[tuple[str, int]]:
+        """The partitions whose failed batches wait to be sent again."""
+        return list(self._resend)
 
     def flush(self, timeout: float = 30.0) -> int:
         """Wait until every batch sent has its answer; returns how many are still unanswered."""

@@ -105,6 +105,9 @@ class RingSession:
         self.last_entry = 0.0
         self.stats = server.stats
         self.trace: list[tuple[int, int, int, int]] | None = [] if TRACE_DIR else None
+        # the last drain's acks=all answers, which the next drain's wait for: answers go out in
+        # ring order, as a Kafka connection's responses do (a later fsync can finish first)
+        self.answering: asyncio.Future | None = None
 
     # -- set-up -----------------------------------------------------------------------------
 
@@ -282,7 +285,8 @@ class RingSession:
                 durable.append((slot, corr, result, done))
         self.stats["ring_entries"] += taken
         if durable:
-            asyncio.ensure_future(self._answer_when_durable(durable))
+            self.answering = asyncio.ensure_future(
+                self._answer_when_durable(durable, self.answering))
         self._release()
         return taken, more
 
@@ -304,8 +308,10 @@ class RingSession:
         slot[1] = True
         self.unanswered -= 1
 
-    async def _answer_when_durable(self, durable: list) -> None:
+    async def _answer_when_durable(self, durable: list, before: asyncio.Future | None) -> None:
         _, failed = await flush_for_acks(self.ctx, (d for _, _, _, d in durable))
+        if before is not None and not before.done():
+            await asyncio.wait([before])  # the earlier entries' answers first
         if failed:  # the fsync failed: the answer says so (Kafka: KAFKA_STORAGE_ERROR)
             durable = [(slot, corr, result._replace(
                             error_code=KAFKA_STORAGE_ERROR, base_offset=-1,
