@@ -807,6 +807,43 @@ def test_produce_batch_and_consume_arrow(clients: Clients) -> None:
         assert rb.schema.names[:4] == ["key", "value", "topic", "partition"]
 
 
+def test_check_crcs(kafka: RunningBroker) -> None:
+    """check.crcs as librdkafka's: off by default (the broker checked every batch's CRC when it
+    appended it), so a value flipped on disk afterwards is handed out as stored; with
+    check.crcs=true poll and consume_arrow refuse the batch."""
+    from shmq.errors import CorruptRecordError
+
+    clients = Clients("shm", kafka.bootstrap)
+    try:
+        topic = new_topic(clients, 1)
+        p = clients.producer()
+        p.produce_batch(topic, [b"v%04d" % i for i in range(100)], partition=0)
+        assert p.flush(10) == 0
+        (seg,) = sorted(kafka.data_dir.glob(f"worker-*/{topic}-0/*.log"))
+        with open(seg, "r+b") as f:  # one byte of record 50's value, inside the CRC
+            data = f.read()
+            at = data.index(b"v0050") + 1
+            f.seek(at)
+            f.write(b"X")
+        for arrow in (False, True):
+            c = clients.consumer(**{"group.id": f"crc-{arrow}"})
+            c.assign([TopicPartition(topic, 0, 0)])
+            if arrow:
+                values = c.consume_arrow(1000, 10.0).column("value").to_pylist()
+            else:
+                values = [m.value() for m in drain(c, 100)]
+            assert len(values) == 100 and values[50] == b"vX050"
+            strict = clients.consumer(**{"group.id": f"crc-strict-{arrow}", "check.crcs": True})
+            strict.assign([TopicPartition(topic, 0, 0)])
+            with pytest.raises(CorruptRecordError):
+                if arrow:
+                    strict.consume_arrow(1000, 10.0)
+                else:
+                    strict.poll(10.0)
+    finally:
+        clients.close()
+
+
 # -- compression, delivery timeout, worker deaths (issue 15, second session) -------------------
 
 CODECS = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
