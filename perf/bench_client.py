@@ -61,14 +61,14 @@ def _conf(bootstrap: str, shm: bool, **extra: Any) -> dict[str, Any]:
     return conf
 
 
-def produce_role(bootstrap: str, topic: str, n: int, kind: str, ready, go, out,
-                 acks: str | None = None) -> None:
+def produce_role(bootstrap: str, topic: str, n: int, kind: str, ready, go, out) -> None:
     import confluent_kafka
 
     import shmq
 
+    kind, _, acks = kind.partition("@")  # "batch@1": acks=1
     shm = kind != "confluent"
-    extra = {} if acks is None else {"acks": acks}
+    extra = {"acks": acks} if acks else {}
     p = shmq.Producer(_conf(bootstrap, True, **extra)) if shm else confluent_kafka.Producer(
         _conf(bootstrap, False, **extra))
     p.produce(topic, b"w", partition=0)
@@ -293,13 +293,13 @@ def main(argv: list[str] | None = None) -> int:
             if "batch" in only:
                 t = topic()
                 run("shmq produce_batch + flush (lists, acks=1)", produce_role,
-                    (broker.bootstrap, t, nb, "batch", "1"), nb, True)
+                    (broker.bootstrap, t, nb, "batch@1"), nb, True)
                 t = topic()
                 run("shmq produce_batch (Arrow) + flush", produce_role,
                     (broker.bootstrap, t, nb, "arrow-batch"), nb, True)
                 t = topic()
                 run("shmq produce_batch (Arrow, acks=1) + flush", produce_role,
-                    (broker.bootstrap, t, nb, "arrow-batch", "1"), nb, True)
+                    (broker.bootstrap, t, nb, "arrow-batch@1"), nb, True)
             if filled is not None and "poll" in only:
                 run("shmq poll", poll_role, (broker.bootstrap, filled, n, "shm"), n)
                 run("confluent-kafka poll (anchor)", poll_role,
