@@ -6,17 +6,22 @@
 
 Every row moves 100 B records (no key) through a real ``shmq broker`` (one worker, a fresh data
 dir under ``--dir``); each client runs in its own process (spawn; start-up and connections are
-not timed: a warm-up record goes first).  Default client settings everywhere.
+not timed: a producer sends a warm-up record first, consume_arrow reads it first).  Default client
+settings everywhere, except the rows that name another setting beside the default row.
 
 * ``produce + flush``: ``produce()`` per record, then ``flush()`` (every record acknowledged,
   acks=all: in the log).  ``shmq.Producer`` over shared memory vs confluent-kafka's Producer
   over loopback TCP to the same broker (the anchor).
-* ``produce_batch``: ``shmq.Producer.produce_batch(topic, values)`` with lists of 100,000
-  values, then ``flush()``; ``produce_batch (Arrow)``: the same values as one ``pyarrow``
-  binary array.
-* ``poll``: ``Consumer.poll()`` per record from offset 0 of a partition holding the records
+* ``produce_batch (lists)``: ``shmq.Producer.produce_batch(topic, values)`` with lists of
+  100,000 distinct values, then ``flush()``; ``produce_batch (Arrow)``: the same values as one
+  ``pyarrow`` binary array (made before the clock starts, as a caller's data is).  Each again
+  with ``acks=1`` (the default is acks=all, which waits for the broker's ``flush.on.ack``
+  fsync).  "broker CPU" is the broker processes' CPU time over the row, per record.
+* ``poll``: ``Consumer.poll()`` per record from offset 1 of a partition holding the records
   (``assign``), until all were returned; shmq over the mapped log vs confluent-kafka.
-* ``consume_arrow``: ``shmq.Consumer.consume_arrow(1,000,000)`` (the spark_bridge schema).
+* ``consume_arrow``: ``shmq.Consumer.consume_arrow()`` in a loop, with its defaults (up to
+  100,000 records a call, the spark_bridge schema), over the ``--batch-records`` records the
+  ``produce_batch (lists)`` row stored.
 * ``latency``: one record per ``produce`` at 10,000 records/s (paced; ``poll(0)`` after each),
   read by a ``shmq.Consumer`` in another process (``poll(0.1)``); the send time travels in the
   value; p50 / p99 / max over ``--latency-seconds``.  Default settings (acks=all, which waits
@@ -61,22 +66,25 @@ def produce_role(bootstrap: str, topic: str, n: int, kind: str, ready, go, out) 
 
     import shmq
 
+    kind, _, acks = kind.partition("@")  # "batch@1": acks=1
     shm = kind != "confluent"
-    p = shmq.Producer(_conf(bootstrap, True)) if shm else confluent_kafka.Producer(
-        _conf(bootstrap, False))
+    extra = {"acks": acks} if acks else {}
+    p = shmq.Producer(_conf(bootstrap, True, **extra)) if shm else confluent_kafka.Producer(
+        _conf(bootstrap, False, **extra))
     p.produce(topic, b"w", partition=0)
     p.flush(30)
+    v = b"x" * SIZE
+    # distinct values (a record's bytes are not the previous record's), as a user's are
+    values: Any = [b"%08d" % i + v[8:] for i in range(100_000)]
+    if kind == "arrow-batch":  # the caller's data is an Arrow array already: not timed
+        import pyarrow as pa
+
+        values = pa.array(values, pa.binary())
     ready.set()
     go.wait()
-    v = b"x" * SIZE
     c0 = time.process_time()
     t0 = time.monotonic()
     if kind in ("batch", "arrow-batch"):
-        values: Any = [v] * 100_000
-        if kind == "arrow-batch":
-            import pyarrow as pa
-
-            values = pa.array(values, pa.binary())
         sent = 0
         while sent < n:
             k = min(len(values), n - sent)
@@ -120,7 +128,22 @@ def poll_role(bootstrap: str, topic: str, n: int, kind: str, ready, go, out) -> 
     shm = kind != "confluent"
     c = shmq.Consumer(_conf(bootstrap, True, **conf)) if shm else confluent_kafka.Consumer(
         _conf(bootstrap, False, **conf))
-    c.assign([TopicPartition(topic, 0, 1)])
+    if kind == "arrow":
+        # start-up not timed, as the producers' warm-up record: the warm-up record (offset 0)
+        # is read first (the mapped segment, librdkafka's queue served once).  Not for the poll
+        # rows: confluent-kafka's consumer would prefetch the records while it waits for the
+        # clock.
+        c.assign([TopicPartition(topic, 0, 0)])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            rb = c.consume_arrow(1, 1.0)
+            if rb is not None and rb.num_rows:
+                break
+        else:
+            raise RuntimeError(f"{kind}: the warm-up record was not read")
+        rb = None
+    else:
+        c.assign([TopicPartition(topic, 0, 1)])
     ready.set()
     go.wait()
     c0 = time.process_time()
@@ -128,8 +151,9 @@ def poll_role(bootstrap: str, topic: str, n: int, kind: str, ready, go, out) -> 
     got = 0
     deadline = t0 + 300
     if kind == "arrow":
+        consume_arrow = c.consume_arrow
         while got < n and time.monotonic() < deadline:
-            rb = c.consume_arrow(1_000_000, 1.0)
+            rb = consume_arrow(timeout=1.0)  # the defaults: up to 100,000 records a call
             if rb is not None:
                 got += rb.num_rows
     else:
@@ -208,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     only = set(args.only.split(","))
 
     from _common import print_environment
-    from bench_broker import start_shmq
+    from bench_broker import cpu_delta, start_shmq
     from bench_shm import Harness
 
     print_environment("shmq Python client vs confluent-kafka")
@@ -219,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     h = Harness(args)
     rows: dict[str, list[float]] = {}
     cpu: dict[str, list[float]] = {}
+    broker_cpu: dict[str, list[float]] = {}
     lat_rows: dict[str, list[list[float]]] = {}
     try:
         from confluent_kafka.admin import AdminClient, NewTopic
@@ -233,41 +258,56 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.2)
             return name
 
-        def run(name: str, role: Any, rargs: tuple, n: int) -> None:
+        def run(name: str, role: Any, rargs: tuple, n: int, producer: bool = False) -> None:
+            before = broker.cpu()
             r = h.run_one(role, rargs, args.phase_timeout)
             _, t0, t1, info, cpu_s = r
             rate = n / (t1 - t0)
             rows.setdefault(name, []).append(rate)
             cpu.setdefault(name, []).append(cpu_s / (t1 - t0))
-            print(f"   {name:<44} {rate:>13,.0f} rec/s  client CPU {cpu_s / (t1 - t0):.2f}",
-                  flush=True)
+            extra = ""
+            if producer:  # the broker's CPU for the row's records (its idle time included)
+                per = cpu_delta(before, broker.cpu()) / n * 1e6
+                broker_cpu.setdefault(name, []).append(per)
+                extra = f"  broker CPU {per:.3f} us/record"
+            print(f"   {name:<44} {rate:>13,.0f} rec/s  client CPU {cpu_s / (t1 - t0):.2f}"
+                  f"{extra}", flush=True)
 
         n = args.records
+        nb = args.batch_records
         for rep in range(args.repeat):
             print(f"-- repeat {rep + 1}/{args.repeat}", flush=True)
-            filled = None
-            if "produce" in only or "poll" in only:
+            filled = batched = None
+            if "produce" in only or "poll" in only or "arrow" in only:
                 filled = topic()
                 run("shmq produce + flush", produce_role, (broker.bootstrap, filled, n, "shm"),
-                    n)
+                    n, True)
                 if "produce" in only:
                     t = topic()
                     run("confluent-kafka produce + flush (anchor)", produce_role,
-                        (broker.bootstrap, t, n, "confluent"), n)
+                        (broker.bootstrap, t, n, "confluent"), n, True)
+            if "batch" in only or "arrow" in only:
+                batched = topic()
+                run("shmq produce_batch + flush (lists)", produce_role,
+                    (broker.bootstrap, batched, nb, "batch"), nb, True)
             if "batch" in only:
                 t = topic()
-                run("shmq produce_batch + flush", produce_role,
-                    (broker.bootstrap, t, args.batch_records, "batch"), args.batch_records)
+                run("shmq produce_batch + flush (lists, acks=1)", produce_role,
+                    (broker.bootstrap, t, nb, "batch@1"), nb, True)
                 t = topic()
                 run("shmq produce_batch (Arrow) + flush", produce_role,
-                    (broker.bootstrap, t, args.batch_records, "arrow-batch"),
-                    args.batch_records)
+                    (broker.bootstrap, t, nb, "arrow-batch"), nb, True)
+                t = topic()
+                run("shmq produce_batch (Arrow, acks=1) + flush", produce_role,
+                    (broker.bootstrap, t, nb, "arrow-batch@1"), nb, True)
             if filled is not None and "poll" in only:
                 run("shmq poll", poll_role, (broker.bootstrap, filled, n, "shm"), n)
                 run("confluent-kafka poll (anchor)", poll_role,
                     (broker.bootstrap, filled, n, "confluent"), n)
-            if filled is not None and "arrow" in only:
-                run("shmq consume_arrow", poll_role, (broker.bootstrap, filled, n, "arrow"), n)
+            if "arrow" in only:  # the produce_batch topic: --batch-records records
+                assert batched is not None
+                run("shmq consume_arrow", poll_role, (broker.bootstrap, batched, nb, "arrow"),
+                    nb)
             if "latency" in only:
                 for label, extra in LATENCY_ROWS:
                     t = topic()
@@ -291,27 +331,31 @@ def main(argv: list[str] | None = None) -> int:
         m = statistics.median(xs)
         return m, (max(xs) - min(xs)) / m if m else 0.0
 
-    print("\n| row | records/s (median) | spread | client CPU (cores) | vs anchor | target |")
-    print("|---|---:|---:|---:|---:|---|")
+    print("\n| row | records/s (median) | spread | client CPU (cores) | broker CPU us/record "
+          "| vs anchor | target |")
+    print("|---|---:|---:|---:|---:|---:|---|")
     anchors = {"shmq produce + flush": "confluent-kafka produce + flush (anchor)",
                "shmq poll": "confluent-kafka poll (anchor)"}
     targets = {"shmq produce + flush": ">= 2 M/s and >= 2x", "shmq poll": ">= 2 M/s",
-               "shmq produce_batch + flush": ">= 10 M/s",
+               "shmq produce_batch + flush (lists)": ">= 10 M/s",
                "shmq produce_batch (Arrow) + flush": ">= 10 M/s",
+               "shmq produce_batch + flush (lists, acks=1)": "(acks=1 beside the default)",
+               "shmq produce_batch (Arrow, acks=1) + flush": "(acks=1 beside the default)",
                "shmq consume_arrow": ">= 20 M/s"}
     for name, xs in rows.items():
         m, sp = med(xs)
         a = anchors.get(name)
         ratio = f"{m / med(rows[a])[0]:.2f}x" if a in rows else "-"
-        print(f"| {name} | {m:,.0f} | {sp:.0%} | {statistics.median(cpu[name]):.2f} | {ratio} "
-              f"| {targets.get(name, '')} |")
+        bcpu = f"{statistics.median(broker_cpu[name]):.3f}" if name in broker_cpu else "-"
+        print(f"| {name} | {m:,.0f} | {sp:.0%} | {statistics.median(cpu[name]):.2f} | {bcpu} "
+              f"| {ratio} | {targets.get(name, '')} |")
     for label, qs in lat_rows.items():
         p50 = statistics.median(r[0] for r in qs) * 1e6
         p99 = statistics.median(r[1] for r in qs) * 1e6
         mx = statistics.median(r[2] for r in qs) * 1e6
         target = "p99 <= 200 us" if label == LATENCY_ROWS[0][0] else ""
         print(f"| latency 10k/s, {label}: p50 / p99 / max (us) | {p50:.0f} / {p99:.0f} / {mx:.0f} "
-              f"| | | | {target} |")
+              f"| | | | | {target} |")
     return 0
 
 

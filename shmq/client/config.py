@@ -71,6 +71,7 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     "max.partition.fetch.bytes": 1_048_576,
     "fetch.max.bytes": 52_428_800,
     "max.poll.records": 500,
+    "check.crcs": False,
 }
 
 COMPRESSION = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}

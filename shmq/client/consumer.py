@@ -274,6 +274,8 @@ class ShmConsumer(Consumer, ConsumerCore):
         self._eof = config.get_bool("enable.partition.eof")
         self._isolation = config.get_str("isolation.level")
         self._max_bytes = config.get_int("max.partition.fetch.bytes")
+        # librdkafka's default (false): the broker checked each batch's CRC when it appended it
+        self._check_crcs = config.get_bool("check.crcs")
         try:
             self._max_records = max(1, int(config.py.pop("max.poll.records",
                                                          MAX_RECORDS_PER_READ)))
@@ -626,7 +628,7 @@ class ShmConsumer(Consumer, ConsumerCore):
                 continue
             part.eof_sent = False
             start = len(buf)
-            bodies, meta = _records_sections(got.buffer, verify_crc=False,
+            bodies, meta = _records_sections(got.buffer, verify_crc=self._check_crcs,
                                              max_decompressed=MAX_DECOMPRESSED,
                                              skip_control=True)
             recs = decode_sections(bodies, meta, message_type(part.topic, part.partition))
@@ -727,7 +729,8 @@ class ShmConsumer(Consumer, ConsumerCore):
                 part = parts[(self._rr + i) % len(parts)]
                 assert part.fetch is not None
                 batch, nxt = self._broker.read_arrow(part.topic, part.partition, part.fetch,
-                                                     max_records, isolation=self._isolation)
+                                                     max_records, isolation=self._isolation,
+                                                     verify_crc=self._check_crcs)
                 if batch.num_rows:
                     part.fetch = part.position = nxt
                     self._rr += 1

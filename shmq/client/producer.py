@@ -209,6 +209,25 @@ def _column_buffers(arr: Any) -> tuple[Any, Any, Any, Any]:
     return off, body, bits, lengths
 
 
+def _varint_size(n: int) -> int:
+    """Bytes of Kafka's zigzag varint of ``n``."""
+    return max(1, (((n << 1) ^ (n >> 63)).bit_length() + 6) // 7)
+
+
+def batch_rows(batch_bytes: int, batch_records: int, longest_key: int, longest_value: int) -> int:
+    """How many records ``produce_batch`` puts in one batch: at most ``batch_records``, and as
+    many as surely fit ``batch_bytes`` (header included) when no key is longer than
+    ``longest_key`` and no value than ``longest_value`` (-1: all null).  Its records have no
+    headers and one timestamp (delta 0), so each takes at most the bytes computed here: 111
+    for a 100 B value without key, where librdkafka's per-record estimate (``size - 61`` of
+    ``RECORD_MAX_OVERHEAD``) says 136 and filled batches to 80 % of ``batch.size``."""
+    rows = max(1, batch_records)
+    body = (1 + 1 + _varint_size(rows - 1)                     # attributes, deltas
+            + _varint_size(longest_key) + max(longest_key, 0)
+            + _varint_size(longest_value) + max(longest_value, 0) + 1)  # no headers
+    return max(1, min(rows, (batch_bytes - BATCH_HEADER_SIZE) // (_varint_size(body) + body)))
+
+
 def _checked_bytes(items: list[Any], what: str) -> list[Any]:
     """``as_bytes`` of every item, naming the first that is not bytes-like, str or None."""
     out = []
@@ -486,6 +505,7 @@ class ShmProducer(Producer, ProducerCore):
         self._reports: deque[tuple[Any, Any]] = deque()
         self._queued = 0          # records not yet reported (len())
         self._queued_bytes = 0
+        self._reported = 0        # records of batches without callbacks answered since poll
         self._spare: bytearray | None = None
         self._last_send: dict[tuple[str, int], float] = {}  # when each partition's last batch went
         # The two locks (see "Never blocking" in the module docstring): ``_lock`` (the C lock
@@ -856,6 +876,7 @@ class ShmProducer(Producer, ProducerCore):
         if reports is None:
             self._queued -= count
             self._queued_bytes -= nbytes
+            self._reported += count
             return
         err = None if not code else KafkaError(code, result.error_message or None) \
             if result.error_message else KafkaError(code)
@@ -895,6 +916,15 @@ class ShmProducer(Producer, ProducerCore):
         import numpy as np
 
         _check_topic(topic)
+        try:
+            hint = len(values)
+        except TypeError:
+            hint = 0
+        if (self._queued + hint > self._max_messages
+                or self._queued_bytes + RECORD_MAX_OVERHEAD * hint > self._max_bytes):
+            # the queue is full whatever the values hold: refused before they are looked at
+            # (a caller retrying after each BufferError would have them checked every time)
+            raise BufferError("Local: Queue full")
         if type(values) is list and keys is None:
             total, longest_value = _fast.bytes_stats(values)
             if total >= 0:  # bytes and None only: encoded from the list itself
@@ -941,8 +971,8 @@ class ShmProducer(Producer, ProducerCore):
         now = time.time_ns() // 1_000_000
         # a batch holds at most batch.num.messages records and batch.size bytes (the broker
         # refuses one over message.max.bytes: MESSAGE_TOO_LARGE for every record of it)
-        step = max(1, min(self._batch_records, (self._batch_bytes - BATCH_HEADER_SIZE)
-                          // (longest - BATCH_HEADER_SIZE)))
+        step = batch_rows(self._batch_bytes, self._batch_records,
+                          int(kbufs[3].max()) if kbufs is not None else -1, int(vlen.max()))
         k_off, k_data, k_valid = kbufs[:3] if kbufs is not None else (None, None, None)
         encode = _fast.encode_arrow_batch_into
         with self._lock:
@@ -1004,8 +1034,8 @@ class ShmProducer(Producer, ProducerCore):
         else:
             part = self._sticky_partition(topic, n, nbytes)
         now = time.time_ns() // 1_000_000
-        step = max(1, min(self._batch_records, (self._batch_bytes - BATCH_HEADER_SIZE)
-                          // (longest - BATCH_HEADER_SIZE)))
+        step = batch_rows(self._batch_bytes, self._batch_records, -1,
+                          longest_value if total else -1)
         k = (topic, part)
         with self._lock:
             self._queued += count
@@ -1025,20 +1055,25 @@ class ShmProducer(Producer, ProducerCore):
     # -- reports ----------------------------------------------------------------------------
 
     def _serve(self) -> int:
+        """Run the waiting delivery reports; how many records were reported (with or without
+        a callback), those of batches without callbacks answered since the last call too."""
         served = 0
         while True:
             with self._lock:
                 if not self._reports:
+                    served += self._reported
+                    self._reported = 0
                     return served
                 cb, msg = self._reports.popleft()
                 self._queued -= 1
             if cb is not None:
                 cb(msg.error(), msg)
-                served += 1
+            served += 1
 
     def poll(self, timeout: float | None = None) -> int:
         """Serve delivery reports; waits up to ``timeout`` seconds for one (None or negative:
-        without a limit).  Returns how many callbacks ran."""
+        without a limit).  Returns how many records were reported, callback or not: as soon
+        as one is, as confluent-kafka's ``poll`` returns once it served a delivery event."""
         if self.closed:
             raise RuntimeError("Producer has been closed")
         t = -1.0 if timeout is None else float(timeout)

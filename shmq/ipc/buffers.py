@@ -19,6 +19,10 @@ the pool's own is free again: reuse never overwrites data a caller can still see
 sized in powers of two (at least 64 KiB) so that chunks of varying sizes fit the same arrays;
 at most ``max_bytes`` are kept (beyond that a request gets an ordinary pyarrow buffer).  One lock
 makes ``take`` safe from several threads.
+
+The columns that hold one value in every row (topic, partition, timestampType) are not filled
+per read at all: ``constants`` (``kafka_arrow.ConstantColumns``) lends the same read-only
+buffers to every batch.
 """
 
 from __future__ import annotations
@@ -44,6 +48,16 @@ class BufferPool:
         self._lock = threading.Lock()
         self.reused = 0                          # counters, for tests and diagnostics
         self.created = 0
+        self._constants: Any = None
+
+    @property
+    def constants(self) -> Any:
+        """The shared constant columns (``kafka_arrow.ConstantColumns``), made on first use."""
+        if self._constants is None:
+            from shmq.protocol.kafka_arrow import ConstantColumns
+
+            self._constants = ConstantColumns()
+        return self._constants
 
     @property
     def pooled_bytes(self) -> int:
@@ -82,3 +96,4 @@ class BufferPool:
         with self._lock:
             self._arrays = []
             self._bytes = 0
+            self._constants = None

@@ -1229,11 +1229,14 @@ class LocalBroker:
 
     def read_arrow(self, topic: str, partition: int, offset: int, max_records: int = 1 << 20,
                    *, timeout: float = 0.0, include_headers: bool = False,
-                   isolation: str = READ_UNCOMMITTED) -> tuple[Any, int]:
-        """``(pyarrow.RecordBatch in the spark_bridge schema, next offset)``."""
+                   isolation: str = READ_UNCOMMITTED, verify_crc: bool = True
+                   ) -> tuple[Any, int]:
+        """``(pyarrow.RecordBatch in the spark_bridge schema, next offset)``; ``verify_crc``
+        as ``ReadResult.to_arrow``'s."""
         got = self.read(topic, partition, offset, max_records, timeout=timeout,
                         isolation=isolation)
-        return got.to_arrow(topic, partition, include_headers=include_headers), got.next_offset
+        return got.to_arrow(topic, partition, include_headers=include_headers,
+                            verify_crc=verify_crc), got.next_offset
 
     def iter_arrow(self, topic: str, partition: int, offset: int, max_records: int = 1 << 16,
                    *, end: int | None = None, timeout: float = 0.0,

@@ -207,12 +207,18 @@ class ReadResult:
         out = _fast.decode_sections(bodies, meta, rec.Record)
         return [r for r in out if self.offset <= r.offset < self.next_offset]
 
-    def to_arrow(self, topic: str, partition: int, *, include_headers: bool = False) -> Any:
+    def to_arrow(self, topic: str, partition: int, *, include_headers: bool = False,
+                 verify_crc: bool = True) -> Any:
         """A ``pyarrow.RecordBatch`` in the spark_bridge schema (``SPARK_SCHEMA``), in buffers
-        of the reader's pool (``shmq.ipc.buffers``) when it has one."""
+        of the reader's pool (``shmq.ipc.buffers``) when it has one.  ``verify_crc=False``
+        skips the batches' CRC (librdkafka's ``check.crcs=false``: the broker checked it when
+        it appended the batch)."""
+        pool = self.pool
         return batches_to_spark_arrow(self.buffer, topic, partition, self.offset,
                                       self.next_offset, include_headers=include_headers,
-                                      alloc=self.pool.take if self.pool is not None else None)
+                                      alloc=pool.take if pool is not None else None,
+                                      constants=pool.constants if pool is not None else None,
+                                      verify_crc=verify_crc)
 
 
 def drop_aborted(buffer: memoryview, aborted: Any) -> memoryview:
@@ -243,19 +249,21 @@ def spark_schema(include_headers: bool = False) -> Any:
 
 def batches_to_spark_arrow(buf: Any, topic: str, partition: int, min_offset: int,
                            max_offset: int, *, include_headers: bool = False,
-                           alloc: Any = None) -> Any:
+                           alloc: Any = None, constants: Any = None,
+                           verify_crc: bool = True) -> Any:
     """Decode the batches in ``buf`` (records in ``[min_offset, max_offset)``, no control
     batches) into the spark_bridge schema: one scan of the headers (CRC checked), then the
     spark_bridge's own columnar pass (``kafka_arrow.sections_to_arrow``: keys, values and
     headers filled in Cython, no Python object per record)."""
     from shmq.protocol.kafka_arrow import sections_to_arrow
 
-    bodies, meta = rec._records_sections(buf, verify_crc=True,
+    bodies, meta = rec._records_sections(buf, verify_crc=verify_crc,
                                          max_decompressed=rec.codecs.DEFAULT_MAX_DECOMPRESSED_BYTES,
                                          min_offset=min_offset, max_offset=max_offset,
                                          skip_control=True)
     return sections_to_arrow(bodies, meta, topic, partition, min_offset=min_offset,
-                             max_offset=max_offset, include_headers=include_headers, alloc=alloc)
+                             max_offset=max_offset, include_headers=include_headers, alloc=alloc,
+                             constants=constants)
 
 
 class PartitionReader:

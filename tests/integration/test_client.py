@@ -168,6 +168,24 @@ def test_round_trip_and_delivery_reports(clients: Clients) -> None:
         assert m.headers() == (h if h else None)
 
 
+def test_poll_returns_once_reports_are_served(clients: Clients) -> None:
+    """poll(timeout) returns as soon as delivery reports were served, callbacks or not, as
+    confluent-kafka's does (shm used to wait out the whole timeout when no record had a
+    callback: a produce_batch retry loop slept in every poll)."""
+    topic = new_topic(clients, 1)
+    p = clients.producer()
+    p.produce(topic, b"w", partition=0)
+    assert p.flush(10) == 0
+    for _ in range(3):
+        p.produce(topic, b"x", partition=0)
+    t0 = time.monotonic()
+    served = 0
+    while len(p) and time.monotonic() - t0 < 10:
+        served += p.poll(5.0)
+    assert len(p) == 0 and served >= 1
+    assert time.monotonic() - t0 < 2.5
+
+
 def test_str_values_and_headers_forms(clients: Clients) -> None:
     topic = new_topic(clients, 1)
     p = clients.producer()
@@ -807,6 +825,43 @@ def test_produce_batch_and_consume_arrow(clients: Clients) -> None:
         assert rb.schema.names[:4] == ["key", "value", "topic", "partition"]
 
 
+def test_check_crcs(kafka: RunningBroker) -> None:
+    """check.crcs as librdkafka's: off by default (the broker checked every batch's CRC when it
+    appended it), so a value flipped on disk afterwards is handed out as stored; with
+    check.crcs=true poll and consume_arrow refuse the batch."""
+    from shmq.errors import CorruptRecordError
+
+    clients = Clients("shm", kafka.bootstrap)
+    try:
+        topic = new_topic(clients, 1)
+        p = clients.producer()
+        p.produce_batch(topic, [b"v%04d" % i for i in range(100)], partition=0)
+        assert p.flush(10) == 0
+        (seg,) = sorted(kafka.data_dir.glob(f"worker-*/{topic}-0/*.log"))
+        with open(seg, "r+b") as f:  # one byte of record 50's value, inside the CRC
+            data = f.read()
+            at = data.index(b"v0050") + 1
+            f.seek(at)
+            f.write(b"X")
+        for arrow in (False, True):
+            c = clients.consumer(**{"group.id": f"crc-{arrow}"})
+            c.assign([TopicPartition(topic, 0, 0)])
+            if arrow:
+                values = c.consume_arrow(1000, 10.0).column("value").to_pylist()
+            else:
+                values = [m.value() for m in drain(c, 100)]
+            assert len(values) == 100 and values[50] == b"vX050"
+            strict = clients.consumer(**{"group.id": f"crc-strict-{arrow}", "check.crcs": True})
+            strict.assign([TopicPartition(topic, 0, 0)])
+            with pytest.raises(CorruptRecordError):
+                if arrow:
+                    strict.consume_arrow(1000, 10.0)
+                else:
+                    strict.poll(10.0)
+    finally:
+        clients.close()
+
+
 # -- compression, delivery timeout, worker deaths (issue 15, second session) -------------------
 
 CODECS = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
@@ -1233,6 +1288,41 @@ def test_large_produce_batch_is_stored(kafka: RunningBroker, transport: str) -> 
         assert c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10) == (0, len(values))
         if transport == "shm":
             assert p._queued_bytes == 0
+    finally:
+        clients.close()
+
+
+def test_produce_batch_fills_batches_to_batch_size(kafka: RunningBroker) -> None:
+    """produce_batch cuts its batches as full as batch.size allows (a bound on each record's
+    encoded size, not librdkafka's 36-byte overhead estimate, which filled them to 80 %): every
+    stored batch is at most batch.size bytes and holds batch_rows() records, from a list and
+    from Arrow with keys and nulls; kafka-python's decoder reads them."""
+    import pyarrow as pa
+
+    from shmq.client.producer import batch_rows
+
+    clients = Clients("shm", kafka.bootstrap)
+    try:
+        size = 10_000
+        values: list[bytes | None] = [b"v" * (i % 101) for i in range(3000)]
+        values[7] = None
+        keys = pa.array([None if i % 5 == 0 else b"k%d" % i for i in range(3000)])
+        for form in ("list", "arrow"):
+            topic = new_topic(clients, partitions=1)
+            p = clients.producer(**{"batch.size": size, "acks": "1"})
+            if form == "list":
+                p.produce_batch(topic, values, partition=0)
+                rows = batch_rows(size, 10_000, -1, 100)
+            else:
+                p.produce_batch(topic, pa.array(values, pa.binary()), keys, partition=0)
+                rows = batch_rows(size, 10_000, 5, 100)
+            assert p.flush(30) == 0
+            batches = _stored_batches(kafka.data_dir, topic, 0)
+            assert max(len(b._buffer) for b in batches) <= size
+            records = [list(b) for b in batches]
+            assert [len(r) for r in records[:-1]] == [rows] * (len(batches) - 1)
+            assert [r.value for rs in records for r in rs] == values
+            assert rows > (size - 61) // (36 + 100 + (5 if form == "arrow" else 0))
     finally:
         clients.close()
 

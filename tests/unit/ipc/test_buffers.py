@@ -7,6 +7,7 @@ import gc
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from shmq.ipc.buffers import MIN_ARRAY, BufferPool
 from shmq.ipc.reader import batches_to_spark_arrow
@@ -82,3 +83,44 @@ def test_sizes_and_cap() -> None:
     assert pool.created == 2 and pool.reused == 1 and small.size == 100
     pool.clear()
     assert pool.pooled_bytes == 0 and small.to_pybytes() is not None
+
+
+def test_constant_columns_are_shared_and_equal_the_filled_ones() -> None:
+    """topic / partition / timestampType come from read-only buffers shared by every read of up
+    to as many rows (``pool.constants``): each batch equals the one decoded without sharing,
+    a batch kept across reads of more rows (the cache grows) and of other topics keeps its
+    values, and nobody can write into the shared memory."""
+    pool = BufferPool()
+    kept = []
+    for n, topic, part in ((10, "t", 0), (3000, "t", 0), (5, "other", 7), (2999, "t", 0),
+                           (0, "t", 0), (5000, "t", 1), (1, "", 0)):
+        log = memoryview(_log(max(n, 1), b"c"))
+        shared = batches_to_spark_arrow(log, topic, part, 0, n, alloc=pool.take,
+                                        constants=pool.constants)
+        plain = batches_to_spark_arrow(log, topic, part, 0, n)
+        assert shared.equals(plain), (n, topic, part)
+        kept.append((shared, plain))
+    for shared, plain in kept:  # every earlier batch is intact
+        assert shared.equals(plain)
+    a, b = kept[1][0], kept[3][0]  # 3000 and 2999 rows of "t": the same memory
+    assert a.column("topic").buffers()[2].address == b.column("topic").buffers()[2].address
+    assert a.column("partition").buffers()[1].address == \
+        b.column("partition").buffers()[1].address
+    view = a.column("partition").to_numpy(zero_copy_only=True)
+    with pytest.raises(ValueError):
+        view[0] = 1
+    arr = np.frombuffer(a.column("topic").buffers()[1], dtype=np.int32)
+    with pytest.raises(ValueError):
+        arr[1] = 0
+
+
+def test_constant_columns_keep_a_few_entries() -> None:
+    from shmq.protocol.kafka_arrow import ConstantColumns
+
+    cc = ConstantColumns(entries=2)
+    first = cc.int32(1, 10)
+    cc.int32(2, 10)
+    cc.int32(3, 10)  # 1 is dropped from the cache (its buffer lives on with its users)
+    assert np.frombuffer(first, dtype=np.int32).tolist() == [1] * 10
+    assert cc.int32(1, 10).address != first.address
+    assert cc.int32(3, 2000).size == 8000  # grows past its first capacity
