@@ -23,6 +23,8 @@ from shmq._fast import _ring_reference, _seqlock_reference
 from shmq.ipc import ring as rings
 
 IMPLS = [_ring_reference] + ([fast.ring] if fast.HAVE_FAST else [])
+SEQLOCK_IMPLS = [_seqlock_reference] + (
+    [__import__("shmq._fast.seqlock", fromlist=["x"])] if fast.HAVE_FAST else [])
 PROPS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 blob = st.binary(max_size=300)
@@ -245,9 +247,7 @@ def _slot_page() -> fast.MappedFile:
         os.close(fd)
 
 
-@pytest.mark.parametrize("impl", [_seqlock_reference] + (
-    [__import__("shmq._fast.seqlock", fromlist=["x"])] if fast.HAVE_FAST else []),
-    ids=lambda m: m.__name__)
+@pytest.mark.parametrize("impl", SEQLOCK_IMPLS, ids=lambda m: m.__name__)
 def test_wait_slot_sleeps_until_a_write_and_times_out(impl) -> None:
     """The futex wait on a state-table slot: woken by the writer's publish within milliseconds,
     else back after its timeout; the twin speaks the same protocol."""
@@ -277,9 +277,7 @@ def test_wait_slot_sleeps_until_a_write_and_times_out(impl) -> None:
     mapping.close()
 
 
-@pytest.mark.parametrize("impl", [_seqlock_reference] + (
-    [__import__("shmq._fast.seqlock", fromlist=["x"])] if fast.HAVE_FAST else []),
-    ids=lambda m: m.__name__)
+@pytest.mark.parametrize("impl", SEQLOCK_IMPLS, ids=lambda m: m.__name__)
 def test_wait_slot_spins_before_it_sleeps(impl) -> None:
     """With ``spin`` the waiter first watches seq without raising the waiters flag (no futex,
     no wake-up system call for the writer); the spin counts against the timeout."""
@@ -306,9 +304,7 @@ def test_wait_slot_spins_before_it_sleeps(impl) -> None:
     mapping.close()
 
 
-@pytest.mark.parametrize("impl", [_seqlock_reference] + (
-    [__import__("shmq._fast.seqlock", fromlist=["x"])] if fast.HAVE_FAST else []),
-    ids=lambda m: m.__name__)
+@pytest.mark.parametrize("impl", SEQLOCK_IMPLS, ids=lambda m: m.__name__)
 def test_wait_slot_spin_never_outlasts_the_timeout(impl) -> None:
     """A spin longer than the timeout is cut to it: a reader asking for 20 ms with the usual
     spin is back after 20 ms, not after the spin (it spun a whole ``spin`` before)."""
