@@ -49,6 +49,7 @@ from shmq.protocol.compression import decompress_scratch
 from shmq.storage import checkpoint, disk, layout, partition_metadata, txn_index
 from shmq.storage.log_config import LogConfig
 from shmq.storage.producer_state import ProducerStateManager, snapshot_path
+from shmq.storage.recovery_point import UNKNOWN as UNKNOWN_UNSTABLE
 from shmq.storage.recovery_point import RecoveryPointFile
 from shmq.storage.segment import LogSegment
 from shmq.storage.slices import FileSlice
@@ -993,7 +994,9 @@ class PartitionLog:
                 # everything left was durable: record it at once (and durably), before new
                 # appends land below the old recorded position
                 self.recovery_point = leo
-                self._recovery_file.write(self._recovery_record(), sync=True)
+                # the producer state is rebuilt below: its first unstable offset is unknown here
+                self._recovery_file.write(self._recovery_record()._replace(
+                    first_unstable=UNKNOWN_UNSTABLE), sync=True)
         self.producer_state.clear()
         self._rebuild_producer_state()
         kept = [(e, o) for e, o in self.epoch_entries if o < self.log_end_offset]
@@ -1056,10 +1059,12 @@ class PartitionLog:
 
     def _recovery_record(self) -> Any:
         """The recovery record of the LEO (under ``_lock``): the active segment's end and index
-        state, with the largest leader epoch of the batches below."""
+        state, with the largest leader epoch of the batches below and the first unstable
+        offset (an unclean start publishes the LSO of a log it leaves unopened from it)."""
         leo = self.log_end_offset
         epoch = next((e for e, o in reversed(self.epoch_entries) if o < leo), -1)
-        return self.segments[-1].recovery_record(epoch)
+        unstable = self.producer_state.first_unstable_offset()
+        return self.segments[-1].recovery_record(epoch, -1 if unstable is None else unstable)
 
     def _flush_if_due(self, now_ms: int) -> None:
         if (self.unflushed_messages >= self.config.flush_messages

@@ -42,6 +42,21 @@ are removed without being opened; checkpoints carry their offsets unchanged.  A 
 does not describe (an unclean shutdown, a summary that is missing, malformed, or names another
 topic id) is opened at start as before: recovery never waits for a first request.  The summary is
 shmq's own file (Kafka ignores files in a log directory); the logs keep Kafka's format.
+
+After an unclean shutdown
+-------------------------
+Kafka's rule is that recovery after an unclean shutdown validates only what follows each log's
+recovery point; everything before it is trusted (``LogLoader.recoverLog``).  A log whose recovery
+record (``recovery_point.py``) names the exact end of its last segment has nothing after its
+recovery point, so an unclean start does not open it either (``unclean_deferral``: a listing,
+a stat per segment, the record and ``partition.metadata``: no segment is opened or read, however
+large the log): its offsets come from the record, which carries the LSO (the first unstable
+offset at the recovery point), and it is opened at first use the way an unclean start opens it
+(index files adopted at the recorded entry counts, checked at first read).  Only logs whose
+recovery point is behind their end, or whose record is missing, of version 1 or does not match
+the files, are opened and recovered at start.  A clean shutdown before such a log was ever
+opened carries that in its summary entry (a 12th field, ``true``), so the next start still
+opens it as after a crash (its index files were never trimmed).
 """
 
 from __future__ import annotations
@@ -52,13 +67,14 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
 from shmq.errors import ConfigError
 from shmq.storage import checkpoint, layout, partition_metadata
+from shmq.storage import recovery_point as recovery_point_file
 from shmq.storage.log import PartitionLog
 from shmq.storage.log_config import LogConfig
 
@@ -75,14 +91,16 @@ class DeferredLog:
 
     __slots__ = ("directory", "config", "topic_id", "recovery_point", "log_start_offset",
                  "log_end_offset", "last_stable_offset", "size_in_bytes", "segment_count",
-                 "first_size", "first_largest_timestamp", "second_base", "generation")
+                 "first_size", "first_largest_timestamp", "second_base", "generation", "clean")
 
     storage_errno = None
 
     def __init__(self, directory: Path, config: LogConfig, entry: list, recovery_point: int,
-                 log_start_offset: int) -> None:
+                 log_start_offset: int, *, clean: bool = True) -> None:
+        """``clean``: False for a log an unclean shutdown left (opened as after a crash)."""
         (_, _, self.topic_id, leo, first_unstable, _, self.size_in_bytes, self.segment_count,
-         self.first_size, self.first_largest_timestamp, self.second_base) = entry
+         self.first_size, self.first_largest_timestamp, self.second_base) = entry[:11]
+        self.clean = clean
         self.directory = directory
         self.config = config
         self.recovery_point = recovery_point
@@ -113,10 +131,52 @@ class DeferredLog:
         return False
 
     def summary(self, tp: tuple[str, int]) -> list:
-        return [tp[0], tp[1], self.topic_id, self.log_end_offset,
-                self.last_stable_offset if self.last_stable_offset < self.log_end_offset
-                else -1, self.log_start_offset, self.size_in_bytes, self.segment_count,
-                self.first_size, self.first_largest_timestamp, self.second_base]
+        entry = [tp[0], tp[1], self.topic_id, self.log_end_offset,
+                 self.last_stable_offset if self.last_stable_offset < self.log_end_offset
+                 else -1, self.log_start_offset, self.size_in_bytes, self.segment_count,
+                 self.first_size, self.first_largest_timestamp, self.second_base]
+        return entry if self.clean else [*entry, True]  # still to open as after a crash
+
+
+def unclean_deferral(directory: Path, want: HostedLog, recovery_point: int,
+                     log_start_offset: int) -> DeferredLog | None:
+    """The log in ``directory`` after an unclean shutdown, described without opening it, when
+    nothing in it follows its recovery point (see "After an unclean shutdown"); None when it
+    must be opened and recovered now.  Reads the listing, one stat per segment, the recovery
+    record and ``partition.metadata``."""
+    bases: list[int] = []
+    snapshots = False
+    for name in os.listdir(directory):
+        if name.endswith(layout.LOG_SUFFIX):
+            try:
+                bases.append(layout.offset_from_filename(name))
+            except ValueError:
+                return None  # a stray file: the loader warns about it
+        elif name.endswith(layout.TEMP_SUFFIXES):
+            return None  # leftovers of an interrupted operation: the loader removes them
+        elif name.endswith(layout.SNAPSHOT_SUFFIX):
+            snapshots = True
+    if not bases or partition_metadata.read(directory) != uuid.UUID(want.topic_id):
+        return None
+    bases.sort()
+    sizes = [os.stat(os.path.join(directory, layout.filename_prefix(b) + layout.LOG_SUFFIX))
+             .st_size for b in bases]
+    record = recovery_point_file.read(directory)
+    largest = None
+    if record is not None and record.first_unstable != recovery_point_file.UNKNOWN \
+            and record.segment_base == bases[-1] and record.position == sizes[-1]:
+        leo, unstable = record.offset, record.first_unstable  # the end is the recovery point
+        durable = max(recovery_point, leo)
+        if len(bases) == 1 and record.max_timestamp >= 0:
+            largest = record.max_timestamp  # the only segment's: what retention checks
+    elif record is None and len(bases) == 1 and sizes[0] == 0 and not snapshots:
+        leo, unstable, durable = bases[0], -1, recovery_point  # never written: nothing to check
+    else:
+        return None
+    entry = [None, None, want.topic_id, leo, unstable, None, sum(sizes), len(bases), sizes[0],
+             largest, bases[1] if len(bases) > 1 else None]
+    return DeferredLog(Path(directory), want.config, entry, min(durable, leo),
+                       min(max(log_start_offset, bases[0]), leo), clean=False)
 
 
 def _summary_entry(tp: tuple[str, int], plog: PartitionLog) -> list:
@@ -140,7 +200,9 @@ def _read_summary(path: Path) -> dict[tuple[str, int], list]:
         out = {}
         for entry in data["logs"]:
             (topic, partition, topic_id, leo, unstable, start, size, count, first_size,
-             largest, second) = entry
+             largest, second, *after_crash) = entry
+            if after_crash and (len(after_crash) > 1 or after_crash[0] is not True):
+                return {}  # the 12th field, true: a log an unclean start did not open
             ints = (partition, leo, unstable, start, size, count, first_size)
             if (not isinstance(topic, str) or not all(type(v) is int for v in ints)
                     or not (topic_id is None or isinstance(topic_id, str))
@@ -213,6 +275,9 @@ class LogManager:
         self.lazy = False
         self.had_clean_shutdown = False
         self._started = False
+        # called with (topic, partition) and the log when a log an unclean start deferred opens
+        # (the worker publishes its offsets again)
+        self.on_open: Callable[[tuple[str, int], PartitionLog], None] | None = None
 
     # -- start and stop -------------------------------------------------------------------------
 
@@ -245,12 +310,21 @@ class LogManager:
             if (described is not None and want is not None and described[2] is not None
                     and uuid.UUID(described[2]) == uuid.UUID(want.topic_id)):
                 self.deferred[tp] = DeferredLog(Path(entry.path), want.config, described,
-                                                recovery.get(tp, 0), starts.get(tp, 0))
+                                                recovery.get(tp, 0), starts.get(tp, 0),
+                                                clean=len(described) == 11)
             else:
                 todo.append((tp, Path(entry.path), want))
 
         def open_one(tp: tuple[str, int], directory: Path,
-                     want: HostedLog | None) -> PartitionLog | str:
+                     want: HostedLog | None) -> PartitionLog | DeferredLog | str:
+            if self.lazy and not self.had_clean_shutdown and want is not None:
+                try:  # nothing after its recovery point (and its topic id): left to open later
+                    deferred = unclean_deferral(directory, want, recovery.get(tp, 0),
+                                                starts.get(tp, 0))
+                except OSError:
+                    deferred = None  # opening it reports what is wrong
+                if deferred is not None:
+                    return deferred
             if hosted is not None:
                 why = _stray(directory, want)
                 if why is not None:
@@ -274,6 +348,8 @@ class LogManager:
                 result = future.result()
                 if isinstance(result, str):
                     deleted.append(result)
+                elif isinstance(result, DeferredLog):
+                    self.deferred[tp] = result
                 else:
                     self.logs[tp] = result
         # the summary describes the state the last shutdown left, for this start only: an
@@ -352,8 +428,10 @@ class LogManager:
         if d is None:
             return None
         plog = PartitionLog.open(d.directory, d.config, recovery_point=d.recovery_point,
-                                 log_start_offset=d.log_start_offset, clean_shutdown=True)
+                                 log_start_offset=d.log_start_offset, clean_shutdown=d.clean)
         self.logs[tp] = plog
+        if self.on_open is not None and not d.clean:
+            self.on_open(tp, plog)  # recovery may have found what the record did not say
         return plog
 
     def get_or_create_log(self, topic: str, partition: int, config: LogConfig | None = None,

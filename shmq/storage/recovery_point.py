@@ -12,11 +12,11 @@ validates only what was appended after the last fsync, whatever the size of the 
 
 The file
 --------
-``<topic>-<partition>/shmq-recovery-point``: two 72-byte slots (at bytes 0 and 72), written
+``<topic>-<partition>/shmq-recovery-point``: two 80-byte slots (at bytes 0 and 80), written
 alternately, each big-endian::
 
-    0   magic                   4s    b"SRP1"
-    4   crc                     u32   CRC-32C of bytes 8..72 of the slot
+    0   magic                   4s    b"SRP2"
+    4   crc                     u32   CRC-32C of bytes 8..80 of the slot
     8   sequence                u64   grows with every write: the newer valid slot wins, so a
                                       write torn by a crash leaves the other slot readable
     16  recovery offset         i64   every offset below it is fsynced (and was valid)
@@ -28,6 +28,12 @@ alternately, each big-endian::
     52  leader epoch            i32   largest leader epoch of the batches below (-1: none)
     56  max timestamp           i64   the segment's running max timestamp below the position
     64  offset of max timestamp i64   the last offset of the batch that set it
+    72  first unstable offset   i64   first offset of the earliest open transaction at the
+                                      recovery offset (-1: none): the last stable offset of a
+                                      log whose record names its end, without its producer state
+
+Version 1 (``SRP1``, 72-byte slots at 0 and 72, without the first unstable offset) is still
+read, its first unstable offset unknown (-2); the next write replaces it with version 2.
 
 The file is written through a shared mapping without ``fsync`` (a few stores per flush, ~2 us):
 a process crash keeps the page cache, and after a power cut the file on disk is some earlier
@@ -38,6 +44,10 @@ that durable at once, before new bytes can land below the old position.
 Recovery trusts the record only after checking it against the files (the segment exists and is
 long enough, a batch starting at the recorded offset sits at the position, the index files hold
 the counted entries); otherwise it falls back to Kafka's rule.
+
+After an unclean shutdown a log whose record names the exact end of its last segment has
+nothing to recover: ``LogManager`` leaves it unopened until its first use, publishing its offsets
+from the record (``unclean_deferral``).
 """
 
 from __future__ import annotations
@@ -50,10 +60,13 @@ from typing import NamedTuple
 from shmq import _fast
 
 FILE_NAME = "shmq-recovery-point"
-MAGIC = b"SRP1"
-_SLOT = struct.Struct(">4sIQqqqiiiiqq")
-SLOT_SIZE = _SLOT.size  # 72
+MAGIC = b"SRP2"
+_SLOT = struct.Struct(">4sIQqqqiiiiqqq")
+SLOT_SIZE = _SLOT.size  # 80
 FILE_SIZE = 2 * SLOT_SIZE
+_V1_MAGIC = b"SRP1"
+_V1_SLOT = struct.Struct(">4sIQqqqiiiiqq")  # 72 bytes: version 1, without the last field
+UNKNOWN = -2  # first_unstable of a version 1 record
 
 
 class RecoveryRecord(NamedTuple):
@@ -66,6 +79,7 @@ class RecoveryRecord(NamedTuple):
     leader_epoch: int           # largest epoch of the batches below the position (-1: none)
     max_timestamp: int          # the segment's running max timestamp below the position
     offset_of_max_timestamp: int
+    first_unstable: int = UNKNOWN  # first offset of the earliest open transaction (-1: none)
 
 
 def _encode(record: RecoveryRecord, sequence: int) -> bytes:
@@ -74,18 +88,29 @@ def _encode(record: RecoveryRecord, sequence: int) -> bytes:
     return body[:4] + struct.pack(">I", crc) + body[8:]
 
 
-def _decode(raw: bytes) -> tuple[int, RecoveryRecord] | None:
-    if len(raw) < SLOT_SIZE:
+def _decode(raw: bytes, layout: struct.Struct = _SLOT,
+            magic: bytes = MAGIC) -> tuple[int, RecoveryRecord] | None:
+    if len(raw) < layout.size:
         return None
-    magic, crc, sequence, *fields = _SLOT.unpack_from(raw)
-    if magic != MAGIC or crc != _fast.crc32c(raw[8:SLOT_SIZE]):
+    found, crc, sequence, *fields = layout.unpack_from(raw)
+    if found != magic or crc != _fast.crc32c(raw[8:layout.size]):
         return None
     record = RecoveryRecord(*fields)
     if (record.offset < record.segment_base or record.position < 0
             or record.offset_index_entries < 0 or record.time_index_entries < 0
-            or record.bytes_since_index_entry < 0):
+            or record.bytes_since_index_entry < 0
+            or not (record.first_unstable in (-1, UNKNOWN)
+                    or 0 <= record.first_unstable < record.offset)):
         return None
     return sequence, record
+
+
+def _slots(data: bytes) -> list[tuple[int, RecoveryRecord]]:
+    """The valid slots of a file's bytes, of either version."""
+    found = [_decode(data[i * SLOT_SIZE : (i + 1) * SLOT_SIZE]) for i in (0, 1)]
+    size = _V1_SLOT.size
+    found += [_decode(data[i * size : (i + 1) * size], _V1_SLOT, _V1_MAGIC) for i in (0, 1)]
+    return [s for s in found if s]
 
 
 def read(directory: Path) -> RecoveryRecord | None:
@@ -95,8 +120,8 @@ def read(directory: Path) -> RecoveryRecord | None:
             data = f.read(FILE_SIZE)
     except FileNotFoundError:
         return None
-    slots = [s for s in (_decode(data[i * SLOT_SIZE : (i + 1) * SLOT_SIZE]) for i in (0, 1)) if s]
-    return max(slots)[1] if slots else None
+    slots = _slots(data)
+    return max(slots, key=lambda s: s[0])[1] if slots else None
 
 
 def remove(directory: Path) -> None:
@@ -128,8 +153,8 @@ class RecoveryPointFile:
         finally:
             os.close(fd)
         with memoryview(mapping) as view:
-            old = [_decode(bytes(view[i * SLOT_SIZE : (i + 1) * SLOT_SIZE])) for i in (0, 1)]
-        self._sequence = max((s[0] for s in old if s), default=0)
+            old = _slots(bytes(view))
+        self._sequence = max((s[0] for s in old), default=0)
         self._map = mapping
         return mapping
 

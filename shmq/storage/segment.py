@@ -785,14 +785,16 @@ class LogSegment:
         batches = np.concatenate(rows) if rows else np.empty((0, cols), dtype=np.int64)
         return RecoveryResult(truncated, expected, batches, reason)
 
-    def recovery_record(self, leader_epoch: int) -> RecoveryRecord:
+    def recovery_record(self, leader_epoch: int, first_unstable: int) -> RecoveryRecord:
         """Where recovery may start if everything below this segment's end is durable (taken
-        under the log's lock, written once the fsync is done: ``PartitionLog.flush``)."""
+        under the log's lock, written once the fsync is done: ``PartitionLog.flush``);
+        ``first_unstable``: the log's first unstable offset there (-1: none)."""
         offset_entries, time_entries = self._entries()
         return RecoveryRecord(self.next_offset, self.base_offset, self.size,
                               offset_entries, time_entries,
                               self.bytes_since_last_index_entry, leader_epoch,
-                              self.max_timestamp_so_far, self.offset_of_max_timestamp)
+                              self.max_timestamp_so_far, self.offset_of_max_timestamp,
+                              first_unstable)
 
     def _first_bad_row(self, table: np.ndarray, expected: int, epoch: int) -> int:
         """Index of the first batch breaking offset continuity or epoch order (len if none)."""

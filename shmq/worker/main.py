@@ -370,6 +370,11 @@ async def run(args: argparse.Namespace) -> int:
 
             ctx.state_table = StateTable.attach(settings["state_table"], readonly=False)
             ctx.state_reader = ctx.state_table
+        def opened(tp: tuple[str, int], plog: Any) -> None:
+            if tp[0] in ctx.metadata.topics:
+                ctx.publish_state(tp[0], tp[1], plog)
+
+        manager.on_open = opened  # a log the unclean start left unopened: its state once open
         metrics_table = None
         if settings.get("metrics_table"):
             metrics_table, ctx.metrics = attach_metrics(settings["metrics_table"], args.node_id)

@@ -15,6 +15,7 @@ from shmq.storage.log_manager import SUMMARY_FILE
 
 TOPIC_ID = "6f1c2e9a-3b7d-4c5e-8f90-123456789abc"
 NEW_TOPIC_ID = "0b8d5f3c-1a2e-4d6f-9b7c-abcdef012345"
+ID = TOPIC_ID.encode()
 T0 = 1_700_000_000_000
 DAY = 86_400_000
 
@@ -135,7 +136,8 @@ def test_a_clean_start_opens_no_log_and_first_use_opens_it(tmp_path) -> None:
         mgr.shutdown()
 
 
-def test_an_unclean_start_opens_and_recovers_every_log(tmp_path) -> None:
+def test_an_unclean_start_opens_and_recovers_the_logs_with_bytes_after_their_recovery_point(
+        tmp_path) -> None:
     log_dir = tmp_path / "logs"
     fill(log_dir)
     os.unlink(log_dir / ".kafka_cleanshutdown")  # a crash after the summary was written
@@ -144,7 +146,10 @@ def test_an_unclean_start_opens_and_recovers_every_log(tmp_path) -> None:
     mgr = LogManager(log_dir)
     report = mgr.startup(hosted=hosted())
     try:
-        assert not report.clean and report.deferred == 0 and report.opened == 3
+        # the summary is not used; t-0 and t-1 end at their recovery records (written by their
+        # clean close): nothing to recover, left to open at first use (test_unclean_deferral.py)
+        assert not report.clean and report.deferred == 2 and report.opened == 1
+        assert sorted(mgr.deferred) == [("t", 0), ("t", 1)]
         assert report.truncated_bytes == 30
         assert mgr.get_log("t", 2).log_end_offset == 4
     finally:
@@ -158,6 +163,8 @@ def test_an_unclean_start_opens_and_recovers_every_log(tmp_path) -> None:
     b'{"version": 1, "logs": [["t", "0", null, 4, -1, 0, 10, 1, 10, null, null]]}',
     b'{"version": 1, "logs": [["t", 0, null, -4, -1, 0, 10, 1, 10, null, null]]}',
     b'{"version": 1, "logs": [["t", 0, null, 4, -1, 9, 10, 1, 10, null, null]]}',
+    b'{"version": 1, "logs": [["t", 0, "%s", 4, -1, 0, 10, 1, 10, null, null, 1]]}' % ID,
+    b'{"version": 1, "logs": [["t", 0, "%s", 4, -1, 0, 10, 1, 10, null, null, true, 0]]}' % ID,
     b"\xff\xfe garbage",
 ])
 def test_a_malformed_summary_opens_every_log(tmp_path, summary: bytes) -> None:

@@ -48,7 +48,9 @@ def test_two_slots_a_torn_write_leaves_the_older_record(tmp_path) -> None:
     assert recovery_point.read(tmp_path) == second
     raw = bytearray((tmp_path / recovery_point.FILE_NAME).read_bytes())
     assert len(raw) == 2 * recovery_point.SLOT_SIZE
-    newer = 0 if struct.unpack_from(">Q", raw, 8)[0] > struct.unpack_from(">Q", raw, 80)[0] else 1
+    second = recovery_point.SLOT_SIZE + 8
+    newer = 0 if struct.unpack_from(">Q", raw, 8)[0] > struct.unpack_from(">Q", raw, second)[0] \
+        else 1
     torn = bytearray(raw)
     torn[newer * recovery_point.SLOT_SIZE + 20] ^= 0xFF  # half-written: its CRC fails
     (tmp_path / recovery_point.FILE_NAME).write_bytes(bytes(torn))
@@ -56,10 +58,10 @@ def test_two_slots_a_torn_write_leaves_the_older_record(tmp_path) -> None:
     torn[(1 - newer) * recovery_point.SLOT_SIZE + 30] ^= 0xFF
     (tmp_path / recovery_point.FILE_NAME).write_bytes(bytes(torn))
     assert recovery_point.read(tmp_path) is None
-    # CRC-32C of bytes 8..72 of a slot (the crc32c package as the oracle)
+    # CRC-32C of bytes 8..80 of a slot (the crc32c package as the oracle)
     slot = raw[: recovery_point.SLOT_SIZE]
     assert struct.unpack_from(">I", slot, 4)[0] == crc32c.crc32c(bytes(slot[8:]))
-    assert slot[:4] == b"SRP1"
+    assert slot[:4] == b"SRP2" and recovery_point.SLOT_SIZE == 80
 
 
 def test_a_flush_records_its_byte_position_and_appends_do_not(tmp_path) -> None:
