@@ -28,12 +28,14 @@ Parts (``--only``):
   ``--repeat`` passes with the spread (min-max).
 * ``start``: a topic of ``--start-partitions`` partitions (one record in each), the broker
   stopped cleanly and started again: seconds from exec to its ready line, to every partition
-  having a leader in Metadata, and to the first acknowledgement of a record produced to the
-  last partition; RSS and USS of the whole tree once ready.  Anchor: the same broker with no
-  topic.  Target (issue 17): <= 3 s and <= 2 GiB.
+  having a leader in Metadata, and to the first acknowledgement (acks=all) of a record produced
+  to the last partition; RSS and USS of the whole tree once ready.  Anchor: the same broker
+  with no topic.  Target (issue 17): <= 3 s and <= 2 GiB.
   Then the mapped files and open descriptors under the data dir, summed over the broker's
   processes (``/proc/<pid>/maps`` and ``/proc/<pid>/fd``: what a start holds open), and the
-  start after SIGKILL of every process (a recovery of every log from its recovery point).
+  start after SIGKILL of every process (recovery from each log's recovery point).  Both
+  restarts ``--repeat`` times (clean restart, SIGKILL, restart, clean stop): medians with the
+  spread, and the load average at each round's start.
   Creating the topic is timed apart (CreateTopics plus CreatePartitions until every partition
   has a leader, then until the workers are idle).
 * ``recovery``: one partition of ``--recovery-segments`` segments (default 100,000, one
@@ -72,6 +74,7 @@ line per sample as it runs, a table per part, a JSON file of every sample and a 
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import shutil
@@ -384,8 +387,7 @@ class Scale:
         a = self.args
         parts = a.start_partitions
         data = self.fresh("start")
-        table = []
-        out: dict[str, Any] = {"partitions": parts}
+        out: dict[str, Any] = {"partitions": parts, "repeat": a.repeat}
         b, empty_s = start(self.work, data, a.workers)
         empty_mem = memory(b)
         empty_files = file_usage(b, data)
@@ -403,49 +405,66 @@ class Scale:
                         str(lines), *KCAT_X]], [None], self.env_kcat, a.phase_timeout)
         finally:
             out["stop_s"] = stop_clean(b, a.phase_timeout * 5)
+        runs: dict[str, list[dict[str, float]]] = {"clean": [], "killed": []}
+        load: list[float] = []
+
+        def measured(b: Broker, ready_s: float) -> dict[str, float]:
+            files = file_usage(b, data)
+            leaders_s = leaders_ready(b.bootstrap, "many", parts, a.phase_timeout)
+            mem = memory(b)
+            ack_s = first_ack(b.bootstrap, "many", parts - 1, a.phase_timeout)
+            return {"start_s": ready_s, "leaders_s": leaders_s, "first_ack_s": ack_s,
+                    "rss": mem["rss"], "uss": mem["uss"], **files}
+
         try:
-            b, ready_s = start(self.work, data, a.workers)
-            try:
-                files = file_usage(b, data)
-                leaders_s = leaders_ready(b.bootstrap, "many", parts, a.phase_timeout)
-                mem = memory(b)
-                ack_s = first_ack(b.bootstrap, "many", parts - 1, a.phase_timeout)
-            finally:
-                kill_all(b)  # then a start that recovers every log
-            b, killed_s = start(self.work, data, a.workers)
-            try:
-                killed_files = file_usage(b, data)
-                killed_leaders_s = leaders_ready(b.bootstrap, "many", parts, a.phase_timeout)
-                killed_mem = memory(b)
-                killed_ack_s = first_ack(b.bootstrap, "many", parts - 1, a.phase_timeout)
-            finally:
-                b.stop()
+            for _ in range(a.repeat):  # a clean restart, then SIGKILL and a restart after it
+                load.append(os.getloadavg()[0])
+                b, ready_s = start(self.work, data, a.workers)
+                try:
+                    runs["clean"].append(measured(b, ready_s))
+                finally:
+                    kill_all(b)  # then a start that finds every log as the kill left it
+                b, ready_s = start(self.work, data, a.workers)
+                try:
+                    runs["killed"].append(measured(b, ready_s))
+                finally:
+                    stop_clean(b, a.phase_timeout * 5)  # the next round starts clean
         finally:
             shutil.rmtree(data, ignore_errors=True)
+
+        def med(kind: str, key: str) -> float:
+            return statistics.median(r[key] for r in runs[kind])
+
+        for kind, prefix in (("clean", ""), ("killed", "killed_")):
+            for key in ("start_s", "leaders_s", "first_ack_s", "rss", "uss", "maps", "fds"):
+                out[prefix + key] = med(kind, key)
+            out[prefix + "runs"] = runs[kind]
         out |= {"empty_start_s": empty_s, "empty_rss": empty_mem["rss"],
-                "empty_uss": empty_mem["uss"], "start_s": ready_s, "leaders_s": leaders_s,
-                "first_ack_s": ack_s, "rss": mem["rss"], "uss": mem["uss"],
-                "maps": files["maps"], "fds": files["fds"], "killed_start_s": killed_s,
-                "killed_leaders_s": killed_leaders_s, "killed_first_ack_s": killed_ack_s,
-                "killed_rss": killed_mem["rss"], "killed_maps": killed_files["maps"],
-                "killed_fds": killed_files["fds"]}
+                "empty_uss": empty_mem["uss"], "load": load}
         self.results["start"] = out
-        table.append(["no topic (anchor)", f"{empty_s:.2f}", "-", "-",
-                      f"{empty_mem['rss'] / 2**20:,.0f}", f"{empty_mem['uss'] / 2**20:,.0f}",
-                      f"{empty_files['maps']} / {empty_files['fds']}"])
-        table.append([f"{parts:,} partitions, clean restart", f"{ready_s:.2f}",
-                      f"{leaders_s:.2f}", f"{ack_s:.2f}", f"{mem['rss'] / 2**20:,.0f}",
-                      f"{mem['uss'] / 2**20:,.0f}", f"{files['maps']} / {files['fds']}"])
-        table.append([f"{parts:,} partitions, after SIGKILL", f"{killed_s:.2f}",
-                      f"{killed_leaders_s:.2f}", f"{killed_ack_s:.2f}",
-                      f"{killed_mem['rss'] / 2**20:,.0f}", f"{killed_mem['uss'] / 2**20:,.0f}",
-                      f"{killed_files['maps']} / {killed_files['fds']}"])
+
+        def cell(kind: str, key: str) -> str:
+            values = [r[key] for r in runs[kind]]
+            return f"{statistics.median(values):.2f} ({spread(values)})"
+
+        table = [["no topic (anchor)", f"{empty_s:.2f}", "-", "-", "-",
+                  f"{empty_mem['rss'] / 2**20:,.0f}", f"{empty_mem['uss'] / 2**20:,.0f}",
+                  f"{empty_files['maps']} / {empty_files['fds']}"]]
+        for kind, label in (("clean", "clean restart"), ("killed", "after SIGKILL")):
+            total = [r["start_s"] + r["leaders_s"] + r["first_ack_s"] for r in runs[kind]]
+            table.append([f"{parts:,} partitions, {label}", cell(kind, "start_s"),
+                          cell(kind, "leaders_s"), cell(kind, "first_ack_s"),
+                          f"{statistics.median(total):.2f} ({spread(total)})",
+                          f"{med(kind, 'rss') / 2**20:,.0f}", f"{med(kind, 'uss') / 2**20:,.0f}",
+                          f"{med(kind, 'maps'):.0f} / {med(kind, 'fds'):.0f}"])
         created = _table(["create the topic, stop the broker", "s"], [
             [f"{parts:,} partitions: every leader in Metadata", f"{out['create_s']:.2f}"],
             ["  and the workers idle again", f"{out['create_idle_s']:.2f}"],
             ["clean stop (a record in most partitions)", f"{out['stop_s']:.2f}"]])
-        return _table(["broker holding", "exec -> ready s", "+ leaders s", "+ first ack s",
-                       "RSS MiB", "USS MiB", "maps / fds"], table) + "\n" + created
+        return (_table(["broker holding", "exec -> ready s", "+ leaders s", "+ first ack s",
+                        "ready to ack s", "RSS MiB", "USS MiB", "maps / fds"], table)
+                + f"\nmedians of {a.repeat} restarts each (spread min-max); load average "
+                  f"{min(load):.1f}-{max(load):.1f} at their starts\n" + created)
 
     # - many segments: start and recovery -
 
@@ -780,8 +799,13 @@ def plot(results: dict[str, Any], path: Path, title: str) -> None:
     if "start" in results:
         ax = next(axs)
         s = results["start"]
-        ax.bar(["ready", "+leaders", "+first ack"], [s["start_s"], s["leaders_s"],
-                                                     s["first_ack_s"]])
+        labels = ["clean restart", "after SIGKILL"]
+        bottom = [0.0, 0.0]
+        for key, name in (("start_s", "exec -> ready"), ("leaders_s", "+ leaders"),
+                          ("first_ack_s", "+ first ack")):
+            heights = [s[key], s["killed_" + key]]
+            ax.bar(labels, heights, bottom=bottom, label=name)
+            bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
         ax.axhline(3, color="red", linestyle="--", linewidth=1, label="target 3 s")
         ax.set_ylabel("seconds")
         ax.set_title(f"start with {s['partitions']:,} partitions "
@@ -895,6 +919,10 @@ def main(argv: list[str] | None = None) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     c.print_environment("bench_scale")
     work = Path(tempfile.mkdtemp(prefix="shmq-scale-", dir=a.dir))
+    # shmq's modules byte-compiled first, as an installed package's are (pip compiles them at
+    # install): an editable install run with PYTHONDONTWRITEBYTECODE=1 (this box's shells)
+    # compiled every module at every start, ~0.4 s of CPU in each row's start
+    compileall.compile_dir(HERE.parent / "shmq", quiet=1)
     tables = []
     scale = Scale(a, work)
     t_start = time.monotonic()

@@ -113,13 +113,16 @@ def _slots(data: bytes) -> list[tuple[int, RecoveryRecord]]:
     return [s for s in found if s]
 
 
-def read(directory: Path) -> RecoveryRecord | None:
+def read(directory: Path | str) -> RecoveryRecord | None:
     """The newest valid record of the partition in ``directory``, or None."""
     try:
-        with open(directory / FILE_NAME, "rb") as f:
-            data = f.read(FILE_SIZE)
+        fd = os.open(os.path.join(directory, FILE_NAME), os.O_RDONLY)
     except FileNotFoundError:
         return None
+    try:
+        data = os.pread(fd, FILE_SIZE, 0)
+    finally:
+        os.close(fd)
     slots = _slots(data)
     return max(slots, key=lambda s: s[0])[1] if slots else None
 

@@ -403,11 +403,10 @@ class Controller:
     async def _send_metadata(self) -> None:
         assert self.store is not None
         meta = self.store.metadata
-        text = meta.to_json()
         self.ctx.metadata = meta
         for w in self.workers.values():
             if w.channel is not None and w.sent_generation < meta.generation:
-                w.channel.send({"type": "metadata", "metadata": text})
+                w.channel.send({"type": "metadata", "metadata": self.store.text()})
                 w.sent_generation = meta.generation
         live = [w for w in self.workers.values() if w.channel is not None and w.ready.is_set()
                 and w.acked_generation < meta.generation]
@@ -516,7 +515,7 @@ class Controller:
         child.close()
         w.channel = await ControlChannel.from_socket(parent)
         meta = self.store.metadata
-        w.channel.send({"type": "metadata", "metadata": meta.to_json()})
+        w.channel.send({"type": "metadata", "metadata": self.store.text()})
         w.sent_generation = meta.generation
         asyncio.ensure_future(self._listen(w, w.channel, w.proc))
 
