@@ -56,7 +56,8 @@ offset at the recovery point), and it is opened at first use the way an unclean 
 recovery point is behind their end, or whose record is missing, of version 1 or does not match
 the files, are opened and recovered at start.  A clean shutdown before such a log was ever
 opened carries that in its summary entry (a 12th field, ``true``), so the next start still
-opens it as after a crash (its index files were never trimmed).
+opens it as after a crash: its index files were never trimmed, and a clean start's index check
+would find them running past the log and rebuild them (reading the segment).
 """
 
 from __future__ import annotations

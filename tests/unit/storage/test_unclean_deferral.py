@@ -11,6 +11,7 @@ exact end is trusted whole and left unopened until its first use.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import struct
 
@@ -58,7 +59,7 @@ def written(log_dir, partitions: int, records: int = 5) -> LogManager:
     return mgr
 
 
-def test_only_logs_with_bytes_after_their_recovery_point_are_opened(tmp_path) -> None:
+def test_only_logs_with_bytes_after_their_recovery_point_are_opened(tmp_path, caplog) -> None:
     log_dir = tmp_path / "logs"
     mgr = written(log_dir, 4)
     mgr.get_or_create_log("t", 4, CFG, topic_id=TOPIC_ID)  # never written
@@ -107,7 +108,12 @@ def test_only_logs_with_bytes_after_their_recovery_point_are_opened(tmp_path) ->
     try:
         assert report.clean and report.deferred == 5 and mgr.logs == {}
         assert not mgr.deferred[("t", 3)].clean and mgr.deferred[("t", 0)].clean
-        plog = mgr.get_log("t", 3)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="shmq"):
+            plog = mgr.get_log("t", 3)
+            assert plog.fetch_offset_by_timestamp(T0 + 2).offset == 2
+        # adopted at the recorded entries, not found past the log and rebuilt
+        assert [r.message for r in caplog.records] == []
         assert plog.active_segment.offset_index.entries == 4
         assert plog.fetch_offset_by_timestamp(T0 + 2).offset == 2
         assert plog.append(kbatch([b"t3-new"], [T0 + 20])).first_offset == 5
