@@ -23,8 +23,11 @@ from shmq.storage import disk
 VERSION = 0
 
 
-def write_atomically(path: Path, text: str, *, sync: bool = True) -> None:
-    """Replace ``path`` with ``text`` (tmp + rename); ``sync`` makes it durable first."""
+def write_atomically(path: Path, text: str, *, sync: bool = True,
+                     sync_directory: bool = True) -> None:
+    """Replace ``path`` with ``text`` (tmp + rename); ``sync`` makes it durable first.
+    ``sync_directory=False``: the caller fsyncs ``path``'s directory next (the rename's
+    durability), covering this rename and its own new names with one fsync."""
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
@@ -40,7 +43,7 @@ def write_atomically(path: Path, text: str, *, sync: bool = True) -> None:
         raise
     os.close(fd)
     os.rename(tmp, path)
-    if sync:
+    if sync and sync_directory:
         fsync_directory(path.parent)
 
 
@@ -60,8 +63,9 @@ def fsync_directory(directory: Path) -> None:
         os.close(dir_fd)
 
 
-def _write(path: Path, lines: list[str], sync: bool = True) -> None:
-    write_atomically(path, "\n".join([str(VERSION), str(len(lines)), *lines]) + "\n", sync=sync)
+def _write(path: Path, lines: list[str], sync: bool = True, sync_directory: bool = True) -> None:
+    write_atomically(path, "\n".join([str(VERSION), str(len(lines)), *lines]) + "\n", sync=sync,
+                     sync_directory=sync_directory)
 
 
 def _read(path: Path, fields: int) -> list[list[str]] | None:
@@ -100,8 +104,8 @@ def read_offsets(path: Path) -> dict[tuple[str, int], int]:
 
 
 def write_leader_epochs(path: Path, epochs: Iterable[tuple[int, int]], *,
-                        sync: bool = True) -> None:
-    _write(path, [f"{e} {o}" for e, o in epochs], sync)
+                        sync: bool = True, sync_directory: bool = True) -> None:
+    _write(path, [f"{e} {o}" for e, o in epochs], sync, sync_directory)
 
 
 def read_leader_epochs(path: Path) -> list[tuple[int, int]] | None:
