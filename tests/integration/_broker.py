@@ -84,9 +84,11 @@ def start_broker(
     timeout: float = 60,
     env: dict[str, str] | None = None,
     prefix: tuple[str, ...] = (),
+    log_path: Path | None = None,
 ) -> RunningBroker:
-    """``prefix``: a command the broker runs under (``prlimit --nofile=...``, say)."""
-    log_path = data_dir.parent / f"{data_dir.name}-broker.log"
+    """``prefix``: a command the broker runs under (``prlimit --nofile=...``, say); ``log_path``:
+    its stderr (default: beside the data dir, which a test of a full disk must not share)."""
+    log_path = log_path or data_dir.parent / f"{data_dir.name}-broker.log"
     log = open(log_path, "ab")
     proc = subprocess.Popen(
         [

@@ -392,6 +392,19 @@ def _kafka_finds_no_corruption(data: Path, topic: str,
         assert " passed sanity check." in sanity.stdout
 
 
+def _fill_to_the_last_byte(ballast: Path) -> None:
+    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        for chunk in (1 << 20, 4096, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * chunk)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+    finally:
+        os.close(fd)
+
+
 def test_stopped_while_the_disk_is_full_exits_cleanly_and_recovers(
         tmp_path: Path, small_fs: Path) -> None:
     """SIGTERM while the disk is still full: the producer snapshots and checkpoints cannot be
@@ -402,24 +415,21 @@ def test_stopped_while_the_disk_is_full_exits_cleanly_and_recovers(
 
     data = small_fs / "data"
     ballast = small_fs / "ballast"
-    b = start_broker(data, workers=1)
+    # the broker's log off the full disk: an empty log file there cannot take the error line
+    b = start_broker(data, workers=1, log_path=tmp_path / "broker.log")
     try:
         _create(b, "stop", 1)
         acked = _produce(b.bootstrap, "stop", [b"before-%d" % i for i in range(50)], 1)
-        fd = os.open(ballast, os.O_WRONLY | os.O_CREAT, 0o600)  # fill the disk to the last byte
-        for chunk in (1 << 20, 4096, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * chunk)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC, exc
-        os.close(fd)
+        _fill_to_the_last_byte(ballast)
         errors: list[int] = []
         p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all", "retries": 0})
         p.produce("stop", b"x" * 100_000, partition=0,
                   on_delivery=lambda err, msg: errors.append(err.code() if err else 0))
         p.flush(30)
         assert errors == [KafkaError.KAFKA_STORAGE_ERROR], errors
+        # the failed append gave back the blocks it had taken: the disk must still be full at
+        # the SIGTERM, or the shutdown writes its small files into them and is clean
+        _fill_to_the_last_byte(ballast)
     finally:
         code = b.stop()
     text = b.log_path.read_text()
