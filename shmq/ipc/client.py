@@ -618,12 +618,13 @@ class LocalBroker:
         unanswered; when the next attempt is due (None: no session waits for one).  A session
         that gave up has answered its batches with errors (``SessionLostError`` is not raised
         here)."""
-        if self._may_block:
-            self._may_block = False
-            try:
-                return self.revive()
-            finally:
-                self._may_block = True
+        may_block, self._may_block = self._may_block, False
+        try:
+            return self._revive_sessions()
+        finally:
+            self._may_block = may_block
+
+    def _revive_sessions(self) -> float | None:
         due = None
         for session in list(self.sessions.values()):
             if session.alive or session.view is None:
