@@ -55,8 +55,18 @@ def kafka_schema(include_headers: bool = False) -> pa.Schema:
 
 
 def empty_batch(include_headers: bool = False) -> pa.RecordBatch:
+    # pa.nulls, not pa.array: pa.array (and Array.to_numpy) import pandas on first use, 0.3 s
+    # and ~8,000 page faults in a reader's first call (see _int_column)
     schema = kafka_schema(include_headers)
-    return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema], schema=schema)
+    return pa.RecordBatch.from_arrays([pa.nulls(0, f.type) for f in schema], schema=schema)
+
+
+def _int_column(values: np.ndarray, kind: Any) -> pa.Array:
+    """``values`` (a contiguous numpy array of ``kind``'s width) as an Arrow array, without
+    ``pa.array``: that looks for pandas objects and so imports pandas once per process (~0.3 s
+    here), which the decode paths must not pay in a reader's first call."""
+    values = np.ascontiguousarray(values)
+    return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(values)])
 
 
 class ConstantColumns:
@@ -193,8 +203,9 @@ def _timestamp_types(meta: np.ndarray, n: int, offsets: pa.Array,
         return pa.Array.from_buffers(pa.int32(), n, [None, filled])
     # mixed batches (a topic whose message.timestamp.type changed): each row's batch by offset
     bases = meta[1::4]
-    which = np.searchsorted(bases, offsets.to_numpy(zero_copy_only=True), side="right") - 1
-    return pa.array(lat[which].astype(np.int32), pa.int32())
+    rows = np.frombuffer(offsets.buffers()[1], np.int64, len(offsets), 8 * offsets.offset)
+    which = np.searchsorted(bases, rows, side="right") - 1
+    return _int_column(lat[which].astype(np.int32), pa.int32())
 
 
 def _headers(bodies: list[Any], meta: np.ndarray, n: int, lo: int, hi: int) -> pa.Array:

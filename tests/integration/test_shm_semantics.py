@@ -418,3 +418,56 @@ def test_not_leader_is_retried_at_the_leader(shm_broker: RunningBroker) -> None:
         assert moved.error_code == 0 and stale["left"] == 0
         got = _read_all(local, "sem-ring", 0)
         assert [r[3] for r in got][-2:] == [b"first", b"moved"]
+
+
+_NO_PANDAS_SCRIPT = r"""
+import sys
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource,
+                                   NewTopic)
+import shmq
+from shmq.ipc.client import attach
+
+data_dir, bootstrap, topic = sys.argv[1:]
+admin = AdminClient({"bootstrap.servers": bootstrap})
+admin.create_topics([NewTopic(topic, 2, 1, config={"message.timestamp.type": "LogAppendTime"})]
+                    )[topic].result(30)
+b = attach(data_dir)
+b.send_batch(topic, 1, [b"v%d" % i for i in range(50)], acks=1).result(10)
+# a read across both timestamp types takes the mixed path of the timestampType column
+res = ConfigResource("topic", topic, incremental_configs=[ConfigEntry(
+    "message.timestamp.type", "CreateTime", incremental_operation=AlterConfigOpType.SET)])
+for f in admin.incremental_alter_configs([res]).values():
+    f.result(30)
+b.send_batch(topic, 1, [b"w%d" % i for i in range(50)], acks=1).result(10)
+hw = b.reader(topic, 1).state().high_watermark
+batch, _ = b.read_arrow(topic, 1, 0, 1000)
+assert batch.num_rows == hw == 100, (batch.num_rows, hw)
+kinds = batch.column("timestampType").to_pylist()
+assert kinds == [1] * 50 + [0] * 50, kinds
+empty, _ = b.read_arrow(topic, 1, hw, 10)
+assert empty.num_rows == 0
+b.close()
+c = shmq.Consumer({"bootstrap.servers": bootstrap, "group.id": "no-pandas"})
+c.assign([TopicPartition(topic, 1, 0)])
+rb = c.consume_arrow(1000, 10.0)
+assert rb is not None and rb.num_rows == hw, rb
+assert rb.column("timestampType").to_pylist() == kinds
+c.close()
+print("pandas" in sys.modules)
+"""
+
+
+def test_arrow_reads_do_not_import_pandas(shm_broker: RunningBroker) -> None:
+    """A reader's first Arrow read must not pay for importing pandas: ``pa.array`` and
+    ``Array.to_numpy`` import it (0.3 s and ~8,000 page faults here), which was the once-a-run
+    300-400 ms stall of bench_shm's 10,000/s latency row (the bench's own ``to_numpy``).  The read
+    spans a change of ``message.timestamp.type``, whose timestampType column used both."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _NO_PANDAS_SCRIPT, str(shm_broker.data_dir), shm_broker.bootstrap,
+         "no-pandas"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-1] == "False", out.stdout
