@@ -443,12 +443,14 @@ def lat_tcp_consumer(bootstrap: str, topic: str, expect: int, ready, go, out) ->
     lat = []
     deadline = time.monotonic() + 300
     while len(lat) < expect and time.monotonic() < deadline:
-        for m in c.consume(1000, 0.5):
-            now = time.monotonic_ns()
-            if not m.error() and len(m.value()) == SIZE:
-                sent = int.from_bytes(m.value()[:8], "little")
-                if sent:
-                    lat.append(now - sent)
+        # poll, not consume(n, t): librdkafka's consume_batch waits until it has n messages or
+        # the timeout passed, which at 10,000/s made this row 50 ms of waiting for 1,000
+        m = c.poll(0.5)
+        now = time.monotonic_ns()
+        if m is not None and not m.error() and len(m.value()) == SIZE:
+            sent = int.from_bytes(m.value()[:8], "little")
+            if sent:
+                lat.append(now - sent)
     out.put(("reader", 0, 0, len(lat), lat))
     c.close()
 
