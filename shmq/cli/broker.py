@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         if args.workers is not None:
             config = config.__class__(**{**config.__dict__, "workers": args.workers})
         if args.http_listener is not None:
-            from shmq.monitor.http import parse_listener
+            from shmq.monitor.listener import parse_listener
 
             try:
                 parse_listener(args.http_listener)

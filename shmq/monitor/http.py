@@ -65,17 +65,6 @@ SECURITY_HEADERS = [
 ]
 
 
-def parse_listener(text: str) -> tuple[str, int] | None:
-    """``host:port`` (``[::1]:port`` too) or ``none``; raises ValueError otherwise."""
-    if text.strip().lower() == "none":
-        return None
-    host, sep, port = text.rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"--http-listener must be host:port or none, got {text!r}")
-    return host, int(port)
-
-
 class MonitorServer:
     """The HTTP listener's thread.  ``start`` binds (raising OSError on failure) and serves."""
 

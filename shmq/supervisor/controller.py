@@ -741,12 +741,14 @@ class Controller:
         """The HTTP listener (``--http-listener``), a thread of its own (``monitor.http``).
         The default port falls back to a free one when taken; a port given explicitly that
         cannot be bound stops the broker."""
-        from shmq.monitor.collector import Collector, controller_view
-        from shmq.monitor.http import MonitorServer, parse_listener
+        from shmq.monitor.listener import parse_listener
 
         where = parse_listener(self.config.http_listener)
         if where is None:
             return
+        from shmq.monitor.collector import Collector, controller_view
+        from shmq.monitor.http import MonitorServer
+
         collector = Collector(self.metrics_table, self.state_table)
         loop = asyncio.get_running_loop()
         default = self.config.http_listener == BrokerConfig.http_listener

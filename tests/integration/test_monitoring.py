@@ -380,11 +380,16 @@ def test_top_once_over_the_kafka_protocol(mbroker: RunningBroker) -> None:
 def test_no_http_listener_and_no_metrics(tmp_path: Path) -> None:
     """`--http-listener none` serves nothing; `--no-metrics` keeps the listener with offsets
     and groups but counts nothing."""
-    b = start_broker(tmp_path / "a", "--http-listener", "none")
+    # -X importtime's lines go to the broker's stderr: the listener's module is never loaded
+    b = start_broker(tmp_path / "a", "--http-listener", "none",
+                     env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"})
     try:
         assert b.run_info["http"] is None
     finally:
         assert b.stop() == 0
+    imported = b.log_path.read_text()
+    assert "| shmq.supervisor.controller" in imported  # the flag took effect
+    assert "shmq.monitor.http" not in imported
     b = start_broker(tmp_path / "b", "--http-listener", "127.0.0.1:0", "--no-metrics")
     try:
         addr = http_address(b)
