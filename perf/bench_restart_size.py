@@ -320,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", default=None, help="parent of the data dirs (needs the space)")
     args = ap.parse_args(argv)
     args.sizes = [c.size_arg(s) for s in args.sizes.split(",")]
+    c.byte_compile_shmq()
     env = dict(os.environ)
     env.pop("SHMQ_LOG_LEVEL", None)  # the workers' ready lines are logged at the default level
     os.environ.clear()

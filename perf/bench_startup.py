@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import byte_compile_shmq  # noqa: E402
 from bench_broker import find_tansu, free_port, process_tree  # noqa: E402
 
 TIMEOUT = 60.0
@@ -220,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tansu", default=None)
     ap.add_argument("--dir", default=None, help="parent of the temporary data dirs")
     args = ap.parse_args(argv)
+    byte_compile_shmq()
     try:
         tansu = find_tansu(args.tansu)
     except SystemExit:
