@@ -30,7 +30,15 @@ partitions' offsets were known and waited (64 partitions on two workers, kcat -C
 ApiVersions, OffsetForLeaderEpoch) waits while the next queued request is another one, or while
 bytes of more requests wait unread in the socket (``MSG_PEEK``; the event loop then turns to read
 them), up to ``_MAX_HELD`` answers; then the run leaves in one write (Redis writes its replies
-the same way, once per loop turn).  A lone request is answered at once, as before, and a slow
+the same way, once per loop turn).  The run is the whole burst: with runs of 64 answers, a
+kcat or confluent-kafka consumer starting on 1,000 partitions (500 ListOffsets to each of two
+workers, all written at once) built its first Fetch from the first 64 partitions answered; when
+none of them held data (a sticky-partitioned topic fills ~15 of 1,000) that Fetch was parked
+for fetch.wait.max.ms, and so were the ListOffsets the client wrote after it (Kafka's rule too:
+its ``SocketServer`` mutes a connection until the answer in flight is sent).  Answered in one
+write, the burst reaches librdkafka's broker thread in one read, and its first Fetch names
+most partitions (traced with ``debug=protocol,fetch``: 64/500 and 3/500 partitions before,
+see perf/README "Consume at 1,000 partitions").  A lone request is answered at once, as before, and a slow
 request (a Produce waiting for an fsync, a long-polling Fetch) never holds an earlier answer
 back: the run is sent before it is handled.
 
@@ -70,7 +78,9 @@ _MSG_MORE = getattr(socket, "MSG_MORE", 0)
 # API keys whose requests are answered without waiting on anything (see "Answers to pipelined
 # quick requests" above): ListOffsets, ApiVersions, OffsetForLeaderEpoch.
 _QUICK_APIS = frozenset({2, 18, 23})
-_MAX_HELD = 64  # answers sent in one write at most
+# Answers sent in one write at most: a consumer start at 1,000 partitions on two workers sends
+# 500 ListOffsets to each at once (see "Answers to pipelined quick requests"); ~60 B an answer.
+_MAX_HELD = 1024
 # Answers a client has not read yet, buffered in the process, above which its connection handles
 # no more requests until they drain (then its unread requests stop its reading: TCP pushes back).
 # Kafka's broker goes further and mutes a connection until each answer is sent.

@@ -131,3 +131,23 @@ def test_answers_before_a_malformed_request_are_sent_before_the_close(
         sock.sendall(list_offsets(2, 401))
         assert struct.unpack_from(">i", read_answers(sock, 1)[0])[0] == 401
 
+
+
+def test_a_consumer_start_of_500_partitions_is_answered_in_one_write(
+        one_worker: tuple[RunningBroker, int]) -> None:
+    """librdkafka starting a consumer on 1,000 partitions over two workers writes 500
+    ListOffsets to each at once, and builds its first Fetch from the partitions answered by then:
+    in runs of 64 answers that Fetch named 64 (often empty, so parked for fetch.wait.max.ms)."""
+    broker, port = one_worker
+    count = 500
+    before = settled(broker)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(b"".join(list_offsets(i % PARTITIONS, 1000 + i) for i in range(count)))
+        answers = read_answers(sock, count)
+    assert [struct.unpack_from(">i", body)[0] for body in answers] == \
+        list(range(1000, 1000 + count))
+    after = settled(broker)
+    responses, writes = after[0] - before[0], after[1] - before[1]
+    assert responses == count
+    # one write when all arrived in one read; reads split by the kernel may add a few
+    assert writes <= 3, f"{count} pipelined ListOffsets answered in {writes} writes"
