@@ -728,7 +728,8 @@ def plot(cells: list[Cell], names: list[str], path: Path, title: str) -> None:
             ax.scatter([j + (i - (len(names) - 1) / 2) * 0.2 for j in range(len(labels))], ys,
                        marker=marker,
                        color=colors.get(n), label=f"{n} {q.replace('p999', 'p99.9')}")
-    ax.set_yscale("log")
+    if latency:  # (--cells may leave none: nothing to put on a log scale)
+        ax.set_yscale("log")
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels, rotation=30, fontsize=8)
     ax.set_ylabel("ms (log)")
