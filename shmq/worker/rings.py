@@ -73,9 +73,10 @@ DEFAULT_COMPLETION_BYTES = 1 << 20
 MAX_REGION_BYTES = 256 << 20
 DRAIN_BATCH = 256
 IDLE_SPIN_S = 0.0002
-# The idle spin runs only while entries come closer together than this (the gap between the
-# last two drains that took entries): a longer wait costs more CPU spun than the eventfd
-# wake-up it saves.  At 10,000 entries/s (a gap of 100 us) the 200 us spin never ended, and
+# The idle spin runs only while entries come closer together than this (the idle time between
+# the last two drains that took entries, a drain's own work not counted: a client sending 100 KB
+# batches back to back leaves gaps of microseconds, though each drain takes ~100 us): a longer
+# wait costs more CPU spun than the eventfd wake-up it saves.  At 10,000 entries/s (a gap of 100 us) the 200 us spin never ended, and
 # its loop turns (sched_yield + an epoll_wait a turn) were most of the worker's CPU: 57-60 us
 # a record against 43 without a spin (bench_shm --trace, shared box).
 SPIN_GAP_S = 0.00005
@@ -111,7 +112,7 @@ class RingSession:
         self.scheduled = False
         self.closed = False
         self.last_entry = 0.0
-        self.gap = 0.0  # between the last two drains that took entries
+        self.gap = 0.0  # idle time between the last two drains that took entries
         self.stats = server.stats
         self.trace: list[tuple[int, int, int, int]] | None = [] if TRACE_DIR else None
         # the last drain's acks=all answers, which the next drain's wait for: answers go out in
@@ -215,6 +216,7 @@ class RingSession:
         self.scheduled = False
         if self.closed or self.submit is None:
             return
+        began = time.monotonic()
         try:
             taken, more = self.drain()
         except rings.RingCorruptError as exc:
@@ -222,8 +224,8 @@ class RingSession:
             self.close()
             return
         now = time.monotonic()
-        if taken:
-            self.gap, self.last_entry = now - self.last_entry, now
+        if taken:  # the gap: idle time from the end of the last drain that took entries
+            self.gap, self.last_entry = began - self.last_entry, now
         if more:
             self._schedule()
         elif now - self.last_entry < IDLE_SPIN_S and self.gap < SPIN_GAP_S:
