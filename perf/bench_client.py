@@ -2,7 +2,7 @@
 
     python perf/bench_client.py [--records 1000000] [--batch-records 2000000] [--repeat 3]
                                 [--latency-seconds 3] [--dir /tmp] [--only produce,batch,poll,
-                                arrow,latency]
+                                arrow,latency] [--trace]
 
 Every row moves 100 B records (no key) through a real ``shmq broker`` (one worker, a fresh data
 dir under ``--dir``); each client runs in its own process (spawn; start-up and connections are
@@ -28,7 +28,10 @@ settings everywhere, except the rows that name another setting beside the defaul
   for the group-commit fsync of ``flush.on.ack``), then the row with ``acks=1`` named beside
   it: the consumer sees a record at its append either way (the high watermark moves at the
   append, as a one-replica Kafka partition's), but acks=all holds each batch in flight until
-  its fsync, and an idempotent producer has at most 5 batches in flight.
+  its fsync, and an idempotent producer has at most 5 batches in flight.  The producer sleeps
+  between records (timer slack 1 ns), never spins.  ``--trace`` adds the CPU per record of the
+  producer and the consumer (``getrusage`` over their loops) and of the partition worker
+  (``psutil`` over the row): on a shared box these, not the p99, say what the path costs.
 
 Targets (issue 15): produce + flush >= 2 M records/s and >= 2x confluent-kafka; poll >= 2 M/s;
 produce_batch >= 10 M/s; consume_arrow >= 20 M/s; latency p99 <= 200 us at 10 k/s.
@@ -168,11 +171,12 @@ def poll_role(bootstrap: str, topic: str, n: int, kind: str, ready, go, out) -> 
 
 
 def _pace(due: float) -> None:
+    """Sleep until ``due`` (timer slack 1 ns: ``bench_shm._fine_sleep``), never spin: a pacing
+    loop that spun its last 80 us held a CPU the worker and the consumer wanted on a 2-core box,
+    and its CPU counted in the producer's."""
     left = due - time.monotonic()
-    if left > 0.00012:
-        time.sleep(left - 0.00008)
-    while time.monotonic() < due:
-        pass
+    if left > 0:
+        time.sleep(left)
 
 
 def lat_producer(bootstrap: str, topic: str, rate: int, seconds: float, extra: dict[str, Any],
@@ -184,15 +188,19 @@ def lat_producer(bootstrap: str, topic: str, rate: int, seconds: float, extra: d
     p.flush(30)
     ready.set()
     go.wait()
+    from bench_shm import _cpu, _fine_sleep
+
+    _fine_sleep()
     n = int(rate * seconds)
     pad = b"x" * (SIZE - 8)
+    cpu = _cpu()
     t0 = time.monotonic()
     for i in range(n):
         _pace(t0 + i / rate)
         p.produce(topic, struct.pack("=d", time.monotonic()) + pad, partition=0)
         p.poll(0)
     p.flush(30)
-    out.put(("producer", t0, time.monotonic(), n, 0))
+    out.put(("producer", t0, time.monotonic(), n, (_cpu() - cpu, n)))
     p.close()
 
 
@@ -206,7 +214,11 @@ def lat_consumer(bootstrap: str, topic: str, expect: int, ready, go, out) -> Non
     c.assign([TopicPartition(topic, 0, 1)])
     c.poll(0.01)
     ready.set()
+    from bench_shm import _cpu
+
     lat: list[float] = []
+    go.wait()
+    cpu = _cpu()
     deadline = time.monotonic() + 120
     while len(lat) < expect and time.monotonic() < deadline:
         m = c.poll(0.1)
@@ -214,7 +226,7 @@ def lat_consumer(bootstrap: str, topic: str, expect: int, ready, go, out) -> Non
             sent = struct.unpack_from("=d", m.value())[0]
             if sent:  # not the warm-up record
                 lat.append(time.monotonic() - sent)
-    out.put(("consumer", 0, 0, lat, 0))
+    out.put(("consumer", 0, 0, lat, (_cpu() - cpu, len(lat))))
     c.close()
 
 
@@ -228,12 +240,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--phase-timeout", type=float, default=300.0)
     ap.add_argument("--only", default="produce,batch,poll,arrow,latency")
     ap.add_argument("--dir", default=tempfile.gettempdir())
+    ap.add_argument("--trace", action="store_true",
+                    help="latency rows: the CPU per record of the producer, the worker and the "
+                         "consumer")
     args = ap.parse_args(argv)
     only = set(args.only.split(","))
 
     from _common import print_environment
     from bench_broker import cpu_delta, start_shmq
-    from bench_shm import Harness
+    from bench_shm import Harness, _cpu_rows, _worker_cpu
 
     print_environment("shmq Python client vs confluent-kafka")
     print(f"  records     {args.records:,} x {SIZE} B per-record rows, {args.batch_records:,} "
@@ -245,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu: dict[str, list[float]] = {}
     broker_cpu: dict[str, list[float]] = {}
     lat_rows: dict[str, list[list[float]]] = {}
+    cpu_lines: list[str] = []
     try:
         from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -312,10 +328,15 @@ def main(argv: list[str] | None = None) -> int:
                 for label, extra in LATENCY_ROWS:
                     t = topic()
                     expect = int(10_000 * args.latency_seconds)
+                    w0 = _worker_cpu(str(work / "data"))
                     res = h.run_pair(lat_producer, (broker.bootstrap, t, 10_000,
                                                     args.latency_seconds, extra),
                                      lat_consumer, (broker.bootstrap, t, expect),
                                      args.phase_timeout)
+                    worker = cpu_delta(w0, _worker_cpu(str(work / "data")))
+                    if args.trace:
+                        cpu_lines.extend(_cpu_rows(f"latency 10k/s, {label}", res["producer"][4],
+                                                   worker, res["consumer"][4], "consumer"))
                     lat = sorted(res["consumer"][3])
                     if lat:
                         q = [lat[len(lat) // 2], lat[int(len(lat) * 0.99)], lat[-1]]
@@ -356,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
         target = "p99 <= 200 us" if label == LATENCY_ROWS[0][0] else ""
         print(f"| latency 10k/s, {label}: p50 / p99 / max (us) | {p50:.0f} / {p99:.0f} / {mx:.0f} "
               f"| | | | | {target} |")
+    for line in cpu_lines:
+        print(line)
     return 0
 
 

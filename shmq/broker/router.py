@@ -13,6 +13,7 @@ body and UNSUPPORTED_VERSION so the client can retry with a version we have (KIP
 
 from __future__ import annotations
 
+import asyncio
 import struct
 from typing import Any
 
@@ -44,8 +45,11 @@ class Router:
         # connection's metrics; read and reset by it as soon as ``handle`` returns
         self.remote_ns = 0
 
-    async def handle(self, frame: memoryview) -> list[Any] | None:
-        """Response pieces (bytes and file slices) for one request, or None (acks=0)."""
+    async def handle(self, frame: memoryview) -> list[Any] | asyncio.Future | None:
+        """Response pieces (bytes and file slices) for one request, or None (acks=0); for a
+        Produce whose answer waits for an fsync, once its batches are appended, a future of
+        ``(response bytes or None, nanoseconds waited, perf_counter_ns when done)``
+        (``produce.append``)."""
         if len(frame) < 8:
             raise RemoteProtocolError("request shorter than its header")
         api_key, api_version, correlation_id = _HEAD.unpack_from(frame, 0)
@@ -57,9 +61,10 @@ class Router:
             return pieces
         if api_key == api_versions.PRODUCE and api_versions.is_supported(api_key, api_version):
             header_size = request_header_size(frame, api_version >= 9)
-            out = await produce_handler.handle(self.ctx, frame, header_size, api_version,
+            out = await produce_handler.append(self.ctx, frame, header_size, api_version,
                                                correlation_id)
-            self.remote_ns, self.ctx.remote_ns = self.ctx.remote_ns, 0
+            if isinstance(out, asyncio.Future):
+                return out  # answered once its fsync is done (the connection pipelines)
             return None if out is None else [out]
         if (api_key == api_versions.LIST_OFFSETS
                 and _LIST_OFFSETS_MIN <= api_version <= _LIST_OFFSETS_MAX):

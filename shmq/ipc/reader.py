@@ -64,6 +64,11 @@ STUCK_SLOT_S = 1.0
 # 200 us, not 50: at 10,000 records/s (bench_shm's latency row, shared box, load 5-6) p50 / p99
 # were 1.35 / 7.5 ms with 200 us against 1.5-2.1 / 91-443 ms with 50 us, in alternating runs.
 WAIT_SPIN_S = 0.0002
+# ... but only while the waits are short: after a wait that lasted longer than this the next
+# one sleeps at once.  At 10,000 records/s every wait lasts most of the 100 us gap, and a
+# spin through it cost more CPU than the futex wake-up it saved (bench_shm --trace, shared
+# box: the reader 28-31 us a record with the spin, 24.5 without).
+SPIN_GAP_S = 0.00005
 
 
 def read_state(table: StateTable, slot: int, patience: float = STUCK_SLOT_S) -> PartitionState | None:
@@ -286,6 +291,7 @@ class PartitionReader:
         self._last_batch = (0, 0)
         self._out = np.empty(_COLS * _SCAN_ROWS, dtype=np.int64)
         self._txn: dict[int, tuple[int, list[Any]]] = {}  # segment base -> (file size, entries)
+        self._last_wait = 0.0  # how long the last wait that waited lasted (see SPIN_GAP_S)
         self.closed = False
 
     def aborted(self, offset: int, bound: int) -> list[tuple[int, int, int]]:
@@ -352,18 +358,26 @@ class PartitionReader:
     def wait(self, offset: int, timeout: float, isolation: str = READ_UNCOMMITTED,
              spin: float = WAIT_SPIN_S) -> PartitionState:
         """The state once the bound passes ``offset`` or ``timeout`` seconds passed (each wait
-        looks at the slot for ``spin`` seconds before it sleeps on the futex)."""
-        deadline = time.monotonic() + timeout
+        looks at the slot for ``spin`` seconds before it sleeps on the futex, unless the last
+        wait lasted longer than ``SPIN_GAP_S``: then it sleeps at once)."""
+        now = time.monotonic()
+        deadline = now + timeout
         buf = self.table._buffer()
         at = HEADER_SIZE + SLOT_SIZE * self.slot
+        began = 0.0
         while True:
             seq = self.table.seq(self.slot)
             st = self.state()
             bound = st.last_stable if isolation == READ_COMMITTED else st.high_watermark
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            left = deadline - now
             if bound > offset or left <= 0 or offset < st.log_start:
+                if began:
+                    self._last_wait = now - began
                 return st
-            _fast.wait_slot(buf, at, seq, left, spin)
+            if not began:
+                began = now
+            _fast.wait_slot(buf, at, seq, left, spin if self._last_wait < SPIN_GAP_S else 0.0)
 
     # -- reads ------------------------------------------------------------------------------
 

@@ -42,6 +42,17 @@ see perf/README "Consume at 1,000 partitions").  A lone request is answered at o
 request (a Produce waiting for an fsync, a long-polling Fetch) never holds an earlier answer
 back: the run is sent before it is handled.
 
+Pipelined produces.  A Produce whose answer waits for an fsync (acks=all with ``flush.on.ack``)
+is appended at once and its answer queued (``produce.append`` returns a future); the next
+request, when it is a Produce too, is appended while that fsync runs, and the group commit that
+follows covers it.  Handled strictly one at a time, each request was appended only after the
+previous one's fsync: a librdkafka producer (up to 1,000,000 requests in flight, 5 with
+idempotence) at 10,000 msg/s queued its requests behind fsyncs, and a consumer saw records
+p99 115 ms after they were produced.  Appends stay in request order, answers leave in request
+order, at most ``_MAX_PIPELINED`` wait at a time, and any other request waits until the answers
+before it have left: a client sees what Kafka answers (Kafka's own acks=all answers wait for its
+followers, not for an fsync, so its next append never waited on a disk).
+
 Metrics (``metrics``, a ``MetricsWriter`` or None): each read stamps its frames with one clock
 read (``perf_counter_ns``, vDSO: no system call); a request's count and its times (queue: read to
 handled, local and remote: the handler, remote being what the handler reported waiting in
@@ -81,10 +92,17 @@ _QUICK_APIS = frozenset({2, 18, 23})
 # Answers sent in one write at most: a consumer start at 1,000 partitions on two workers sends
 # 500 ListOffsets to each at once (see "Answers to pipelined quick requests"); ~60 B an answer.
 _MAX_HELD = 1024
+# Produce requests of one connection appended while earlier ones wait for their fsync (see
+# "Pipelined produces" above); the next one waits for the oldest answer
+_MAX_PIPELINED = 32
 # Answers a client has not read yet, buffered in the process, above which its connection handles
 # no more requests until they drain (then its unread requests stop its reading: TCP pushes back).
 # Kafka's broker goes further and mutes a connection until each answer is sent.
 WRITE_BUFFER_HIGH = 1 << 20
+
+
+def _produce(frame: memoryview) -> bool:
+    return len(frame) >= 2 and frame[0] == 0 and frame[1] == 0
 
 
 def _quick(frame: memoryview) -> bool:
@@ -183,6 +201,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.closed = False
         self.closed_counted = False
         self.on_close: Any = None  # the listener's count of live connections
+        # pipelined Produce answers, oldest first: (future, api, version, arrived, started)
+        self.inflight: deque[tuple[asyncio.Future, int, int, int, int]] = deque()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -275,8 +295,20 @@ class KafkaConnection(asyncio.BufferedProtocol):
         held_count = 0
         metrics = self.metrics
         timed: list[tuple[int, int, int, int, int, int]] = []  # requests of ``held``, for metrics
+        inflight = self.inflight
         try:
             while not self.closed or self.queue:
+                if inflight:  # answers of pipelined Produce requests first, in order
+                    if self.queue:
+                        keep = _MAX_PIPELINED - 1 if _produce(self.queue[0]) else 0
+                    else:
+                        keep = len(inflight)  # the ones done
+                    await self._send_pipelined(keep)
+                    if not self.queue and inflight:
+                        self.wakeup.clear()  # set by the next frame or the oldest answer
+                        if not inflight[0][0].done():
+                            await self.wakeup.wait()
+                        continue
                 if not self.queue:
                     if held and held_count < _MAX_HELD and self._input_waiting():
                         # requests already in the socket join this write: the loop reads them
@@ -313,7 +345,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
                     log.debug("offending frame: %s", bytes(frame[:256]).hex())
                     if metrics is not None:
                         metrics.add(PROTOCOL_ERRORS)
-                    if held:  # the requests before the bad one are answered, as they would be
+                    # the requests before the bad one are answered, as they would be
+                    await self._send_pipelined(0)
+                    if held:
                         await self._send(held)
                     self._abort()
                     return
@@ -324,6 +358,19 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 # drop the frame now: its receive buffer is refilled once no frame view is left
                 del frame
                 if self.closed or self.transport is None:
+                    continue
+                if isinstance(pieces, asyncio.Future) or inflight:
+                    # appended, answered once its fsync is done: the next Produce is appended
+                    # meanwhile (``produce.append``); answers still leave in request order
+                    if held:
+                        await self._send(held)
+                        held, held_count = [], 0
+                        if timed:
+                            self._record(timed)
+                    self._pipeline(pieces, api if metrics is not None else -1,
+                                   version if metrics is not None else -1,
+                                   arrived if metrics is not None else 0,
+                                   started if metrics is not None else 0)
                     continue
                 if metrics is not None:
                     # the handler's wait, read before anything else can run on the loop
@@ -349,6 +396,43 @@ class KafkaConnection(asyncio.BufferedProtocol):
         except Exception:  # a bug in a handler: this connection dies, the broker stays up
             log.exception("internal error while serving a request")
             self._abort()
+
+    def _pipeline(self, answer: Any, api: int, version: int, arrived: int,
+                  started: int) -> None:
+        """Queue a Produce's answer behind the pipelined ones: a future of ``(response,
+        nanoseconds waited, when done)``, or an answer already made (pieces or None) that must
+        wait for those before it."""
+        if not isinstance(answer, asyncio.Future):
+            self.router.remote_ns = 0
+            done = asyncio.get_running_loop().create_future()
+            done.set_result((answer, 0, perf_counter_ns()))
+            answer = done
+        else:
+            answer.add_done_callback(self._answered)
+        self.inflight.append((answer, api, version, arrived, started))
+
+    def _answered(self, answer: asyncio.Future) -> None:
+        self.wakeup.set()
+        if self.closed and not answer.cancelled() and answer.exception() is not None:
+            log.error("a pipelined Produce failed after its connection closed",
+                      exc_info=answer.exception())
+
+    async def _send_pipelined(self, keep: int) -> None:
+        """Send the pipelined answers at the front, in order, until at most ``keep`` are left
+        (waiting for them), then the ones after them that are done."""
+        inflight = self.inflight
+        while inflight and (len(inflight) > keep or inflight[0][0].done()):
+            answer, api, version, arrived, started = inflight[0]
+            out, remote, handled = await answer
+            inflight.popleft()
+            if self.closed or self.transport is None:
+                continue  # dropped, as any answer of a closed connection
+            if out is not None:
+                self.stats["responses"] += 1
+                await self._send(out if isinstance(out, list) else [out])
+            if self.metrics is not None and api >= 0:
+                self.metrics.request(api, version, arrived, started, handled,
+                                     perf_counter_ns(), remote)
 
     def _record(self, timed: list[tuple[int, int, int, int, int, int]]) -> None:
         """Count the requests whose answers just left (acks=0 ones: when handled)."""

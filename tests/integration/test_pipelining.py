@@ -9,10 +9,12 @@ witness the writes; the bytes on the socket witness the order.
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from _broker import RunningBroker, start_broker
@@ -151,3 +153,45 @@ def test_a_consumer_start_of_500_partitions_is_answered_in_one_write(
     assert responses == count
     # one write when all arrived in one read; reads split by the kernel may add a few
     assert writes <= 3, f"{count} pipelined ListOffsets answered in {writes} writes"
+
+
+def test_pipelined_produces_are_appended_while_an_fsync_runs(tmp_path: Path) -> None:
+    """Every segment fsync takes 300 ms (the slow-disk fault hook).  Eight acks=all Produce
+    requests written at once on one connection, then a ListOffsets(latest): each Produce is
+    appended while the one before waits for its fsync, so one group commit covers the rest
+    (about two fsyncs in all, where one request at a time took eight, 2.4 s); the answers come
+    in request order with offsets in request order, and the ListOffsets, behind them, sees all
+    eight stored."""
+    b = start_broker(tmp_path / "data", workers=1,
+                     env=dict(os.environ, SHMQ_FAULT_FSYNC_DELAY_MS="300"))
+    try:
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        admin.create_topics([NewTopic("slow-disk", 1, 1)])["slow-disk"].result(30)
+        port = b.run_info["workers"][0]["port"]
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(produce_request("slow-disk", 0, record_batch([b"warm"]), 3, 500))
+            read_answers(sock, 1)  # the log exists and its first flush is done
+            started = time.monotonic()
+            sock.sendall(b"".join(produce_request("slow-disk", 0, record_batch([b"%d" % i]), 3,
+                                                  501 + i) for i in range(8))
+                         + list_offsets_of("slow-disk", 0, 509, LATEST))
+            answers = [read_frame(sock, timeout=10) for _ in range(9)]
+            elapsed = time.monotonic() - started
+    finally:
+        assert b.stop() == 0, b.log_path.read_text()[-3000:]
+    assert all(a.kind == "response" for a in answers), [str(a) for a in answers]
+    bodies = [a.body for a in answers]
+    assert [struct.unpack_from(">i", body)[0] for body in bodies] == list(range(501, 510))
+    parts = [ProduceResponse[3].decode(body, header=True).responses[0].partition_responses[0]
+             for body in bodies[:8]]
+    assert [(p.error_code, p.base_offset) for p in parts] == [(0, 1 + i) for i in range(8)]
+    latest = ListOffsetsResponse[5].decode(bodies[8], header=True)
+    assert latest.topics[0].partitions[0].offset == 9
+    assert elapsed < 1.5, f"8 pipelined acks=all produces took {elapsed:.2f} s (fsync 300 ms)"
+
+
+def list_offsets_of(topic: str, partition: int, correlation_id: int, timestamp: int) -> bytes:
+    T = L.ListOffsetsTopic
+    return encode(L[5](replica_id=-1, isolation_level=0, topics=[T(name=topic, partitions=[
+        T.ListOffsetsPartition(partition_index=partition, current_leader_epoch=-1,
+                               timestamp=timestamp)])]), correlation_id)

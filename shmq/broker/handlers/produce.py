@@ -264,6 +264,25 @@ _TV2_ERRORS = {90: 47, 13: NOT_ENOUGH_REPLICAS, 14: NOT_ENOUGH_REPLICAS,
 
 async def handle(ctx: BrokerContext, frame: memoryview, header_size: int, api_version: int,
                  correlation_id: int) -> bytes | None:
+    """The response to one Produce request (None for acks=0), once it may leave."""
+    out = await append(ctx, frame, header_size, api_version, correlation_id)
+    if isinstance(out, asyncio.Future):
+        response, ctx.remote_ns, _ = await out
+        return response
+    return out
+
+
+async def append(ctx: BrokerContext, frame: memoryview, header_size: int, api_version: int,
+                 correlation_id: int) -> bytes | None | asyncio.Future:
+    """Validate and append the request's batches now; the response (None for acks=0), or, when
+    it must wait for fsyncs (acks=all with ``flush.on.ack``, flush.messages / flush.ms due), a
+    future of ``(response, nanoseconds waited, perf_counter_ns when done)``.
+
+    The connection pipelines on the future: the next Produce request of the same connection is
+    appended while this one's fsync runs, and the group commit covers both (one request at a
+    time, each appended only after the previous one's fsync, made a librdkafka producer's
+    requests queue behind fsyncs: p99 115 ms at 10,000 msg/s).  Answers still leave in request
+    order, and appends happen in request order, so what a client sees is what Kafka answers."""
     transactional_id, acks, _timeout_ms, topics = parse_produce_request(frame, header_size,
                                                                         api_version)
     results = []
@@ -297,20 +316,29 @@ async def handle(ctx: BrokerContext, frame: memoryview, header_size: int, api_ve
                 flushed_parts.append((out, len(out) - 1, durable))
         results.append((topic, out))
     if to_flush:
-        waited, failed = await flush_for_acks(ctx, to_flush)
-        if metrics is not None:
-            ctx.remote_ns = waited
-        for out, slot, durable in flushed_parts:
-            exc = failed.get(id(durable.log))
-            if exc is not None:
-                topic = next(t for t, o in results if o is out)
-                out[slot] = out[slot]._replace(
-                    error_code=KAFKA_STORAGE_ERROR, base_offset=-1, log_append_time=-1,
-                    error_message=storage_failed(ctx, topic, out[slot].partition, durable.log,
-                                                 exc, "fsync"))
+        return asyncio.ensure_future(_answer_when_flushed(
+            ctx, to_flush, flushed_parts, results, acks, api_version, correlation_id))
     if acks == 0:
         return None
     return encode_produce_response(api_version, correlation_id, 0, results)
+
+
+async def _answer_when_flushed(ctx: BrokerContext, to_flush: list[Durable],
+                               flushed_parts: list[tuple[list[Any], int, Durable]],
+                               results: list[tuple[str, list[Any]]], acks: int, api_version: int,
+                               correlation_id: int) -> tuple[bytes | None, int, int]:
+    waited, failed = await flush_for_acks(ctx, to_flush)
+    for out, slot, durable in flushed_parts:
+        exc = failed.get(id(durable.log))
+        if exc is not None:
+            topic = next(t for t, o in results if o is out)
+            out[slot] = out[slot]._replace(
+                error_code=KAFKA_STORAGE_ERROR, base_offset=-1, log_append_time=-1,
+                error_message=storage_failed(ctx, topic, out[slot].partition, durable.log,
+                                             exc, "fsync"))
+    response = None if acks == 0 else encode_produce_response(api_version, correlation_id, 0,
+                                                             results)
+    return response, waited, perf_counter_ns()
 
 
 def _request_rule(records: Any) -> int:

@@ -11,6 +11,7 @@ import stat
 import struct
 import threading
 import time
+from typing import Any
 
 import crc32c
 import pytest
@@ -347,4 +348,32 @@ def test_reader_waits_out_a_preempted_writer_and_gives_up_on_a_dead_one() -> Non
         fast.ring.store_u64(view, at, seq + 3)  # odd for good
         with pytest.raises(NotReadableError):
             reader.state(patience=0.1)
+        table.clear(1)
+
+
+def test_reader_sleeps_at_once_after_a_long_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first wait looks at the slot for WAIT_SPIN_S before it sleeps; after a wait that
+    lasted longer than SPIN_GAP_S (here a 20 ms timeout) the next one sleeps at once: records
+    that come that far apart cost less CPU woken than spun for."""
+    from shmq.ipc import reader as reader_mod
+    from shmq.ipc.reader import SPIN_GAP_S, WAIT_SPIN_S, PartitionReader
+    from shmq.ipc.state_table import StateTable
+
+    spins: list[float] = []
+    real = reader_mod._fast.wait_slot
+
+    def spy(buf: Any, at: int, seq: int, left: float, spin: float) -> bool:
+        spins.append(spin)
+        return real(buf, at, seq, left, spin)
+
+    monkeypatch.setattr(reader_mod._fast, "wait_slot", spy)
+    with StateTable.create(2) as table:
+        table.write(1, 1, 0, 0, 7, 7, 7, 3, 0)  # high watermark 7
+        reader = PartitionReader(table, 1, lambda node: "/nonexistent")
+        reader.wait(7, 0.02)  # nothing past 7: waits out its 20 ms
+        assert spins and spins[0] == WAIT_SPIN_S
+        assert 0.02 > SPIN_GAP_S
+        spins.clear()
+        reader.wait(7, 0.005)
+        assert spins and all(s == 0.0 for s in spins), spins
         table.clear(1)
