@@ -63,6 +63,18 @@ def fsync_directory(directory: Path) -> None:
         os.close(dir_fd)
 
 
+def fsync_file(path: Path) -> None:
+    """Make a file's present content durable (a missing file: nothing to do)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        disk.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _write(path: Path, lines: list[str], sync: bool = True, sync_directory: bool = True) -> None:
     write_atomically(path, "\n".join([str(VERSION), str(len(lines)), *lines]) + "\n", sync=sync,
                      sync_directory=sync_directory)

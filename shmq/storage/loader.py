@@ -209,10 +209,13 @@ def load_log(directory: Path, config: LogConfig, *, recovery_point: int = 0,
             resume = None
             if segments:
                 last = segments[-1]  # the LEO is not on record: load (and check) the tail now
-                problem = last.check_indexes()
-                if problem is not None:
-                    log.warning("rebuilding indexes of %s: %s", last.log_path, problem)
-                    recover(len(segments) - 1)
+                if last.size == 0 and not any(p.exists() for p in last._index_paths):
+                    last.adopt_unwritten()  # never written: a clean close made no index files
+                else:
+                    problem = last.check_indexes()
+                    if problem is not None:
+                        log.warning("rebuilding indexes of %s: %s", last.log_path, problem)
+                        recover(len(segments) - 1)
     elif resume is not None:
         first_to_recover = bases.index(resume.segment_base)
         if first_to_recover == len(segments) - 1 and resume.position == segments[-1].size:

@@ -46,7 +46,7 @@ from shmq import _fast
 from shmq.errors import CorruptRecordError, KafkaApiError, OffsetOutOfRangeError
 from shmq.limits import Throttled
 from shmq.protocol.compression import decompress_scratch
-from shmq.storage import checkpoint, disk, layout, partition_metadata, txn_index
+from shmq.storage import checkpoint, layout, partition_metadata, txn_index
 from shmq.storage.log_config import LogConfig
 from shmq.storage.producer_state import ProducerStateManager, snapshot_path
 from shmq.storage.recovery_point import UNKNOWN as UNKNOWN_UNSTABLE
@@ -179,10 +179,15 @@ class PartitionLog:
     def __init__(self, directory: Path, config: LogConfig, segments: list[LogSegment],
                  log_start_offset: int, recovery_point: int, leader_epoch: int = -1,
                  recovered: Any = None, summary: LoadSummary | None = None, *,
-                 new: bool = False, txn_bases: set[int] | None = None) -> None:
+                 new: bool = False, txn_bases: set[int] | None = None,
+                 synced: bool = True) -> None:
         """``recovered``: the header table (``scan_headers`` columns) of the batches recovery
         scanned, whose leader epochs rebuild what the checkpoint lacks.  ``new``: a directory
-        just created (``create``), holding no file to read."""
+        just created (``create``), holding no file to read.  ``synced=False``: opened after an
+        unclean shutdown, so the small files read now may be what a killed process left in the
+        page cache, never fsynced (a clean shutdown that was killed before its ``syncfs``,
+        ``LogManager.shutdown``): the next flush fsyncs them before its recovery point counts
+        on them."""
         self.directory = directory
         self.config = config
         self.segments = segments
@@ -211,7 +216,7 @@ class PartitionLog:
         self.flush_requested = False
         self.load_summary = summary or LoadSummary(0, 0, 0, None)
         self.topic_id: uuid.UUID | None = None if new else partition_metadata.read(directory)
-        self._topic_id_durable = True
+        self._topic_id_durable = synced or self.topic_id is None
         self._recovery_file = RecoveryPointFile(directory)
         self._bytes_since_snapshot = 0
         self.producer_state = ProducerStateManager(directory)
@@ -219,17 +224,28 @@ class PartitionLog:
         self.aborted: list[AbortedTxn] = []
         self._aborted_ends: list[int] = []
         self._txn_dirty: set[int] = set()  # segments whose .txnindex the next flush fsyncs
+        # the offset of the newest producer snapshot known to hold the state at the LEO (close
+        # takes none when it is the LEO: Kafka's takeSnapshot skips an unchanged state too)
+        self._snapshot_at = -1
         if not new:
             self._load_txn_indexes(txn_bases)
             self._rebuild_producer_state()
+            if not synced:  # entries past the recovery point may live only in the page cache
+                first = self._bases[self._segment_for(recovery_point)]
+                self._txn_dirty = {b for b in (txn_bases if txn_bases is not None
+                                               else self._bases) if b >= first}
         # leader-epoch-checkpoint (LeaderEpochFileCache): (epoch, start offset), one per epoch.
         # Written (and fsynced) by the next flush after an epoch starts (see _assign_epoch):
         # entries of batches past the recovery point are rebuilt from those batches.
         self._epoch_path = directory / layout.LEADER_EPOCH_CHECKPOINT
         self._epoch_lock = threading.Lock()  # one writer of the checkpoint file at a time
-        self._epochs_durable = True
-        self.epoch_entries = [] if new else [
-            (e, o) for e, o in checkpoint.read_leader_epochs(self._epoch_path) or []
+        # what the file holds (None: missing or unreadable), and whether that is known durable:
+        # a write that would not change it is skipped, an unsynced one is fsynced (_write_epochs)
+        self._epochs_file = None if new else checkpoint.read_leader_epochs(self._epoch_path)
+        self._epochs_synced = synced or not self._epochs_file
+        self._epochs_durable = self._epochs_synced
+        self.epoch_entries = [
+            (e, o) for e, o in self._epochs_file or []
             if o < self.log_end_offset or (e, o) == (leader_epoch, o)]
         rebuilt = False
         for row in recovered if recovered is not None else ():
@@ -246,15 +262,19 @@ class PartitionLog:
         if self.epoch_entries:
             self.leader_epoch = max(self.leader_epoch, self.epoch_entries[-1][0])
 
-    def assign_topic_id(self, topic_id: str | uuid.UUID) -> None:
+    def assign_topic_id(self, topic_id: str | uuid.UUID, *, new: bool = False) -> None:
         """Record the topic id in ``partition.metadata`` (if it is not there already).  Written
         at once, made durable by the next flush, before anything it flushes counts as durable
         (Kafka flushes the file before the first append; here that cost two fsyncs per new
-        partition on CreateTopics' path)."""
+        partition on CreateTopics' path).  ``new``: the directory was just created, so there is
+        no file to replace atomically (``partition_metadata.create``)."""
         value = topic_id if isinstance(topic_id, uuid.UUID) else uuid.UUID(topic_id)
         if value == self.topic_id:
             return
-        partition_metadata.write(self.directory, value, sync=False)
+        if new:
+            partition_metadata.create(self.directory, value)
+        else:
+            partition_metadata.write(self.directory, value, sync=False)
         with self._lock:
             self.topic_id = value
             self._topic_id_durable = False
@@ -285,9 +305,19 @@ class PartitionLog:
 
     def _write_epochs(self, entries: list[tuple[int, int]], *, sync: bool,
                       sync_directory: bool = True) -> None:
+        """Make the checkpoint file hold ``entries`` (``sync``: durably).  A file that holds
+        them already is not written again, only fsynced if that is asked and not known done
+        (a clean stop rewrote the unchanged file of every log it closed)."""
         with self._epoch_lock:
+            if entries == self._epochs_file:
+                if sync and not self._epochs_synced:
+                    checkpoint.fsync_file(self._epoch_path)
+                    self._epochs_synced = True
+                return
             checkpoint.write_leader_epochs(self._epoch_path, entries, sync=sync,
                                            sync_directory=sync_directory)
+            self._epochs_file = list(entries)
+            self._epochs_synced = sync
 
     def _rebuild_producer_state(self) -> None:
         """Latest snapshot at or below the LEO, then replay the batch headers after it
@@ -298,6 +328,7 @@ class PartitionLog:
         ps = self.producer_state
         start = ps.truncate_and_reload(self.log_start_offset, self.log_end_offset,
                                        int(time.time() * 1000))
+        self._snapshot_at = start  # a snapshot's offset, or the log start (an empty state)
         for seg in self.segments:
             if seg.next_offset <= start or seg.size == 0:
                 continue
@@ -496,7 +527,7 @@ class PartitionLog:
             seg = LogSegment(directory, 0, config, active=True, create=True, lazy_indexes=True)
             plog = cls(directory, config, [seg], 0, 0, new=True)
             if topic_id is not None:
-                plog.assign_topic_id(topic_id)
+                plog.assign_topic_id(topic_id, new=True)
         except BaseException:
             import shutil
 
@@ -517,7 +548,7 @@ class PartitionLog:
                               len(loaded.rebuilt_segments), loaded.resumed_at)
         return cls(directory, config, loaded.segments, loaded.log_start_offset,
                    loaded.recovery_point, loaded.leader_epoch, loaded.recovered_batches, summary,
-                   txn_bases=loaded.txn_bases)
+                   txn_bases=loaded.txn_bases, synced=clean_shutdown)
 
     # -- offsets ------------------------------------------------------------------------------
 
@@ -670,6 +701,7 @@ class PartitionLog:
         leo = self.log_end_offset
         base = self.segments[-1].base_offset
         self.producer_state.take_snapshot(leo)
+        self._snapshot_at = leo
         for offset in self.producer_state.list_snapshot_offsets():
             if base < offset < leo:
                 try:
@@ -873,6 +905,7 @@ class PartitionLog:
         try:
             old.on_become_inactive()
             self.producer_state.take_snapshot(base)  # UnifiedLog.roll
+            self._snapshot_at = base
             new = LogSegment(self.directory, base, self.config, active=True, create=True)
         except OSError:
             for path in layout.segment_paths(self.directory, base):
@@ -1045,11 +1078,7 @@ class PartitionLog:
                 # of new logs, which spent half its time in fsync)
                 self._write_epochs(epochs, sync=True, sync_directory=not sync_dir)
             if sync_topic_id:
-                fd = os.open(self.directory / layout.PARTITION_METADATA, os.O_RDONLY)
-                try:
-                    disk.fsync(fd)
-                finally:
-                    os.close(fd)
+                checkpoint.fsync_file(self.directory / layout.PARTITION_METADATA)
             if sync_dir:
                 checkpoint.fsync_directory(self.directory)
             if self.flush_observer is not None:
@@ -1083,26 +1112,64 @@ class PartitionLog:
 
     # -- life cycle ---------------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Flush, trim the active segment's indexes, and release every file."""
+    def close(self, *, sync: bool = True) -> None:
+        """Flush, trim the active segment's indexes, and release every file.
+
+        ``sync=False`` (``LogManager.shutdown``, see "Clean shutdown" there): everything is
+        written as ``close`` writes it, but nothing is fsynced, and neither the recovery point
+        nor the recovery record moves; the caller makes the whole filesystem durable at once
+        (``disk.syncfs``) and then calls ``finish_close``, which does."""
         if self.closed:
             return
-        self.flush()
+        if sync:
+            self.flush()
         if not self._epochs_durable:
-            self._write_epochs(list(self.epoch_entries), sync=True)
-            self._epochs_durable = True
+            self._write_epochs(list(self.epoch_entries), sync=sync)
+            self._epochs_durable = sync
         with self._lock:
             try:  # a full disk: the files are released all the same, and the error raised
-                self.producer_state.take_snapshot(self.log_end_offset)
+                leo = self.log_end_offset
+                if leo not in (self._snapshot_at, self.log_start_offset):
+                    # (at the log start the state is empty: nothing to replay at load)
+                    self.producer_state.take_snapshot(leo)
+                    self._snapshot_at = leo
                 active = self.active_segment
-                if active.loaded:  # else untouched since a clean start: its record still holds
+                # a segment never written needs no record (nothing to vouch for) and gets no
+                # index files (the loader treats it as the new segment it is): a stop of
+                # 10,000 partitions, a third of them empty, created four files for each of those
+                if active.loaded and not active.unwritten:
                     active.append_final_time_entry()
-                    self._recovery_file.write(self._recovery_record())
+                    if sync:
+                        self._recovery_file.write(self._recovery_record())
+                    else:
+                        self._closing_record = self._recovery_record()
             finally:
-                self._recovery_file.close()
+                if sync:
+                    self._recovery_file.close()
                 for seg in self.segments:
                     seg.close()
                 self.closed = True
+
+    _closing_record: Any = None  # close(sync=False): the record finish_close writes
+
+    def finish_close(self, durable: bool) -> None:
+        """After ``close(sync=False)``: ``durable`` (the caller's ``syncfs`` succeeded after the
+        close) moves the recovery point to the LEO and writes the recovery record that says so
+        (through its mapping, unsynced: a record on disk that is older vouches for less);
+        otherwise nothing moves.  Releases the record's file either way."""
+        with self._lock:
+            try:
+                if durable:
+                    self.recovery_point = max(self.recovery_point, self.log_end_offset)
+                    self.unflushed_messages = 0
+                    self._epochs_durable = self._epochs_synced = True
+                    self._topic_id_durable = True
+                    self._txn_dirty = set()
+                    if self._closing_record is not None:
+                        self._recovery_file.write(self._closing_record)
+            finally:
+                self._closing_record = None
+                self._recovery_file.close()
 
     def discard(self) -> None:
         """Release every file of a log about to be deleted, without flushing, trimming or

@@ -65,3 +65,21 @@ def write(directory: Path, topic_id: str | uuid.UUID, *, sync: bool) -> None:
     """Replace the file atomically; without ``sync`` the caller fsyncs it before the log's
     first flush (Kafka flushes it before the first append lands on disk)."""
     checkpoint.write_atomically(directory / layout.PARTITION_METADATA, encode(topic_id), sync=sync)
+
+
+def create(directory: Path, topic_id: str | uuid.UUID) -> None:
+    """Write the file of a directory just created, in place (no ``.tmp`` and rename: there is no
+    old file to keep whole, and a crash that tears the new one leaves a file that reads as
+    missing, after which the start adopts the directory and writes it again).  Not fsynced:
+    as ``write(sync=False)``."""
+    fd = os.open(os.path.join(directory, layout.PARTITION_METADATA),
+                 os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(encode(topic_id).encode())
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError:
+        os.close(fd)
+        os.unlink(os.path.join(directory, layout.PARTITION_METADATA))
+        raise
+    os.close(fd)

@@ -254,6 +254,33 @@ class LogSegment:
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
+    def unwritten(self) -> bool:
+        """Nothing was ever appended to this segment and its index files do not exist: a new
+        log's first segment (``lazy_indexes``), or one the loader found so (``adopt_unwritten``).
+        Its close creates no file, and nothing needs a recovery record for it."""
+        if self._fresh:
+            return True
+        if self._lazy or self.size:
+            return False
+        indexes = self._opened_indexes()
+        return len(indexes) == 2 and all(i.deferred and i.entries == 0 for i in indexes)
+
+    def adopt_unwritten(self) -> None:
+        """The loader's last segment, empty and without index files (a clean close leaves a
+        log never written so): what ``lazy_indexes`` makes of a new one, without creating its
+        ``.log`` (it exists) or reading anything."""
+        self.__dict__.pop("offset_index", None)
+        self.__dict__.pop("time_index", None)
+        self.size = 0
+        self._fresh = self._lazy = True
+        self._released = self._unchecked = False
+        self.next_offset = self.base_offset
+        self.max_timestamp_so_far = -1
+        self.offset_of_max_timestamp = self.base_offset
+        self.bytes_since_last_index_entry = 0
+        self.rolling_base_timestamp = None
+
+    @property
     def loaded(self) -> bool:
         """False until a lazy segment's indexes are loaded and checked (a new segment whose
         index files are not created yet counts as loaded: its state is known)."""
@@ -991,15 +1018,16 @@ class LogSegment:
             index.flush()
 
     def close(self) -> None:
-        """Trim the indexes and drop this segment's reference to the log descriptor.  A new
-        segment never used gets its (empty) index files now: a clean shutdown leaves every
-        segment whole, and the next start's check finds nothing missing."""
+        """Trim the indexes and drop this segment's reference to the log descriptor.  A segment
+        never written gets no index files (``unwritten``: the loader takes an empty last segment
+        without them for what it is); a deferred index's file is written at its valid size."""
         INDEXES.forget(self)
-        if self._fresh:
-            for path in self._index_paths:
-                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
-        for index in self._opened_indexes():
-            index.close()
+        if self.unwritten:
+            for index in self._opened_indexes():
+                index.close_untrimmed()  # a deferred index: nothing in it, no file
+        else:
+            for index in self._opened_indexes():
+                index.close()
         self.handle = FileHandle(-1, str(self.log_path))
 
     def crash_close(self) -> None:

@@ -200,22 +200,29 @@ def create_led_logs(ctx: Any, manager: Any) -> int:
     left to the first request, which then gets the error."""
     from shmq.broker.dynamic_configs import effective_log_config
 
-    created = 0
+    wanted = []
     for name, info in ctx.metadata.topics.items():
         config = None  # the topic's, computed once for all its new partitions
         for p, part in enumerate(info.partitions):
             if part.leader != ctx.node_id or manager.holds(name, p):
                 continue
-            try:
-                if config is None:
+            if config is None:
+                try:
                     config = effective_log_config(ctx.metadata, ctx.config.log, ctx.node_id,
                                                   name)
-                plog = manager.get_or_create_log(name, p, config, topic_id=info.topic_id)
-                ctx.publish_state(name, p, plog)
-            except Exception:  # a disk error must not stop the metadata update
-                log.exception("could not create the log of %s-%d", name, p)
-            else:
-                created += 1
+                except Exception:  # a bad config must not stop the metadata update
+                    log.exception("could not create the logs of %s", name)
+                    break
+            wanted.append((name, p, config, info.topic_id))
+    if not wanted:
+        return 0
+    created = 0
+    for (name, p), plog in manager.create_logs(wanted).items():
+        if isinstance(plog, Exception):  # a disk error must not stop the metadata update
+            log.error("could not create the log of %s-%d: %s", name, p, plog)
+            continue
+        ctx.publish_state(name, p, plog)
+        created += 1
     return created
 
 

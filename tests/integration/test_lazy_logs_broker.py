@@ -351,3 +351,50 @@ def test_sigkill_opens_only_logs_with_bytes_after_their_recovery_point(tmp_path:
                                                                  for i in range(20)]
     finally:
         b.stop()
+
+
+def test_a_clean_stop_after_acks_1_writes_is_clean_and_loses_nothing(tmp_path: Path) -> None:
+    """The clean stop syncs each worker's filesystem once (``LogManager``, "Clean shutdown"),
+    not each log: what acks=1 acknowledged (never fsynced before the stop) survives it, the next
+    start is a clean one that opens no log, and so is the start after a SIGKILL that follows
+    it (every record the stop wrote names its log's end).  A partition never written keeps its
+    ``.log`` and ``partition.metadata`` only."""
+    from shmq.storage import recovery_point
+
+    b = start_broker(tmp_path / "data", env=ENV)
+    try:
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        _create(admin, "cs", 12)
+        p = Producer({"bootstrap.servers": b.bootstrap, "acks": "1", "linger.ms": 0})
+        for part in range(8):
+            for i in range(5):
+                p.produce("cs", b"cs-%d-%d" % (part, i), partition=part)
+        assert p.flush(30) == 0
+        b, since = _restart(b)
+        assert _deferred(b, since) == (2, 0, 12)
+        dirs = {int(d.name.rsplit("-", 1)[1]): d for d in b.data_dir.glob("worker-*/cs-*")}
+        for part in range(8, 12):
+            assert sorted(os.listdir(dirs[part])) == ["00000000000000000000.log",
+                                                      "partition.metadata"]
+        for part in range(8):
+            assert recovery_point.read(dirs[part]).offset == 5
+            assert _kafka_python_read(b.bootstrap, "cs", part, 5) == [
+                (i, b"cs-%d-%d" % (part, i)) for i in range(5)]
+        _power_cut(b)
+        since = b.log_path.stat().st_size
+        b = start_broker(b.data_dir, env=ENV)
+        assert _recovered(b, since) == (2, 0, 12)  # nothing follows any recovery point
+        for part in range(12):
+            n = 5 if part < 8 else 0
+            assert _watermarks(b.bootstrap, "cs", part) == (0, n)
+            if n:
+                assert _kafka_python_read(b.bootstrap, "cs", part, n) == [
+                    (i, b"cs-%d-%d" % (part, i)) for i in range(n)]
+        _produce(b.bootstrap, "cs", [0, 11], 1)
+        assert _records(b.bootstrap, "cs", 0, 5) == [(5, b"cs-0-0")]
+        assert _records(b.bootstrap, "cs", 11) == [(0, b"cs-11-0")]
+        b, since = _restart(b)
+        assert _deferred(b, since) == (2, 0, 12)
+        assert _records(b.bootstrap, "cs", 11) == [(0, b"cs-11-0")]
+    finally:
+        b.stop()

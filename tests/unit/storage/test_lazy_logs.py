@@ -60,16 +60,18 @@ def test_a_new_log_holds_its_log_file_and_topic_id_only(tmp_path) -> None:
 
 
 def test_a_new_log_never_written_restarts_without_rebuilding(tmp_path, caplog) -> None:
-    """A log never written: its clean close writes its empty index files (a clean shutdown
-    leaves every segment whole), so a clean restart checks nothing missing; after a crash
-    recovery rebuilds the missing ones silently.  No warning either way, and it takes appends."""
+    """A log never written: its clean close writes no index file (nor snapshot or recovery
+    record: nothing to vouch for), and a clean restart takes the empty segment without them for
+    the new one it is; after a crash recovery rebuilds the missing ones silently.  No warning
+    either way, and it takes appends."""
     log_dir = tmp_path / "logs"
     with caplog.at_level(logging.WARNING, logger="shmq"):
         mgr = LogManager(log_dir)
         mgr.startup()
         mgr.get_or_create_log("t", 0, topic_id=TOPIC_ID)
         mgr.shutdown()
-        assert (log_dir / "t-0" / "00000000000000000000.index").stat().st_size == 0
+        assert sorted(os.listdir(log_dir / "t-0")) == ["00000000000000000000.log",
+                                                       "partition.metadata"]
         again = LogManager(log_dir)
         again.startup()
         assert again.had_clean_shutdown and again.get_log("t", 0).log_end_offset == 0

@@ -393,3 +393,38 @@ def test_a_crash_in_the_middle_of_a_delete_leaves_nothing_a_new_topic_picks_up(t
             assert sorted(p.name for p in log_dir.iterdir() if p.is_dir()) == ["t-0"], kill_at
         finally:
             mgr.shutdown()
+
+
+def test_create_logs_makes_many_new_logs_at_once(tmp_path) -> None:
+    """A CreateTopics' new partitions (``create_logs``, threads): each a whole new log with its
+    topic id; a log held already is returned as it is, an earlier topic's directory is
+    replaced through ``get_or_create_log``, and a bad name is returned as its error."""
+    from shmq.storage import partition_metadata
+
+    log_dir = tmp_path / "logs"
+    mgr = LogManager(log_dir)
+    mgr.startup()
+    held = mgr.get_or_create_log("t", 0, topic_id=TOPIC_ID)
+    old = mgr.get_or_create_log("t", 1, topic_id=NEW_TOPIC_ID)  # an earlier topic's
+    old.append(kbatch([b"old"], [T0]))
+    mgr.logs.pop(("t", 1))
+    old.close()
+    config = LogConfig(segment_bytes=1 << 20)
+    made = mgr.create_logs([("t", p, config, TOPIC_ID) for p in range(40)]
+                           + [("bad/name", 0, config, TOPIC_ID)])
+    try:
+        assert made[("t", 0)] is held
+        assert isinstance(made[("bad/name", 0)], ConfigError)
+        for p in range(40):
+            plog = made[("t", p)]
+            assert mgr.get_log("t", p) is plog and plog.log_end_offset == 0
+            assert partition_metadata.read(log_dir / f"t-{p}") == plog.topic_id
+            assert str(plog.topic_id) == TOPIC_ID
+            assert plog.config.segment_bytes == (1 << 20 if p else LogConfig().segment_bytes)
+        assert all_records(log_dir / "t-1") == []  # the earlier topic's records are gone
+        assert sorted(os.listdir(log_dir / "t-5")) == ["00000000000000000000.log",
+                                                       "partition.metadata"]
+        assert mgr.logs[("t", 5)].append(kbatch([b"new"], [T0])).first_offset == 0
+    finally:
+        mgr.shutdown()
+    assert [r[3] for r in all_records(log_dir / "t-5")] == [b"new"]
