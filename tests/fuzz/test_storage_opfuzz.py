@@ -235,7 +235,8 @@ def config_args(config: LogConfig) -> dict[str, Any]:
 # --- what reached the disk ------------------------------------------------------------------------
 
 class SyncTracker:
-    """Records what shmq made durable, by wrapping ``os.fsync`` / ``os.fdatasync`` (and
+    """Records what shmq made durable, by wrapping ``os.fsync`` / ``os.fdatasync`` and
+    ``disk.syncfs`` (a clean shutdown's: everything under ``root``) (and
     ``os.ftruncate`` / ``os.unlink`` / ``os.open`` to keep the record true) while active.
 
     ``synced[path]`` is the file size at its last fsync (a data prefix that survives a power
@@ -288,13 +289,28 @@ class SyncTracker:
                 self.unsynced_entries.add(os.path.abspath(name))
             return fd
 
+        from shmq.storage import disk
+
+        original_syncfs = disk.syncfs
+
+        def syncfs(fd: int, *, slowed: bool = False) -> None:
+            """A clean shutdown's syncfs: every file and name of the filesystem is durable."""
+            original_syncfs(fd, slowed=slowed)
+            for directory, _, names in os.walk(self.root):
+                for name in names:
+                    path = os.path.abspath(os.path.join(directory, name))
+                    self.synced[path] = os.path.getsize(path)
+            self.unsynced_entries.clear()
+
         os.fsync, os.fdatasync = synced("fsync"), synced("fdatasync")
         os.ftruncate, os.unlink, os.open = ftruncate, unlink, open_
+        disk.syncfs = syncfs
         try:
             yield
         finally:
             for name, fn in originals.items():
                 setattr(os, name, fn)
+            disk.syncfs = original_syncfs
 
     def forget(self, path: str) -> None:
         path = os.path.abspath(path)

@@ -115,7 +115,8 @@ def _recovered(b: RunningBroker, since: int) -> tuple[int, int, int]:
 
 
 def _file_usage(b: RunningBroker) -> tuple[int, int]:
-    """(mappings, descriptors) of files under the workers' log dirs, over every process."""
+    """(mappings, descriptors) of files under the workers' log dirs, over every process (not
+    the log dir itself, which each worker holds open for its clean stop's syncfs)."""
     root = str(b.data_dir.resolve() / "worker-")
     maps = fds = 0
     proc = psutil.Process(b.proc.pid)
@@ -125,7 +126,8 @@ def _file_usage(b: RunningBroker) -> tuple[int, int]:
                 maps += sum(1 for line in f if root in line)
             for fd in os.listdir(f"/proc/{p.pid}/fd"):
                 try:
-                    fds += os.readlink(f"/proc/{p.pid}/fd/{fd}").startswith(root)
+                    target = os.readlink(f"/proc/{p.pid}/fd/{fd}")
+                    fds += target.startswith(root) and "/" in target[len(root):]
                 except OSError:
                     continue
         except (OSError, psutil.NoSuchProcess):
