@@ -44,9 +44,9 @@ Parts (``--only``):
   marker, as a SIGKILL would leave them; building them through the broker would take its
   rolls' time), then: the start that recovers them, a record produced (acks=all) and every
   process SIGKILLed, the start after that kill, and a clean restart.  Seconds to the ready line
-  and to the first fetch of the last record.  Recovery validates only what follows the
-  recovery point: the rows grow with the number of segment files (listing and stat-ing them),
-  not with their bytes.
+  and to the first fetch of the last record, and the bytes the workers validated at start
+  (from their ready lines).  Recovery validates only what follows the recovery point: the rows
+  grow with the number of segment files (listing and stat-ing them), not with their bytes.
 * ``segments``: one partition of ``--segments`` segments (``internal.segment.bytes``
   ``--segment-bytes``, Kafka's testing override of the 1 MiB minimum, so 1,000 segments take
   64 MiB), then (a) a clean restart: start time and RSS, and (b) SIGKILL of every broker process
@@ -561,15 +561,17 @@ class Scale:
                         kill_all(b)  # ... and then the power cut
                     else:
                         stop_clean(b, a.phase_timeout * 5)
-                out[key] = {"start_s": ready_s, "fetch_s": fetch_s, "rss": mem["rss"]}
+                said = what_recovery_did(b)
+                out[key] = {"start_s": ready_s, "fetch_s": fetch_s, "rss": mem["rss"],
+                            "workers_said": said}
                 table.append([label, f"{ready_s:.2f}", f"{fetch_s:.2f}",
-                              f"{mem['rss'] / 2**20:,.0f}"])
+                              f"{mem['rss'] / 2**20:,.0f}", validated(said)])
         finally:
             shutil.rmtree(data, ignore_errors=True)
         self.results["recovery"] = out
         return _table([f"one partition, {a.recovery_segments:,} segments (written in "
                        f"{written_s:.0f} s)", "exec -> ready s", "+ fetch of last record s",
-                       "RSS MiB"], table)
+                       "RSS MiB", "validated at start"], table)
 
     # - idle and busy connections -
 
@@ -698,6 +700,29 @@ class Scale:
         table.append(["produce the second half, while", f"{rate['second']:,.0f}"])
         table.append(["  a consumer reads the first half", f"{rate['catch_up']:,.0f}"])
         return _table(["10 KiB records, confluent-kafka, 6 partitions", "MB/s"], table)
+
+
+def what_recovery_did(b: Broker) -> list[str]:
+    """The workers' ready lines of this start ("N logs opened after an unclean shutdown, ...;
+    M recovered from their recovery points, X validated ..."): what recovery read."""
+    found = []
+    for line in b.log.read_text(errors="replace").splitlines():
+        if " ready: " in line and "worker " in line:
+            found.append(line.split(" ready: ", 1)[1].strip())
+    return found
+
+
+def validated(said: list[str]) -> str:
+    """The bytes the workers validated at start, summed over their ready lines."""
+    import re
+
+    units = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+    total = 0.0
+    for line in said:
+        m = re.search(r"([\d.]+) (bytes|KiB|MiB|GiB) validated", line)
+        if m:
+            total += float(m.group(1)) * units[m.group(2)]
+    return "-" if not any("unclean" in line for line in said) else f"{total:,.0f} bytes"
 
 
 def write_segments(directory: Path, count: int) -> None:
