@@ -74,7 +74,6 @@ line per sample as it runs, a table per part, a JSON file of every sample and a 
 from __future__ import annotations
 
 import argparse
-import compileall
 import json
 import os
 import shutil
@@ -944,10 +943,7 @@ def main(argv: list[str] | None = None) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     c.print_environment("bench_scale")
     work = Path(tempfile.mkdtemp(prefix="shmq-scale-", dir=a.dir))
-    # shmq's modules byte-compiled first, as an installed package's are (pip compiles them at
-    # install): an editable install run with PYTHONDONTWRITEBYTECODE=1 (this box's shells)
-    # compiled every module at every start, ~0.4 s of CPU in each row's start
-    compileall.compile_dir(HERE.parent / "shmq", quiet=1)
+    c.byte_compile_shmq()
     tables = []
     scale = Scale(a, work)
     t_start = time.monotonic()
