@@ -273,7 +273,9 @@ def test_full_disk_answers_storage_error_keeps_reading_and_recovers(
     data = small_fs / "data"
     ballast = small_fs / "ballast"
     ballast.write_bytes(os.urandom(4 << 20))
-    b = start_broker(data, "--http-listener", "127.0.0.1:0", workers=1)
+    # the broker's log off the small fs: a line written once the disk is full would be lost
+    b = start_broker(data, "--http-listener", "127.0.0.1:0", workers=1,
+                     log_path=tmp_path / "broker.log")
     topic, parts = "full", 2
     acked: dict[int, list[tuple[int, bytes]]] = {0: [], 1: []}
     last_failed: dict[int, bool] = {}
