@@ -15,6 +15,12 @@ Since Linux 5.8 it reports a writeback error that happened anywhere on the files
 descriptor it is given was opened (the superblock's ``errseq``); ``syncfs_errors_reported`` says
 whether this kernel does.  Where libc has no ``syncfs`` (not Linux), ``HAVE_SYNCFS`` is False
 and callers fsync file by file.
+
+``start_writeback`` (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``) starts the disk writes of
+a byte range and returns without waiting for them and without making anything durable: a group
+commit calls it for the bytes it is about to fsync while the previous fsync still runs, so the
+fsync that follows finds them written or in flight (``PartitionLog.flush``).  Durability is still
+the ``fdatasync`` alone; where the call does not exist it does nothing.
 """
 
 from __future__ import annotations
@@ -23,8 +29,32 @@ import ctypes
 import os
 import platform
 import time
+from typing import Any
 
 FSYNC_DELAY_S = float(os.environ.get("SHMQ_FAULT_FSYNC_DELAY_MS") or 0) / 1000
+SYNC_FILE_RANGE_WRITE = 2
+
+
+def _sync_file_range() -> Any:
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range  # releases the GIL
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_SYNC_FILE_RANGE = _sync_file_range()
+
+
+def start_writeback(fd: int, offset: int, length: int) -> bool:
+    """Start writing ``length`` dirty bytes of ``fd`` from ``offset`` to the disk, without
+    waiting for them (the GIL is released meanwhile); False when that is not possible here.
+    A failure only loses the head start: the fsync writes the bytes anyway."""
+    if _SYNC_FILE_RANGE is None or fd < 0 or length <= 0:
+        return False
+    return bool(_SYNC_FILE_RANGE(fd, offset, length, SYNC_FILE_RANGE_WRITE) == 0)
 
 
 def fsync(fd: int, *, data_only: bool = False, slowed: bool = False) -> None:

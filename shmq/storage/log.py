@@ -203,6 +203,9 @@ class PartitionLog:
         self.unflushed_messages = 0
         self.last_flush_ms = int(time.time() * 1000)
         self._directory_dirty = True  # a fresh or recovered directory: fsync it on first flush
+        # (segment base offset, byte position): where the bytes whose writeback no flush has
+        # started yet begin (``_start_writeback``)
+        self._writeback_mark = (-1, 0)
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self.closed = False
@@ -1048,8 +1051,11 @@ class PartitionLog:
         """Make every offset below ``up_to`` (default: the LEO) durable; a group commit.
 
         Returns True when this call ran the fsync, False when an earlier flush already covered
-        ``up_to``.
+        ``up_to``.  Before it waits for the flush lock (an fsync of earlier appends may hold it)
+        it starts the disk writes of what is new (``_start_writeback``): the fsync it then runs
+        finds them written or in flight instead of starting them itself.
         """
+        self._start_writeback(up_to)
         with self._flush_lock:
             with self._lock:
                 self.flush_requested = False
@@ -1090,6 +1096,25 @@ class PartitionLog:
                 if record is not None and not self.closed:
                     self._recovery_file.write(record)
             return True
+
+    def _start_writeback(self, up_to: int | None) -> None:
+        """``disk.start_writeback`` of the bytes appended since the last call (up to the LEO),
+        when some offset below ``up_to`` is not durable yet.  Nothing waits for the writes and
+        nothing counts as durable because of them."""
+        with self._lock:
+            leo = self.log_end_offset
+            if min(leo, up_to if up_to is not None else leo) <= self.recovery_point:
+                return
+            base, position = self._writeback_mark
+            todo = []
+            for seg in self.segments[self._segment_for(max(base, self.recovery_point)):]:
+                start = position if seg.base_offset == base else 0
+                if seg.size > start:
+                    todo.append((seg.handle, start, seg.size - start))
+            last = self.segments[-1]
+            self._writeback_mark = (last.base_offset, last.size)
+        for handle, start, length in todo:
+            disk.start_writeback(handle.fd, start, length)
 
     def _recovery_record(self) -> Any:
         """The recovery record of the LEO (under ``_lock``): the active segment's end and index
