@@ -228,6 +228,48 @@ def batch_rows(batch_bytes: int, batch_records: int, longest_key: int, longest_v
     return max(1, min(rows, (batch_bytes - BATCH_HEADER_SIZE) // (_varint_size(body) + body)))
 
 
+class ArrowBatch:
+    """One batch of ``produce_batch``'s Arrow columns (rows ``rows``), encoded only when it goes:
+    straight into the ring (``write``, what ``LocalBroker.send_with`` calls), not into a buffer
+    that is then copied into the ring.  The columns are Arrow arrays, which nobody changes, so
+    a batch that waits in a backlog encodes the same bytes later.  It quacks like ``Batch`` as
+    far as ``ShmProducer`` sends, expires and fails batches."""
+
+    __slots__ = ("opened", "nbytes", "_rows", "_cols", "_size", "_now")
+
+    def __init__(self, opened: float, rows: Any, cols: tuple, size: int, now: int) -> None:
+        self.opened = opened
+        self.nbytes = 0
+        self._rows, self._cols, self._size, self._now = rows, cols, size, now
+
+    def count(self) -> int:
+        return len(self._rows)
+
+    def size(self) -> int:
+        return self._size
+
+    def reports(self) -> None:
+        return None  # produce_batch's own path has no delivery callbacks
+
+    def write(self, view: Any, at: int, size: int, producer_id: int = -1,
+              producer_epoch: int = -1, base_sequence: int = -1) -> int:
+        if size < 0:
+            return self._size
+        got = _fast.encode_arrow_batch_into(view, at, size, self._rows, *self._cols, self._now,
+                                            producer_id, producer_epoch, base_sequence)
+        if got != size:
+            raise ValueError(f"an Arrow batch encoded to {got} bytes, {size} were reserved")
+        return size
+
+    def encoded(self) -> bytearray:
+        out = bytearray(self._size)
+        self.write(out, 0, self._size)
+        return out
+
+    def release(self) -> None:
+        return None  # no buffer of its own to hand to the next batch
+
+
 def _checked_bytes(items: list[Any], what: str) -> list[Any]:
     """``as_bytes`` of every item, naming the first that is not bytes-like, str or None."""
     out = []
@@ -516,6 +558,8 @@ class ShmProducer(Producer, ProducerCore):
         self._unsent_check = 0.0
         self._wake = threading.Event()
         self._stop = False
+        self._detach_at_exit = False
+        self._detached = False
         self._thread = threading.Thread(target=self._linger_loop, name="shmq-producer-linger",
                                         daemon=True)
         self._thread.start()
@@ -974,7 +1018,13 @@ class ShmProducer(Producer, ProducerCore):
         step = batch_rows(self._batch_bytes, self._batch_records,
                           int(kbufs[3].max()) if kbufs is not None else -1, int(vlen.max()))
         k_off, k_data, k_valid = kbufs[:3] if kbufs is not None else (None, None, None)
+        cols = (k_off, k_data, k_valid, voff, vdata, vvalid)
         encode = _fast.encode_arrow_batch_into
+        # Arrow arrays are encoded when their batch goes (ArrowBatch); a numpy array of bytes
+        # is a view of the caller's memory (binary_column), which may change once we return:
+        # encoded now
+        lazy = not (type(values).__module__.startswith("numpy")
+                    or type(keys).__module__.startswith("numpy"))
         with self._lock:
             self._queued += count
             self._queued_bytes += nbytes
@@ -986,15 +1036,17 @@ class ShmProducer(Producer, ProducerCore):
                     self._send(k, open_batch)
                 for at in range(0, len(group), step):
                     chunk = np.ascontiguousarray(group[at : at + step], dtype=np.int64)
-                    size = -encode(_EMPTY, 0, 0, chunk, k_off, k_data, k_valid, voff, vdata,
-                                   vvalid, now)
-                    data = self._take_spare()
-                    if data is None or len(data) < size:
-                        data = bytearray(size)
-                    encode(data, 0, size, chunk, k_off, k_data, k_valid, voff, vdata, vvalid,
-                           now)
-                    batch = Batch(time.monotonic(), data)
-                    batch.load(data, size, len(chunk), now, now)
+                    size = -encode(_EMPTY, 0, 0, chunk, *cols, now)
+                    batch: Any
+                    if lazy:
+                        batch = ArrowBatch(time.monotonic(), chunk, cols, size, now)
+                    else:
+                        data = self._take_spare()
+                        if data is None or len(data) < size:
+                            data = bytearray(size)
+                        encode(data, 0, size, chunk, *cols, now)
+                        batch = Batch(time.monotonic(), data)
+                        batch.load(data, size, len(chunk), now, now)
                     # the queued bytes, shared out so that they add up to nbytes exactly
                     batch.nbytes = nbytes * (counted + len(chunk)) // count - \
                         nbytes * counted // count
@@ -1163,6 +1215,14 @@ class ShmProducer(Producer, ProducerCore):
         whose linger passed (by default, any as soon as its partition may send: fewer than
         max.in.flight unanswered) while the caller is busy elsewhere.  Everything that may
         block is done here, holding ``_io`` but not ``_lock``: ``produce`` goes on meanwhile."""
+        try:
+            self._run_linger()
+        finally:
+            if self._detach_at_exit:  # close() could not wait for this thread
+                with self._io:
+                    self._detach(self._queued)
+
+    def _run_linger(self) -> None:
         due: float | None = None
         while not self._stop:
             wait = 1.0 if due is None else due - time.monotonic()
@@ -1209,21 +1269,40 @@ class ShmProducer(Producer, ProducerCore):
         record was reported (confluent-kafka's ``close``)."""
         if self.closed:
             return True
+        t = -1.0 if timeout is None else float(timeout)
+        deadline = time.monotonic() + t if t >= 0 else float("inf")
         left = self.flush(timeout)
         self._stop = True
+        self._detach_at_exit = True  # the thread detaches if this call cannot (below)
         self._wake.set()
-        self._thread.join()
+        # the background thread may be inside a call to a worker that does not answer (an
+        # attach to a stopped worker waits up to 2 s, InitProducerId longer): waited for only
+        # as long as the timeout allows, as the rest of close is; it then detaches on its way
+        # out (``_linger_loop``)
+        self._thread.join(None if deadline == float("inf")
+                          else max(0.0, deadline - time.monotonic()))
         self.closed = True
-        from shmq.ipc.client import SessionLostError
-
-        with self._io:
+        if self._io.acquire(timeout=-1 if deadline == float("inf")
+                            else max(0.0, deadline - time.monotonic())):
             try:
-                self._broker.close(timeout=0 if left else 5.0)
-            except SessionLostError:
-                pass  # its batches were answered with errors; the rest is released
+                self._detach(left)
+            finally:
+                self._io.release()
         self._meta.close(0)  # type: ignore[call-arg]
         self.interceptors.close()
         return not left
+
+    def _detach(self, left: int) -> None:
+        """Close the ``LocalBroker`` once, from ``close`` or the thread's exit (``_io`` held)."""
+        from shmq.ipc.client import SessionLostError
+
+        if self._detached:
+            return
+        self._detached = True
+        try:
+            self._broker.close(timeout=0 if left else 5.0)
+        except SessionLostError:
+            pass  # its batches were answered with errors; the rest is released
 
     def __del__(self) -> None:
         wake = getattr(self, "_wake", None)

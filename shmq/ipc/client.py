@@ -1150,7 +1150,8 @@ class LocalBroker:
             node = self._node_for(topic, partition)
             self._ensure_producer(self._session(node))
         seq = self._confirmed.get(key, 0)
-        for f, batch in todo:
+        wait = self._may_block
+        for i, (f, batch) in enumerate(todo):
             if now >= f._deadline:
                 if f._sequenced:
                     self._reset_producer = True
@@ -1159,8 +1160,6 @@ class LocalBroker:
                 continue
             if f._sequenced:
                 _restamp(batch, self.producer_id, self.producer_epoch, seq)
-                f._sequence = seq
-                seq = (seq + f.count) & 0x7FFFFFFF
 
             def write(view: Any, at: int, size: int, data: bytearray = batch) -> int:
                 if size >= 0:
@@ -1168,10 +1167,29 @@ class LocalBroker:
                 return len(data)
 
             try:
-                self._enqueue(topic, partition, write, f, now + 30.0)
+                sent = self._enqueue(topic, partition, write, f, now + 30.0, wait)
             except (BufferError, SessionLostError, NotLocalError, AttachError, OSError) as exc:
                 f._set(BatchResult(f.topic, f.partition, -1, f.count, NETWORK_EXCEPTION,
                                    f"could not send the batch again: {exc}", -1, -1))
+                continue
+            if not sent:
+                # a call that must not wait (poll(reattach=False), produce, the producer's
+                # thread): the ring has no room now, or the session just went.  This batch and
+                # the rest stay, in order, for the next look (_due_resends), which renumbers
+                # them from the sequence the broker then expects (numbered on from here
+                # meanwhile, so that they keep their order behind the ones sent)
+                rest = todo[i:]
+                self._resend[key] = rest
+                self._resend_at[key] = now
+                after = seq
+                for g, _ in rest:
+                    if g._sequenced:
+                        g._sequence = after
+                        after = (after + g.count) & 0x7FFFFFFF
+                break
+            if f._sequenced:
+                f._sequence = seq
+                seq = (seq + f.count) & 0x7FFFFFFF
         if any(f._sequenced for f, _ in todo):
             self._sequences[key] = seq
 

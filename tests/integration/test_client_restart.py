@@ -265,3 +265,90 @@ def test_in_flight_cap_holds_past_the_delivery_timeout(broker: RunningBroker) ->
             assert got == mine, f"partition {part}"
     finally:
         p.close(5)
+
+
+def test_close_is_bounded_by_its_timeout_while_the_worker_is_stopped(
+        broker: RunningBroker) -> None:
+    """``close(timeout)`` returns within its timeout while the background thread is inside a
+    call to a worker that does not answer (here: attaching to a stopped worker, which waits up
+    to 2 s for its welcome); the thread detaches once that call ends.  Before, close joined the
+    thread without a limit (0.5 s asked, ~2 s taken)."""
+    _topic(broker, "close-bound")
+    worker = broker.worker_pids()[1]
+    p = _producer(broker)
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        p.produce("close-bound", b"never acknowledged", partition=0)
+        time.sleep(0.2)  # the thread is attaching now, waiting for the worker's welcome
+        t0 = time.monotonic()
+        assert p.close(0.5) is False  # the record was not delivered
+        took = time.monotonic() - t0
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    assert took < 0.5 + CALL_BOUND_S, f"close(0.5) took {took:.3f} s"
+    p._thread.join(10)
+    assert not p._thread.is_alive()
+    assert p._broker.closed  # detached by the thread on its way out
+
+
+def test_poll_is_bounded_while_a_resend_waits_for_ring_room(broker: RunningBroker) -> None:
+    """A failed batch sent again from a call that must not wait (``poll(reattach=False)``: the
+    producer's ``poll``, ``produce`` and thread) while the ring is full and its worker stopped:
+    the call returns within its timeout, and the batch goes once there is room, exactly once,
+    with the sequence the broker expects.  Before, the resend waited for room up to 30 s (here
+    until the watchdog's SIGCONT after 3 s).  The retriable answer is staged where
+    ``_read_completions`` keeps one (a real one needs a leader change or a failed fsync)."""
+    from shmq.ipc.client import BatchFuture, LocalBroker
+
+    _topic(broker, "resend-room")
+    _topic(broker, "filler", partitions=8)
+    lb = LocalBroker(broker.data_dir, submit_bytes=1 << 20)
+    worker = broker.worker_pids()[1]
+    key = ("resend-room", 0)
+    watchdog = threading.Timer(3.0, os.kill, (worker, signal.SIGCONT))
+    try:
+        lb.send_batch("resend-room", 0, [b"first"]).result(10)
+        # the batch kept for a resend: its bytes and future, as _retry keeps them
+        kept = _fast.Batch(0.0)
+        kept.append(None, b"again", int(time.time() * 1000), None, None)
+        data = kept.encoded(lb.producer_id, lb.producer_epoch, 1)
+        f = BatchFuture(lb, "resend-room", 0, 1, -1, None)
+        f._sequence, f._sequenced, f._deadline = 1, True, time.monotonic() + 60
+        os.kill(worker, signal.SIGSTOP)
+        watchdog.start()
+        # fill the ring: batches of falling sizes over the filler's partitions (five unanswered
+        # each) until it refuses even a one-record batch of 30 bytes
+        refused = 0
+        for size in (200_000, 50_000, 10_000, 2_000, 500, 100, 30):
+            for part in range(8):
+                if lb.try_send_with("filler", part, 1, _one_record(b"f" * size), acks=1) is None:
+                    refused += 1
+        assert refused and lb.try_send_with("filler", 0, 1, _one_record(b"f" * 30),
+                                            acks=1) is None
+        lb._resend[key] = [(f, data)]
+        lb._resend_at[key] = time.monotonic()
+        t0 = time.monotonic()
+        lb.poll(0.2, reattach=False)
+        took = time.monotonic() - t0
+        assert f.value is None, f.value  # not failed: still waiting for room
+    finally:
+        watchdog.cancel()
+        os.kill(worker, signal.SIGCONT)
+    try:
+        assert took < 0.2 + CALL_BOUND_S, f"poll(0.2) took {took:.3f} s"
+        deadline = time.monotonic() + 30
+        while f.value is None and time.monotonic() < deadline:
+            lb.poll(0.1)
+        assert f.value is not None and f.value.error_code == 0, f.value
+        assert lb.flush(30) == 0
+    finally:
+        lb.close(5)
+    got = _read_back(broker.bootstrap, "resend-room", 0, 2)
+    assert got == [b"first", b"again"]
+
+
+def _one_record(value: bytes) -> Any:
+    """A ``send_with`` writer of one keyless record."""
+    batch = _fast.Batch(0.0)
+    batch.append(None, value, int(time.time() * 1000), None, None)
+    return batch.write
