@@ -962,3 +962,37 @@ def test_end_offset_for_epoch_follows_leader_epoch_file_cache(tmp_path) -> None:
     assert log.end_offset_for_epoch(6, current_epoch=6) == (6, 30)
     assert log.end_offset_for_epoch(7, current_epoch=6) == (-1, -1)
     log.close()
+
+
+def test_flush_starts_the_writeback_of_each_new_byte_once(tmp_path, monkeypatch) -> None:
+    """Before it waits for the flush lock, a flush starts the disk writes of every byte appended
+    since the previous start (``disk.start_writeback``), across rolls, each byte once; one that
+    finds everything durable starts nothing.  Checked against the files' sizes."""
+    from shmq.storage import disk
+
+    started: list[tuple[str, int, int]] = []
+    real = disk.start_writeback
+
+    def recording(fd: int, offset: int, length: int) -> bool:
+        started.append((os.readlink(f"/proc/self/fd/{fd}"), offset, length))
+        return real(fd, offset, length)
+
+    monkeypatch.setattr(disk, "start_writeback", recording)
+    log = open_log(tmp_path, segment_bytes=3000)
+    for _ in range(40):
+        log.append(kbatch([b"v" * 100]))
+    assert len(log.segments) > 2  # rolled
+    assert log.flush() is True
+    assert log.flush() is False  # nothing new: nothing started
+    for _ in range(3):
+        log.append(kbatch([b"w" * 100]))
+    assert log.flush() is True
+    covered: dict[str, list[tuple[int, int]]] = {}
+    for path, offset, length in started:
+        covered.setdefault(path, []).append((offset, offset + length))
+    for seg in log.segments:
+        spans = sorted(covered.get(str(seg.log_path), []))
+        assert spans and spans[0][0] == 0, seg
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:])), spans  # once, no gap
+        assert spans[-1][1] == os.path.getsize(seg.log_path)
+    log.close()
