@@ -17,7 +17,8 @@ Theory of operation (shared memory)
   are kept as objects only once a record has a delivery callback (its report needs them).
 * ``produce_batch`` turns lists, numpy and Arrow arrays into Arrow binary columns, checks them
   whole (nothing is half-sent) and encodes each batch from the columns in one Cython pass
-  (``_fast.encode_arrow_batch_into``).
+  (``_fast.encode_arrow_batch_into``); Arrow input straight into the ring when the batch goes
+  (``ArrowBatch``), numpy ``S`` arrays (views of the caller's memory) into a buffer at once.
 * A batch goes when it reaches ``batch.num.messages`` / ``batch.size``, when ``linger.ms`` has
   passed since its first record (a daemon thread watches the open batches, so records go out
   without ``poll`` as librdkafka's do; ``poll`` sends what may go as well, since the thread waits
@@ -255,8 +256,10 @@ class ArrowBatch:
               producer_epoch: int = -1, base_sequence: int = -1) -> int:
         if size < 0:
             return self._size
-        got = _fast.encode_arrow_batch_into(view, at, size, self._rows, *self._cols, self._now,
-                                            producer_id, producer_epoch, base_sequence)
+        k_off, k_data, k_valid, v_off, v_data, v_valid = self._cols
+        got = _fast.encode_arrow_batch_into(view, at, size, self._rows, k_off, k_data, k_valid,
+                                            v_off, v_data, v_valid, self._now, producer_id,
+                                            producer_epoch, base_sequence)
         if got != size:
             raise ValueError(f"an Arrow batch encoded to {got} bytes, {size} were reserved")
         return size
