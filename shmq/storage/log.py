@@ -46,7 +46,7 @@ from shmq import _fast
 from shmq.errors import CorruptRecordError, KafkaApiError, OffsetOutOfRangeError
 from shmq.limits import Throttled
 from shmq.protocol.compression import decompress_scratch
-from shmq.storage import checkpoint, layout, partition_metadata, txn_index
+from shmq.storage import checkpoint, disk, layout, partition_metadata, txn_index
 from shmq.storage.log_config import LogConfig
 from shmq.storage.producer_state import ProducerStateManager, snapshot_path
 from shmq.storage.recovery_point import UNKNOWN as UNKNOWN_UNSTABLE
