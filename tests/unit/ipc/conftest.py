@@ -1,19 +1,35 @@
 """Every ipc test leaves /dev/shm as it found it (DESIGN.md §1: no leftover shm objects).
 
-Only ``shmq-st-*`` names are watched: every object these tests create has that prefix, and other
-suites (rings, brokers) running at the same time on this host may own other ``shmq-*`` names.
+Only the objects these tests create are watched: every ``shm_open`` with ``O_CREAT`` in this
+process (``StateTable.create``, ``MetricsTable.create``, the tests' raw objects) is recorded by
+name, and a recorded name still in /dev/shm after its test is a leak.  Other brokers on the host
+(another engineer's suite, a broker killed -9 whose objects wait for its next start) create and
+leave ``shmq-*`` names too; those are not this suite's, so they neither fail it nor get removed.
+A test's child processes print the names they created, and that test unlinks and checks them.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import posix_ipc
 import pytest
 
 SHM_DIR = "/dev/shm"
-WATCHED = "shmq-st-"
+
+_created: list[str] = []  # every name this process created, in order
+
+
+def _recording(real: Any) -> Any:
+    def shared_memory(name: Any, flags: int = 0, *args: Any, **kwargs: Any) -> Any:
+        shm = real(name, flags, *args, **kwargs)
+        if flags & posix_ipc.O_CREAT:
+            _created.append(shm.name.lstrip("/"))
+        return shm
+
+    return shared_memory
 
 
 def remove(names: set[str]) -> None:
@@ -25,51 +41,24 @@ def remove(names: set[str]) -> None:
             pass
 
 
-def _mapped_by_live_processes() -> set[str]:
-    """Names some other process maps or holds open right now: a broker running beside the
-    tests owns those (a controller opens its table before it maps it), and they are neither
-    this suite's leftovers nor ours to remove."""
-    names: set[str] = set()
-    me = str(os.getpid())
-    prefix = os.path.join(SHM_DIR, WATCHED)
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or pid == me:  # our own mappings are leaks, not a broker's
-            continue
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                for line in f:
-                    if prefix in line:
-                        names.add(line.rsplit("/", 1)[-1].split()[0])
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target.startswith(prefix):
-                    names.add(os.path.basename(target))
-        except OSError:
-            continue
-    return names
-
-
-def shm_names() -> set[str]:
-    try:
-        found = {n for n in os.listdir(SHM_DIR) if n.startswith(WATCHED)}
-    except FileNotFoundError:
-        return set()
-    return found - _mapped_by_live_processes() if found else found
+def still_there(names: list[str]) -> set[str]:
+    return {n for n in names if os.path.exists(os.path.join(SHM_DIR, n))}
 
 
 @pytest.fixture(scope="session", autouse=True)
 def no_leftovers_after_run() -> Iterator[None]:
-    before = shm_names()
-    yield
-    left = shm_names() - before
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(posix_ipc, "SharedMemory", _recording(posix_ipc.SharedMemory))
+        yield
+    left = still_there(_created)
     remove(left)
     assert not left, f"the ipc tests left shm objects behind: {sorted(left)}"
 
 
 @pytest.fixture(autouse=True)
 def no_leftovers() -> Iterator[None]:
-    before = shm_names()
+    first = len(_created)
     yield
-    left = shm_names() - before
+    left = still_there(_created[first:])
     remove(left)
     assert not left, f"this test left shm objects behind: {sorted(left)}"
