@@ -87,8 +87,17 @@ class Copier:
         self._producer_placeholder: Any = None
 
     def _producer(self) -> Producer:
+        # metadata.recovery.strategy=none: when every broker is down at once (the controller
+        # killed: its workers exit with it; a one-node Kafka cluster restarting alike),
+        # librdkafka's default "rebootstrap" decommissions every broker it knew, and a group
+        # coordinator cached on a decommissioned broker wedges send_offsets_to_transaction
+        # until some other broker changes state (confluentinc/librdkafka#5511), past its own
+        # timeout (#5456): the copier then lost 60 s to the HungCall guard below (the test took
+        # 80-90 s instead of 20-30 s in about one run of eight).  Without the re-bootstrap the
+        # client keeps its brokers, reconnects to the restarted ones and goes on.
         conf = {"bootstrap.servers": self.bootstrap, "transactional.id": "eos-copier",
-                "linger.ms": 5, "transaction.timeout.ms": 10000}
+                "linger.ms": 5, "transaction.timeout.ms": 10000,
+                "metadata.recovery.strategy": "none"}
         if os.environ.get("SHMQ_TXN_DEBUG"):
             conf["debug"] = os.environ["SHMQ_TXN_DEBUG"]
         p = Producer(conf)
