@@ -57,10 +57,15 @@ run demo: build
 kafka: $(STAMP)
 	@$(PY) tools/apache_kafka.py fetch --if-possible
 
-# The whole default suite (long soak/fault runs are marked slow and excluded).
+# The whole default suite (long soak/fault runs are marked slow and excluded), in TEST_WORKERS
+# processes (pytest-xdist): most tests wait on brokers, JVMs and clients rather than compute, so
+# two workers on two cores halve the wall time.  Each module runs whole in one worker, the Spark
+# modules all in one (tests/conftest.py).  TEST_WORKERS=0 runs it in this process.
 # pytest exits 5 when it collected no test: that is a failure here, said plainly.
+TEST_WORKERS ?= 2
+
 test: build kafka
-	@$(PYTEST) -q --durations=30; status=$$?; \
+	@$(PYTEST) -q -n $(TEST_WORKERS) --dist loadgroup --durations=30; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$status
 
 # Unit and property tests only (no subprocesses, no fuzzing).
