@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 IVY = ROOT / ".cache" / "ivy"
 MAVEN = "https://repo1.maven.org/maven2"
 
+sys.path.insert(0, str(ROOT / "tests" / "integration"))  # its conftest imports _broker from there
 _spec = importlib.util.spec_from_file_location(
     "shmq_test_broker", ROOT / "tests" / "integration" / "conftest.py")
 assert _spec is not None and _spec.loader is not None

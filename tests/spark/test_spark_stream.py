@@ -83,9 +83,12 @@ def produce_counted(bootstrap: str, topic: str, n: int, partitions: int, counts:
 
 
 def start_job(bootstrap: str, topic: str, ck: Path, out: Path, log: Path) -> subprocess.Popen:
+    scratch = log.parent / "spark-scratch"  # the job's Spark temp files (removed with tmp_path)
+    scratch.mkdir(exist_ok=True)
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
     with open(log, "ab") as f:
-        return subprocess.Popen([sys.executable, str(JOB), bootstrap, topic, str(ck), str(out)],
+        return subprocess.Popen([sys.executable, str(JOB), bootstrap, topic, str(ck), str(out),
+                                 str(scratch)],
                                 stdout=f, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
 
