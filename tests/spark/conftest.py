@@ -14,7 +14,6 @@ import importlib.util
 import os
 import shutil
 import sys
-import tempfile
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,7 +56,7 @@ def connector_coordinates() -> tuple[str, str]:
 
 
 @pytest.fixture(scope="session")
-def spark_env() -> Iterator[tuple[Any, str]]:
+def spark_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str]]:
     """(SparkSession, why the Kafka connector is missing or "")."""
     import spark_bridge
 
@@ -66,9 +65,10 @@ def spark_env() -> Iterator[tuple[Any, str]]:
             "spark.driver.memory": "1g"}
     if not missing:
         conf.update({"spark.jars.packages": coords, "spark.jars.ivy": str(IVY)})
-    # Spark's block manager and artifact directories go under a directory removed at the end
-    # (by default they are left in /tmp: spark.local.dir and the JVM's java.io.tmpdir)
-    scratch = tempfile.mkdtemp(prefix="shmq-spark-")
+    # Spark's block manager and artifact directories, and the native libraries its JVM unpacks,
+    # go under the test run's temp dir, removed at the end (by default they are left in /tmp:
+    # spark.local.dir and the JVM's java.io.tmpdir)
+    scratch = str(tmp_path_factory.mktemp("spark-scratch"))
     conf.update({"spark.local.dir": scratch,
                  "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={scratch}"})
     session = spark_bridge.session("shmq-tests", conf=conf)
