@@ -227,7 +227,7 @@ def test_bad_delete_records(cluster: RunningBroker, offset: int, code: int) -> N
     struct.pack(">hhih", 21, 2, 1, 2) + b"f2" + os.urandom(64),                  # noise
     struct.pack(">hhih", 33, 0, 1, 2) + b"f2" + b"\x00\x00\x00\x01\x02\xff\xff",  # bad string
     struct.pack(">hhih", 60, 9, 1, 2) + b"f2",                                  # no such version
-])
+], ids=["huge count", "truncated", "no body", "noise", "bad string", "no such version"])
 def test_garbage_admin_requests_end_only_their_connection(cluster: RunningBroker,
                                                           payload: bytes) -> None:
     for address in (cluster.bootstrap, worker_address(cluster)):
