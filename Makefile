@@ -65,7 +65,7 @@ kafka: $(STAMP)
 TEST_WORKERS ?= 2
 
 test: build kafka
-	@$(PYTEST) -q -n $(TEST_WORKERS) --dist loadgroup --durations=30; status=$$?; \
+	@$(PYTEST) -q -n $(TEST_WORKERS) --dist loadscope --durations=30; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$status
 
 # Unit and property tests only (no subprocesses, no fuzzing).
