@@ -35,17 +35,20 @@ FSYNC_DELAY_S = float(os.environ.get("SHMQ_FAULT_FSYNC_DELAY_MS") or 0) / 1000
 SYNC_FILE_RANGE_WRITE = 2
 
 
-def _sync_file_range() -> Any:
+def _libc(name: str, *argtypes: Any) -> Any:
+    """libc's ``name`` returning an int (None where libc has none); ctypes releases the GIL
+    while it runs."""
     try:
-        fn = ctypes.CDLL(None, use_errno=True).sync_file_range  # releases the GIL
+        fn = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):
         return None
-    fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    fn.argtypes = argtypes
     fn.restype = ctypes.c_int
     return fn
 
 
-_SYNC_FILE_RANGE = _sync_file_range()
+_SYNC_FILE_RANGE = _libc("sync_file_range", ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+                         ctypes.c_uint)
 
 
 def start_writeback(fd: int, offset: int, length: int) -> bool:
@@ -67,16 +70,6 @@ def fsync(fd: int, *, data_only: bool = False, slowed: bool = False) -> None:
         os.fsync(fd)
 
 
-def _libc_syncfs() -> object | None:
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).syncfs  # releases the GIL while it runs
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
-
-
 def syncfs_errors_reported() -> bool:
     """Whether this kernel's ``syncfs`` reports writeback errors (Linux >= 5.8)."""
     try:
@@ -86,7 +79,7 @@ def syncfs_errors_reported() -> bool:
     return (major, minor) >= (5, 8)
 
 
-_SYNCFS = _libc_syncfs() if syncfs_errors_reported() else None
+_SYNCFS = _libc("syncfs", ctypes.c_int) if syncfs_errors_reported() else None
 # a kernel whose syncfs always returns 0 would hide an EIO that an fsync reports: fsync there
 HAVE_SYNCFS = _SYNCFS is not None
 
@@ -98,6 +91,6 @@ def syncfs(fd: int, *, slowed: bool = False) -> None:
         raise OSError(38, "syncfs is not available here")  # ENOSYS: callers check HAVE_SYNCFS
     if slowed and FSYNC_DELAY_S:
         time.sleep(FSYNC_DELAY_S)
-    if _SYNCFS(fd) != 0:  # type: ignore[operator]
+    if _SYNCFS(fd) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))

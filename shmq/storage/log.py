@@ -1077,7 +1077,7 @@ class PartitionLog:
             for seg in todo:
                 seg.flush()
             for base in txn_dirty:
-                txn_index.fsync(txn_index.path_for(self.directory, base))
+                checkpoint.fsync_file(txn_index.path_for(self.directory, base))
             if epochs is not None:  # before the recovery point passes the batches they start
                 # a new log's first flush fsyncs its directory below anyway: that one fsync
                 # makes the checkpoint's rename durable too (one fsync in five of a clean stop

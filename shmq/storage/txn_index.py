@@ -95,14 +95,3 @@ def rewrite(path: Path, entries: list[AbortedTxn]) -> None:
     finally:
         os.close(fd)
     os.rename(tmp, path)
-
-
-def fsync(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
