@@ -25,7 +25,13 @@ Parts (``--only``):
   k/n``: k of the n samples were client-bound, the client's CPU at or above the wall time, as
   ``suite.py`` marks them); the ratio column divides by the 6-partition row of the same client
   and phase (the issue's target: 1,000 partitions >= 0.7x of 6).  Medians of
-  ``--repeat`` passes with the spread (min-max).
+  ``--repeat`` passes with the spread (min-max).  Beside them, from the broker's own metrics
+  table (``Counters``): the Produce, Fetch and ListOffsets requests it answered in the phase
+  (the shape the client gave the load: one ListOffsets per partition at a consumer's start,
+  one Produce per partition batch), and the Fetch long polls that waited over 250 ms, each a
+  Fetch that named only partitions with nothing to read and was parked for most of
+  ``fetch.wait.max.ms`` (500 ms), as Kafka parks it: what makes a 1,000-partition consume row
+  swing between 0.2 s and 1 s.
 * ``start``: a topic of ``--start-partitions`` partitions (one record in each), the broker
   stopped cleanly and started again: seconds from exec to its ready line, to every partition
   having a leader in Metadata, and to the first acknowledgement (acks=all) of a record produced
@@ -264,6 +270,52 @@ def first_fetch(bootstrap: str, topic: str, partition: int, offset: int, timeout
         cons.close()
 
 
+class Counters:
+    """The broker's own counts, read from its shared metrics table (attached read-only, as
+    ``shmq top --data-dir`` does; no HTTP sampler runs, so reading costs the broker nothing):
+    requests per API, and the Fetch long polls (purgatory waits) that lasted over 250 ms, i.e.
+    that waited out most of a librdkafka ``fetch.wait.max.ms`` (500) with nothing to answer.
+    A wait is counted when it ends, so one still parked when the client exits is counted when
+    its connection closes."""
+
+    APIS = {"Produce": 0, "Fetch": 1, "ListOffsets": 2}
+
+    def __init__(self, data: Path) -> None:
+        from shmq.ipc.metrics_table import MetricsTable
+
+        info = json.loads((data / "run" / "broker.json").read_text())
+        self.table = MetricsTable.attach(info["metrics_table"]) if info.get(
+            "metrics_table") else None
+
+    def read(self) -> dict[str, float]:
+        from shmq._fast import _metrics_reference as L
+
+        if self.table is None:
+            return {}
+        regions, _ = self.table.snapshot()
+        total = regions.sum(axis=0)
+        req = total[L.REQUESTS:L.ERRORS].reshape(L.API_SLOTS, L.VERSION_SLOTS).sum(axis=1)
+        hist = total[L.FETCH_WAIT_HIST:L.FETCH_WAIT_HIST + L.HIST_WORDS]
+        long = L.bucket_of(250_000_001)  # the first bucket above 250 ms
+        out = {name: float(req[key]) for name, key in self.APIS.items()}
+        out["long_polls"] = float(hist[long:L.BUCKETS].sum())
+        out["long_poll_s"] = float(hist[L.HIST_SUM]) / 1e9
+        return out
+
+    def close(self) -> None:
+        if self.table is not None:
+            self.table.close()
+
+    @staticmethod
+    def since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+        return {k: after[k] - before.get(k, 0.0) for k in after}
+
+
+def requests(counted: dict[str, float]) -> str:
+    """Produce / Fetch / ListOffsets requests the broker answered in a phase."""
+    return " / ".join(f"{counted[k]:,.0f}" for k in ("Produce", "Fetch", "ListOffsets"))
+
+
 def spread(values: list[float]) -> str:
     return f"{min(values):,.3g}-{max(values):,.3g}" if len(values) > 1 else "-"
 
@@ -303,6 +355,7 @@ class Scale:
         b, _ = start(self.work, data, a.workers)
         lines = self.work / "lines.txt"
         write_lines(lines, a.records, a.size)
+        counters = Counters(data)
         try:
             for rep in range(a.repeat):
                 for parts in a.partitions:
@@ -314,19 +367,24 @@ class Scale:
                             settle(b, a.phase_timeout)
                             created.setdefault(parts, []).append(time.monotonic() - t0)
                             for phase in ("produce", "consume"):
+                                before = counters.read()
                                 cpu0 = b.cpu()
                                 seconds, client_cpu = self.load(b, client, phase, topic, parts,
                                                                 lines)
                                 cpu = b.cpu() - cpu0
+                                time.sleep(0.05)  # a long poll ended by the client's exit
+                                counted = Counters.since(before, counters.read())
                                 sample = {"seconds": seconds, "msg_s": a.records / seconds,
                                           "cpu_s_per_M": cpu / (a.records / 1e6),
-                                          "client_cpu_s": client_cpu}
+                                          "client_cpu_s": client_cpu, **counted}
                                 rows.setdefault((client, phase, parts), []).append(sample)
                                 print(f"    {client:<4} {phase:<7} {parts:>6} part  "
                                       f"{sample['msg_s']:>10,.0f} msg/s  broker CPU "
                                       f"{sample['cpu_s_per_M']:.2f} s/M  client CPU "
                                       f"{client_cpu:.2f} s / {seconds:.2f} s"
-                                      + (" (client-bound)" if client_bound(sample) else ""),
+                                      + (" (client-bound)" if client_bound(sample) else "")
+                                      + (f"  {requests(sample)}  long polls > 250 ms: "
+                                         f"{sample['long_polls']:.0f}" if counted else ""),
                                       flush=True)
                         except Exception as e:  # noqa: BLE001 - one failed cell, not the run
                             print(f"    {client:<4} {parts:>6} part  ERROR {str(e)[:200]}",
@@ -335,6 +393,7 @@ class Scale:
                         finally:
                             delete_topic(b.bootstrap, topic)
         finally:
+            counters.close()
             b.stop()
             shutil.rmtree(data, ignore_errors=True)
         table = []
@@ -349,18 +408,25 @@ class Scale:
             share = statistics.median(s["client_cpu_s"] / s["seconds"] for s in samples)
             out.append({"client": client, "phase": phase, "partitions": parts, "msg_s": rate,
                         "cpu_s_per_M": cpu, "client_cpu_per_wall": share, "samples": samples})
+            counted = [s for s in samples if "long_polls" in s]
+            med = ({k: statistics.median(s[k] for s in counted)
+                    for k in ("Produce", "Fetch", "ListOffsets", "long_polls")}
+                   if counted else None)
             table.append([f"{phase} {'confluent-kafka' if client == 'ck' else 'kcat'}",
                           f"{parts:,}", f"{rate:,.0f}", spread([s["msg_s"] for s in samples]),
                           f"{cpu:.2f}", spread([s["cpu_s_per_M"] for s in samples]),
                           f"{share:.2f}" + (f" CB {bound}/{len(samples)}" if bound else ""),
-                          ratio])
+                          ratio, requests(med) if med else "-",
+                          (f"{med['long_polls']:.0f} ("
+                           f"{spread([s['long_polls'] for s in counted])})") if med else "-"])
         self.results["partitions"] = out
         self.results["create_s"] = {str(k): v for k, v in created.items()}
         notes = "".join(f"\n  topic of {k:,} partitions created and the broker idle again in "
                         f"{statistics.median(v):.2f} s (median; {spread(v)})"
                         for k, v in sorted(created.items()))
         return _table(["phase client", "partitions", "msg/s", "spread", "broker CPU s/M",
-                       "spread", "client CPU/wall", "vs 6 part"], table) + notes + "".join(f"\n  ERROR {e}" for e in errors)
+                       "spread", "client CPU/wall", "vs 6 part", "requests P / F / LO",
+                       "long polls > 250 ms"], table) + notes + "".join(f"\n  ERROR {e}" for e in errors)
 
     def load(self, b: Broker, client: str, phase: str, topic: str, parts: int,
              lines: Path) -> tuple[float, float]:
