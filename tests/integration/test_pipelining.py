@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from _broker import RunningBroker, start_broker
 from confluent_kafka.admin import AdminClient, NewTopic
-from kafka.protocol.consumer import ListOffsetsRequest, ListOffsetsResponse
+from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest, ListOffsetsResponse
 from kafka.protocol.producer import ProduceResponse
 from test_wire_bad_input import encode, produce_request, read_frame, record_batch
 
@@ -195,3 +195,46 @@ def list_offsets_of(topic: str, partition: int, correlation_id: int, timestamp: 
     return encode(L[5](replica_id=-1, isolation_level=0, topics=[T(name=topic, partitions=[
         T.ListOffsetsPartition(partition_index=partition, current_leader_epoch=-1,
                                timestamp=timestamp)])]), correlation_id)
+
+
+def test_the_scale_bench_counts_requests_and_long_polls(
+        one_worker: tuple[RunningBroker, int]) -> None:
+    """``perf/bench_scale.py``'s ``Counters`` read each phase's requests and its Fetch long polls
+    from the broker's metrics table: a Fetch of an empty partition parked for its max_wait
+    (400 ms) counts as a long poll over 250 ms, one answered after 50 ms does not, and the
+    ListOffsets, Fetch and Produce counts are the requests sent (the independent oracle: what
+    this test wrote on the socket)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "perf"))
+    from bench_scale import Counters
+
+    broker, port = one_worker
+    counters = Counters(broker.data_dir)
+    try:
+        before = counters.read()
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(b"".join(list_offsets(i, 2000 + i) for i in range(5)))
+            read_answers(sock, 5)
+            for wait_ms, correlation in ((400, 2005), (50, 2006)):
+                started = time.monotonic()
+                sock.sendall(fetch_empty(PARTITIONS - 1, wait_ms, correlation))
+                assert struct.unpack_from(">i", read_answers(sock, 1)[0])[0] == correlation
+                assert time.monotonic() - started >= wait_ms / 1000 * 0.9
+        counted = Counters.since(before, counters.read())
+    finally:
+        counters.close()
+    assert (counted["ListOffsets"], counted["Fetch"], counted["Produce"]) == (5, 2, 0), counted
+    assert counted["long_polls"] == 1, counted
+    assert 0.4 <= counted["long_poll_s"] < 1.5, counted
+
+
+def fetch_empty(partition: int, max_wait_ms: int, correlation_id: int) -> bytes:
+    """A Fetch (v11, min_bytes 1) of ``partition`` at its end: nothing to read, so parked."""
+    F = FetchRequest
+    return encode(F[11](
+        replica_id=-1, max_wait_ms=max_wait_ms, min_bytes=1, max_bytes=1 << 20,
+        isolation_level=0, session_id=0, session_epoch=-1, rack_id="", forgotten_topics_data=[],
+        topics=[F.FetchTopic(topic=TOPIC, partitions=[F.FetchTopic.FetchPartition(
+            partition=partition, current_leader_epoch=-1, fetch_offset=0, log_start_offset=-1,
+            partition_max_bytes=1 << 20)])]), correlation_id)
