@@ -198,15 +198,13 @@ def list_offsets_of(topic: str, partition: int, correlation_id: int, timestamp: 
 
 
 def test_the_scale_bench_counts_requests_and_long_polls(
-        one_worker: tuple[RunningBroker, int]) -> None:
+        one_worker: tuple[RunningBroker, int], monkeypatch: pytest.MonkeyPatch) -> None:
     """``perf/bench_scale.py``'s ``Counters`` read each phase's requests and its Fetch long polls
     from the broker's metrics table: a Fetch of an empty partition parked for its max_wait
     (400 ms) counts as a long poll over 250 ms, one answered after 50 ms does not, and the
     ListOffsets, Fetch and Produce counts are the requests sent (the independent oracle: what
     this test wrote on the socket)."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "perf"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "perf"))
     from bench_scale import Counters
 
     broker, port = one_worker
