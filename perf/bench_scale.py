@@ -98,6 +98,7 @@ from suite import (
     KCAT_CONSUME_X,
     KCAT_X,
     Broker,
+    Counters,
     PhaseError,
     _session_members,
     _table,
@@ -107,6 +108,7 @@ from suite import (
     create_topic,
     delete_topic,
     kcat_env,
+    requests,
     run_kcats,
     run_loads,
     settle,
@@ -268,52 +270,6 @@ def first_fetch(bootstrap: str, topic: str, partition: int, offset: int, timeout
         raise PhaseError(f"first fetch of offset {offset}: nothing after {timeout} s")
     finally:
         cons.close()
-
-
-class Counters:
-    """The broker's own counts, read from its shared metrics table (attached read-only, as
-    ``shmq top --data-dir`` does; no HTTP sampler runs, so reading costs the broker nothing):
-    requests per API, and the Fetch long polls (purgatory waits) that lasted over 250 ms, i.e.
-    that waited out most of a librdkafka ``fetch.wait.max.ms`` (500) with nothing to answer.
-    A wait is counted when it ends, so one still parked when the client exits is counted when
-    its connection closes."""
-
-    APIS = {"Produce": 0, "Fetch": 1, "ListOffsets": 2}
-
-    def __init__(self, data: Path) -> None:
-        from shmq.ipc.metrics_table import MetricsTable
-
-        info = json.loads((data / "run" / "broker.json").read_text())
-        self.table = MetricsTable.attach(info["metrics_table"]) if info.get(
-            "metrics_table") else None
-
-    def read(self) -> dict[str, float]:
-        from shmq._fast import _metrics_reference as L
-
-        if self.table is None:
-            return {}
-        regions, _ = self.table.snapshot()
-        total = regions.sum(axis=0)
-        req = total[L.REQUESTS:L.ERRORS].reshape(L.API_SLOTS, L.VERSION_SLOTS).sum(axis=1)
-        hist = total[L.FETCH_WAIT_HIST:L.FETCH_WAIT_HIST + L.HIST_WORDS]
-        long = L.bucket_of(250_000_001)  # the first bucket above 250 ms
-        out = {name: float(req[key]) for name, key in self.APIS.items()}
-        out["long_polls"] = float(hist[long:L.BUCKETS].sum())
-        out["long_poll_s"] = float(hist[L.HIST_SUM]) / 1e9
-        return out
-
-    def close(self) -> None:
-        if self.table is not None:
-            self.table.close()
-
-    @staticmethod
-    def since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-        return {k: after[k] - before.get(k, 0.0) for k in after}
-
-
-def requests(counted: dict[str, float]) -> str:
-    """Produce / Fetch / ListOffsets requests the broker answered in a phase."""
-    return " / ".join(f"{counted[k]:,.0f}" for k in ("Produce", "Fetch", "ListOffsets"))
 
 
 def spread(values: list[float]) -> str:

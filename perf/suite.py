@@ -115,6 +115,7 @@ class Broker:
         self.name = name
         self.log = log
         self.bootstrap = ""
+        self.data: Path | None = None  # shmq's data dir: its metrics table (``Counters``)
         self._logf = open(log, "ab")
         self.proc = proc if proc is not None else subprocess.Popen(
             argv or [], stdout=self._logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -176,6 +177,7 @@ def start_shmq(workers: int, work: Path) -> Broker:
     data = work / "shmq-data"
     b = Broker("shmq", [sys.executable, "-m", "shmq", "broker", "--listeners", "127.0.0.1:0",
                         "--workers", str(workers), "--data-dir", str(data)], work / "shmq.log")
+    b.data = data
     try:
         b.bootstrap = b.wait_for("shmq broker ready: bootstrap ", 60).split()[0]
     except BaseException:
@@ -285,6 +287,57 @@ def delete_topic(bootstrap: str, topic: str, timeout: float = 30) -> None:
             fut.result(timeout=timeout)
     except Exception as e:  # noqa: BLE001 - frees memory/disk only
         print(f"    (delete {topic} failed: {e})", file=sys.stderr)
+
+
+class Counters:
+    """A shmq broker's own counts, read from its shared metrics table (attached read-only, as
+    ``shmq top --data-dir`` does: reading costs the broker nothing): requests per API, and the
+    Fetch long polls (purgatory waits) that lasted over 250 ms, i.e. that waited out most of a
+    librdkafka ``fetch.wait.max.ms`` (500) with nothing to answer; ``fetch_wait_s`` is the
+    time of all Fetch waits.  A wait is counted when it ends, so one still parked when the
+    client exits is counted when its connection closes.  No table (metrics off, or it cannot
+    be attached): no counts."""
+
+    APIS = {"Produce": 0, "Fetch": 1, "ListOffsets": 2}
+
+    def __init__(self, data: Path) -> None:
+        from shmq.ipc.metrics_table import MetricsTable, MetricsTableError
+
+        self.table = None
+        try:
+            name = json.loads((data / "run" / "broker.json").read_text()).get("metrics_table")
+            if name:
+                self.table = MetricsTable.attach(name)
+        except (OSError, ValueError, MetricsTableError) as e:
+            print(f"    (no request counts: {e})", file=sys.stderr)
+
+    def read(self) -> dict[str, float]:
+        from shmq._fast import _metrics_reference as L
+
+        if self.table is None:
+            return {}
+        regions, _ = self.table.snapshot()
+        total = regions.sum(axis=0)
+        req = total[L.REQUESTS:L.ERRORS].reshape(L.API_SLOTS, L.VERSION_SLOTS).sum(axis=1)
+        hist = total[L.FETCH_WAIT_HIST:L.FETCH_WAIT_HIST + L.HIST_WORDS]
+        long = L.bucket_of(250_000_001)  # the first bucket above 250 ms
+        out = {name: float(req[key]) for name, key in self.APIS.items()}
+        out["long_polls"] = float(hist[long:L.BUCKETS].sum())
+        out["fetch_wait_s"] = float(hist[L.HIST_SUM]) / 1e9
+        return out
+
+    def close(self) -> None:
+        if self.table is not None:
+            self.table.close()
+
+    @staticmethod
+    def since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+        return {k: after[k] - before.get(k, 0.0) for k in after}
+
+
+def requests(counted: dict[str, float]) -> str:
+    """Produce / Fetch / ListOffsets requests the broker answered in a phase."""
+    return " / ".join(f"{counted[k]:,.0f}" for k in ("Produce", "Fetch", "ListOffsets"))
 
 
 # -- load processes -----------------------------------------------------------------------------
@@ -473,6 +526,14 @@ class Suite:
         self.env_kcat = env_kcat
         self.files: dict[tuple[int, int, int], list[Path]] = {}
         self.serial = 0
+        # shmq's own counts of each phase (requests, Fetch long polls): in the JSON and the
+        # per-run lines, so a slow 1,000-partition consume shows the parked Fetches it waited on
+        self.counters = {name: Counters(b.data) for name, b in brokers.items()
+                         if b.data is not None}
+
+    def close(self) -> None:
+        for counters in self.counters.values():
+            counters.close()
 
     def kcat_files(self, size: int, count: int, parts: int) -> list[Path]:
         key = (size, count, parts)
@@ -565,10 +626,15 @@ class Suite:
                     settle(b, self.args.phase_timeout)
                 for cell in group:
                     fn = getattr(self, cell.kind)
+                    counters = self.counters.get(name)
                     try:
+                        before = counters.read() if counters is not None else {}
                         cpu0 = b.cpu()
                         sample = fn(cell, b, topic)
                         sample["broker_cpu_s"] = b.cpu() - cpu0
+                        if counters is not None:
+                            time.sleep(0.05)  # a long poll ended by the client's exit
+                            sample["counts"] = Counters.since(before, counters.read())
                         records = cell.count or int(self.args.latency_rate
                                                     * (self.args.latency_seconds + 1))
                         sample["broker_cpu_s_per_M"] = sample["broker_cpu_s"] / (records / 1e6)
@@ -597,6 +663,9 @@ def report(cell: Cell, name: str, r: dict[str, Any]) -> None:
         text = f"{r['seconds']:6.2f} s {r['msg_s']:>10,.0f} msg/s {r['mb_s']:7.1f} MB/s"
     if "broker_cpu_s_per_M" in r:
         text += f" broker CPU {r['broker_cpu_s_per_M']:.2f} s/M"
+    if r.get("counts"):
+        text += (f" requests P/F/LO {requests(r['counts'])}, long polls > 250 ms "
+                 f"{r['counts']['long_polls']:.0f}")
     if "client_cpu_s" in r:
         text += f" client CPU {r['client_cpu_s']:.2f} s" + (" (client-bound)" if
                                                          client_bound(r) else "")
@@ -850,6 +919,7 @@ def _run(args: argparse.Namespace, names: list[str], tansu_bin: Path | None, wor
     rng = random.Random(args.seed)
     brokers: dict[str, Broker] = {}
     skipped: list[str] = []
+    suite: Suite | None = None
     try:
         for n in names:
             if n == "shmq":
@@ -874,6 +944,8 @@ def _run(args: argparse.Namespace, names: list[str], tansu_bin: Path | None, wor
                 suite.run_group(group, order)
     finally:
         _ADMINS.clear()
+        if suite is not None:
+            suite.close()
         for b in brokers.values():
             b.stop()
     total = time.monotonic() - started
