@@ -642,6 +642,9 @@ def smallest_upper_bound(
 # --- mapping ---------------------------------------------------------------------------------
 
 
+READAHEAD_CHUNK = 512 << 10  # as mapping.pyx's
+
+
 class MappedFile(mmap.mmap):
     """Twin of the compiled MappedFile: an ``mmap.mmap`` (which keeps a duplicate descriptor)."""
 
@@ -659,13 +662,20 @@ class MappedFile(mmap.mmap):
         return len(self)
 
     def populate(self, start: int, length: int) -> None:
-        """As the compiled one: ``MADV_POPULATE_READ`` over the range (best effort)."""
+        """As the compiled one: ``MADV_WILLNEED`` for the aligned chunks of the range (the
+        twin asks for every chunk: Python has no ``mincore``), then ``MADV_POPULATE_READ``
+        over the range (best effort)."""
         if length <= 0:
             return
         if start < 0 or start > len(self) - length:
             raise ValueError("range outside the mapping")
         lo = start - start % mmap.PAGESIZE
+        hi = start + length
         try:
-            self.madvise(22, lo, start + length - lo)  # MADV_POPULATE_READ (Linux >= 5.14)
+            at = lo - lo % READAHEAD_CHUNK
+            while at < hi:
+                self.madvise(mmap.MADV_WILLNEED, at, min(READAHEAD_CHUNK, len(self) - at))
+                at += READAHEAD_CHUNK
+            self.madvise(22, lo, hi - lo)  # MADV_POPULATE_READ (Linux >= 5.14)
         except OSError:
             pass

@@ -13,9 +13,33 @@ index) on the first append's path.  Lookups are binary searches, random by natur
 """
 
 from libc.errno cimport errno
-from posix.mman cimport (mmap, munmap, msync, madvise, PROT_READ, PROT_WRITE, MAP_SHARED,
-                         MAP_FAILED, MS_SYNC, MADV_RANDOM)
+from posix.mman cimport (mmap, munmap, msync, madvise, mincore, PROT_READ, PROT_WRITE,
+                         MAP_SHARED, MAP_FAILED, MS_SYNC, MADV_RANDOM, MADV_WILLNEED)
 import os
+
+# readahead requests of a populate: the kernel cuts one MADV_WILLNEED to max(read_ahead_kb,
+# max_sectors_kb) of the device (a 4 MiB call on a 128 KiB-readahead disk would read 128 KiB)
+DEF READAHEAD_CHUNK = 512 << 10
+
+
+cdef bint _resident(char *page) noexcept nogil:
+    cdef unsigned char v = 1
+    return mincore(page, 4096, &v) != 0 or (v & 1)
+
+
+cdef void _read_ahead_missing(char *base, Py_ssize_t size, Py_ssize_t lo,
+                              Py_ssize_t hi) noexcept nogil:
+    """``MADV_WILLNEED`` for each ``READAHEAD_CHUNK``-aligned chunk of the mapping ``[base,
+    base + size)`` that meets ``[lo, hi)`` and whose first or last page is not in the page cache
+    (a ``mincore`` of one page each: a ``mincore`` of every page costs a page-cache lookup each,
+    as much as the readahead walk).  Whole aligned chunks, so the next read, which starts in
+    the chunk where this one ends, finds it asked for already."""
+    cdef Py_ssize_t at = lo - lo % READAHEAD_CHUNK, n
+    while at < hi:
+        n = min(<Py_ssize_t>READAHEAD_CHUNK, size - at)
+        if not _resident(base + at) or not _resident(base + ((at + n - 1) & ~<Py_ssize_t>4095)):
+            madvise(base + at, n, MADV_WILLNEED)
+        at += READAHEAD_CHUNK
 
 
 cdef class MappedFile:
@@ -71,7 +95,13 @@ cdef class MappedFile:
         """Map the pages of ``[start, start + length)`` now, in one call, read-only
         (``MADV_POPULATE_READ``, Linux >= 5.14): a reader about to walk a range of a segment
         otherwise takes one page fault per 4 KiB page (the mapping is ``MADV_RANDOM``: no
-        fault-around).  Best effort; the range must lie inside the file (the caller's bound)."""
+        fault-around).  Pages no longer in the page cache (this VM's kernel evicts a log seconds
+        after it is written) are first asked for with ``MADV_WILLNEED`` in chunks, so the disk
+        reads them ahead in large requests; under ``MADV_RANDOM`` the populate alone reads one
+        4 KiB page per synchronous request (2M records of 100 B: 0.05-0.33 M records/s into
+        Arrow against 4-6 M with the readahead, perf/README).  ``mincore`` of two pages a chunk
+        decides, so a resident range costs no readahead walk (~170 us per 11 MiB).  Best effort; the range must lie
+        inside the file (the caller's bound)."""
         cdef size_t page = 4096
         cdef Py_ssize_t lo, hi
         if self.addr == NULL or length <= 0:
@@ -81,6 +111,7 @@ cdef class MappedFile:
         lo = start - start % page
         hi = start + length
         with nogil:
+            _read_ahead_missing(self.addr, self.length, lo, hi)
             madvise(self.addr + lo, hi - lo, 22)  # MADV_POPULATE_READ
 
     def flush(self):
