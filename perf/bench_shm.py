@@ -118,6 +118,12 @@ def ring_reader(data_dir: str, topic: str, n: int, arrow: Any, chunk: int, ready
         broker.read(topic, 0, 0, 1, timeout=30.0)
     ready.set()
     go.wait()
+    import resource
+
+    from bench_client import _runq_ms
+
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
+    q0 = _runq_ms()
     t0 = time.monotonic()
     offset, got = 1, 0  # offset 0 is the warm-up record
     deadline = t0 + 300
@@ -135,6 +141,11 @@ def ring_reader(data_dir: str, topic: str, n: int, arrow: Any, chunk: int, ready
             got += len(r)
         offset = nxt
     t1 = time.monotonic()
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    if arrow:  # what the wall time holds besides decoding (see bench_client's consume_arrow)
+        print(f"     reader: minor faults {ru1.ru_minflt - ru0.ru_minflt:,}, major faults "
+              f"{ru1.ru_majflt - ru0.ru_majflt:,}, run-queue wait {_runq_ms() - q0:.0f} ms",
+              flush=True)
     out.put(("reader", t0, t1, got, time.process_time()))
     broker.close()
 
