@@ -312,6 +312,8 @@ cdef class Batch:
             body = 1 + dsize + _varint_size(n) + 1 + _field_size(vlen) + 1
             need = _varint_size(body) + body
             if used + need > cap:
+                self.n = n  # a MemoryError keeps the records before, as _add did
+                self.used = used
                 cap = max(2 * cap, used + need)
                 PyByteArray_Resize(self.data, cap)
                 base = <unsigned char *>PyByteArray_AS_STRING(self.data)
