@@ -102,6 +102,23 @@ def encode_batch_into(out: Any, pos: int, limit: int, records: list, timestamp: 
     return size
 
 
+def encode_values_into(out: Any, pos: int, size: int, records: list, timestamp: int,
+                       producer_id: int = -1, producer_epoch: int = -1,
+                       base_sequence: int = -1) -> int:
+    if not isinstance(records, list):
+        raise TypeError("records must be a list")
+    if not records:
+        raise ValueError("a record batch holds at least one record")
+    view = memoryview(out).cast("B")
+    if size < 61 or pos < 0 or pos > view.nbytes - size:
+        raise IndexError("encode window is outside the buffer")
+    got = encode_batch_into(out, pos, size, records, timestamp, producer_id, producer_epoch,
+                            base_sequence)
+    if got != size:
+        raise ValueError(f"the records make a batch of {abs(got)} bytes, not {size}")
+    return size
+
+
 def encode_columns_into(out: Any, pos: int, limit: int, keys: list, values: list, stamps: list,
                         producer_id: int = -1, producer_epoch: int = -1,
                         base_sequence: int = -1) -> int:

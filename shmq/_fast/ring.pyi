@@ -19,6 +19,17 @@ def encode_batch_into(
     attributes: int = 0,
 ) -> int: ...
 
+def encode_values_into(
+    out: Buffer,
+    pos: int,
+    size: int,
+    records: list[Any],
+    timestamp: int,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+) -> int: ...
+
 
 def encode_columns_into(
     out: Buffer,

@@ -6,6 +6,7 @@
   and a wake-up hint is never lost (``_atomics.h``).
 * ``encode_batch_into``: a RecordBatch v2 (header, records, CRC-32C) written straight into the
   ring's memory, with no intermediate bytes object; the client's per-record cost.
+  ``encode_values_into`` writes one whose size an earlier size pass gave (no second one).
 
 The pure-Python twin, ``_ring_reference``, has the same names and writes the same bytes (it
 builds the batch with ``encode_records`` + ``build_batch`` and copies it); it is the oracle in
@@ -235,6 +236,62 @@ def encode_batch_into(unsigned char[::1] out not None, Py_ssize_t pos, Py_ssize_
     if w - start != size:
         raise AssertionError("record batch size mismatch")
     shmq_write_batch_header(start, size, <uint16_t>attributes, n, base_ts, max_ts, producer_id,
+                            producer_epoch, base_sequence)
+    with nogil:
+        shmq_store_u32(start + 17, crc32c_c(start + 21, size - 21))
+    return size
+
+
+def encode_values_into(unsigned char[::1] out not None, Py_ssize_t pos, Py_ssize_t size,
+                       list records not None, int64_t timestamp, int64_t producer_id=-1,
+                       int16_t producer_epoch=-1, int32_t base_sequence=-1):
+    """``encode_batch_into`` of a batch whose size is known: ``size`` is what its size pass
+    returned (``-encode_batch_into(b"", 0, 0, records, ...)``), and the batch is written at
+    ``out[pos:pos + size]`` with no size pass of its own (the caller reserves ring room between
+    the two calls: encoded elsewhere and copied, the batch cost a copy).  Values (``bytes``)
+    are written in one loop; any other record form goes through ``encode_batch_into``.
+    Returns ``size``; raises ValueError when the records do not make a batch of exactly
+    ``size`` bytes (the window may then hold part of one)."""
+    cdef Py_ssize_t n = len(records), i, vlen, body, need, got
+    cdef object rec
+    cdef unsigned char *start
+    cdef unsigned char *w
+    cdef unsigned char *end
+    if n == 0:
+        raise ValueError("a record batch holds at least one record")
+    if size < HEADER or pos < 0 or pos > out.shape[0] - size:
+        raise IndexError("encode window is outside the buffer")
+    start = &out[pos]
+    end = start + size
+    w = start + HEADER
+    for i in range(n):
+        rec = records[i]
+        if not PyBytes_CheckExact(rec):  # not the values-only form
+            got = encode_batch_into(out, pos, size, records, timestamp, producer_id,
+                                    producer_epoch, base_sequence)
+            if got != size:
+                raise ValueError(f"the records make a batch of {abs(got)} bytes, not {size}")
+            return size
+        vlen = PyBytes_GET_SIZE(rec)
+        body = 3 + _varint_size(i) + _varint_size(vlen) + vlen + 1
+        need = _varint_size(body) + body
+        if end - w < need:
+            raise ValueError(f"the records make a batch of more than {size} bytes")
+        w += _write_varint(w, body)
+        w[0] = 0      # attributes
+        w[1] = 0      # timestamp delta 0
+        w += 2
+        w += _write_varint(w, i)
+        w[0] = 1      # key -1 (null)
+        w += 1
+        w += _write_varint(w, vlen)
+        memcpy(w, PyBytes_AS_STRING(rec), vlen)
+        w += vlen
+        w[0] = 0      # no headers
+        w += 1
+    if w != end:
+        raise ValueError(f"the records make a batch of {w - start} bytes, not {size}")
+    shmq_write_batch_header(start, size, 0, n, timestamp, timestamp, producer_id,
                             producer_epoch, base_sequence)
     with nogil:
         shmq_store_u32(start + 17, crc32c_c(start + 21, size - 21))

@@ -696,6 +696,21 @@ class LocalBroker:
             return self._submit(topic, partition, write_compressed, len(records), acks, timeout,
                                 on_delivery)
 
+        if type(records[0]) is bytes:
+            # values: the size pass only sums their lengths (4.7 ns a 100 B record), so the
+            # batch is written straight into the ring once its room is reserved, with no
+            # second size pass (``encode_values_into``) and no copy from a scratch buffer:
+            # 17.6 ns a record against 22.6
+            values_into = _fast.ring.encode_values_into
+
+            def write(view: Any, at: int, size: int, pid: int, epoch: int, seq: int) -> int:
+                if size < 0:
+                    return -encode(_NO_VIEW, 0, 0, records, now, pid, epoch, seq)
+                return values_into(view, at, size, records, now, pid, epoch, seq)
+
+            return self._submit(topic, partition, write, len(records), acks, timeout,
+                                on_delivery)
+
         def encode_into(buf: Any, at: int, limit: int, pid: int, epoch: int, seq: int) -> int:
             return encode(buf, at, limit, records, now, pid, epoch, seq)
 

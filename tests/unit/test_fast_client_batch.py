@@ -180,3 +180,31 @@ def test_extend_and_bytes_stats_refuse_other_items(impl) -> None:
         batch.extend([b"a", bytearray(b"b")], 0, 2, 0)
     with pytest.raises(IndexError):
         batch.extend([b"a"], 0, 2, 0)
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=lambda m: m.__name__)
+def test_extend_after_appends_grows_and_stops_at_a_bad_item(impl) -> None:
+    """``extend`` (one loop, no ``append`` per record in C) on a batch that holds records
+    already, from a spare buffer too small for one record: the timestamps' deltas from the
+    first record (earlier and later), the room grown, and a value that is not bytes raising
+    TypeError with the records before it kept, exactly as ``append`` one by one does."""
+    want = _client_reference.Batch(0.0)
+    got = impl.Batch(0.0, bytearray(70))
+    for b in (want, got):
+        b.append(b"k", b"first", 1_000, None, None)
+    values = [b"v" * 200, None, b"", b"w" * 3000]
+    for v in values:
+        want.append(None, v, 500, None, None)
+    got.extend(values, 0, len(values), 500)
+    for v in values[1:3]:
+        want.append(None, v, 2_000, None, None)
+    got.extend(values, 1, 3, 2_000)
+    with pytest.raises(TypeError):
+        got.extend([b"a", b"b", "str", b"c"], 0, 4, 2_000)
+    for v in (b"a", b"b"):
+        want.append(None, v, 2_000, None, None)
+    assert got.count() == want.count() == 9
+    assert bytes(got.encoded(7, 1, 0)) == bytes(want.encoded(7, 1, 0))
+    rows = _decode(bytes(got.encoded(7, 1, 0)))
+    assert [r[1] for r in rows] == [1_000] + [500] * 4 + [2_000] * 4
+    assert [r[3] for r in rows][1:] == values + values[1:3] + [b"a", b"b"]

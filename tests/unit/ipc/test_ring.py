@@ -89,6 +89,35 @@ def test_encode_batch_into_refuses_bad_input(impl) -> None:
         impl.encode_batch_into(bytes(1024), 0, 1024, [b"x"], 0)
 
 
+@PROPS
+@given(st.lists(record, min_size=1, max_size=30), st.booleans(), st.integers(0, 2**41),
+       st.integers(-1, 2**40), st.integers(-1, 300), st.integers(-1, 2**31 - 1))
+def test_encode_values_into_writes_what_encode_batch_into_writes(records, values_only, ts, pid,
+                                                                 epoch, seq) -> None:
+    """``encode_values_into`` (a batch of known size written with no size pass: send_batch's
+    values straight into the ring) writes the bytes of ``encode_batch_into``, in both
+    implementations, for values only and for any other record form; a size that is not the
+    batch's is ValueError, a window outside the buffer IndexError."""
+    if values_only:
+        records = [r if isinstance(r, bytes) else b"v" * len(r) for r in records]
+    want = bytearray(64 * 1024)
+    size = _ring_reference.encode_batch_into(want, 0, len(want), records, ts, pid, epoch, seq)
+    for impl in IMPLS:
+        assert -impl.encode_batch_into(bytearray(), 0, 0, records, ts, pid, epoch, seq) == size
+        buf = bytearray(b"\xee" * (size + 24))
+        assert impl.encode_values_into(buf, 16, size, records, ts, pid, epoch, seq) == size
+        assert bytes(buf[16 : 16 + size]) == bytes(want[:size]), impl.__name__
+        assert buf[:16] == b"\xee" * 16 and buf[16 + size :] == b"\xee" * 8
+        for wrong in (size - 1, size + 1, size + 8):
+            with pytest.raises(ValueError):
+                impl.encode_values_into(bytearray(size + 64), 0, wrong, records, ts, pid,
+                                        epoch, seq)
+        with pytest.raises(IndexError):
+            impl.encode_values_into(bytearray(size + 7), 8, size, records, ts)
+        with pytest.raises(ValueError):
+            impl.encode_values_into(buf, 0, size, [], ts)
+
+
 maybe_blob = st.one_of(st.none(), blob)
 
 
