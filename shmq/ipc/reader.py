@@ -296,11 +296,20 @@ class PartitionReader:
 
     def aborted(self, offset: int, bound: int) -> list[tuple[int, int, int]]:
         """(producer id, first offset, marker offset) of the aborted transactions overlapping
-        ``[offset, bound)``, from the segments' ``.txnindex`` files (re-read when they grow)."""
+        ``[offset, bound)``, from the segments' ``.txnindex`` files (re-read when they grow).
+
+        An entry lives in the segment of its abort marker (``last_offset``), so a segment that
+        ends at or below ``offset`` holds none that overlaps: the scan starts at the segment of
+        ``offset``, as Kafka's ``collectAbortedTransactions`` does (a stat per segment of the
+        whole log on every read otherwise)."""
         from shmq.storage import txn_index
 
         out: list[tuple[int, int, int]] = []
-        for seg in self._segments:
+        segments = self._segments
+        first = len(segments) - 1  # a read is near the end: walk back from there
+        while first > 0 and segments[first].base > offset:
+            first -= 1
+        for seg in segments[first:]:
             path = txn_index.path_for(seg.path.parent, seg.base)
             try:
                 size = os.stat(path).st_size

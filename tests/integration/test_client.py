@@ -1234,6 +1234,46 @@ def test_transactions_and_read_committed(kafka: RunningBroker) -> None:
             clients.close()
 
 
+def test_read_committed_abort_spanning_segments(kafka: RunningBroker) -> None:
+    """An aborted transaction whose records span several segments, its marker in a later one:
+    read_committed from its start and from its middle (a segment after its first record's)
+    skips it, on the three clients.  The local reader looks for aborts from the read offset's
+    segment on only (the marker's entry lives in the marker's segment)."""
+    name = f"t{next(_topic_seq)}-abort-segments"
+    admin = shmq.AdminClient({"bootstrap.servers": kafka.bootstrap})
+    admin.create_topics([confluent_kafka.admin.NewTopic(
+        name, 1, 1, config={"segment.bytes": str(1 << 20)})])[name].result(10)
+    p = shmq.Producer({"bootstrap.servers": kafka.bootstrap, "transactional.id": "tx-seg"})
+    try:
+        p.init_transactions(30)
+        big = b"." * (400 << 10)
+        for values, commit in (([b"c"], True), ([b"x%d" % i + big for i in range(6)], False),
+                               ([b"after"], True)):
+            p.begin_transaction()
+            for v in values:  # one batch each, two to a 1 MiB segment: x0 and x1 in the
+                # first segment, x2-x3 in the second, x4-x5, the marker and "after" in the third
+                p.produce(name, v, partition=0)
+                p.flush(10)
+            (p.commit_transaction if commit else p.abort_transaction)(30)
+    finally:
+        p.close()
+    # offsets: c 0, its commit marker 1, x0..x5 2-7, the abort marker 8, after 9
+    for transport in TRANSPORTS:
+        clients = Clients(transport, kafka.bootstrap)
+        try:
+            for start in (0, 5):
+                c = clients.consumer(**{"group.id": f"g-{name}-{transport}-{start}",
+                                        "isolation.level": "read_committed"})
+                c.assign([TopicPartition(name, 0, start)])
+                want = [(b"c", 0), (b"after", 9)] if start == 0 else [(b"after", 9)]
+                got = drain(c, len(want))
+                assert [(m.value(), m.offset()) for m in got] == want, (transport, start)
+                assert c.poll(0.3) is None, (transport, start)
+                c.close()
+        finally:
+            clients.close()
+
+
 def test_on_lost_when_max_poll_interval_passes(kafka: RunningBroker) -> None:
     """A member that stops polling past max.poll.interval.ms leaves the group; its next poll
     runs on_lost (not on_revoke) with its partitions, then it rejoins: the same on the three
