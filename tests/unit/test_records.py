@@ -495,3 +495,53 @@ def test_view_accessors_match_the_header_struct() -> None:
     assert DefaultRecordBatch(bytes(buf)).last_sequence == 0
     assert v.is_valid() and not v.is_control and not v.has_delete_horizon
     assert "count=2" in repr(v) and "gzip" in repr(v)
+
+
+def test_few_batches_take_the_list_path_with_the_same_sections(monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    """``_records_sections`` of up to ``_FEW_BATCHES`` batches (a waiting reader's one-batch
+    read; Consumer.poll's) goes through Python lists, not numpy: the same sections and meta as
+    the numpy path for every codec, LogAppendTime, control batches and offset windows, and the
+    same errors."""
+    from shmq.protocol import records as rec
+
+    log, want, starts = _log(5)
+    lat = encode_batch([(b"k", b"v", 7), (None, b"w", 9)], base_offset=len(want),
+                       timestamp_type=LOG_APPEND_TIME, log_append_time=123_456)
+    control = encode_batch([(b"\x00\x00\x00\x01", b"\x00\x00\x00\x00\x00\x00", 5)],
+                           control=True, transactional=True, producer_id=1, producer_epoch=0,
+                           base_offset=len(want) + 2)
+    log += lat + control
+    ends = [*starts[1:], len(log) - len(lat) - len(control)]
+
+    def both(buf: Any, **kw: Any) -> tuple[Any, Any]:
+        got = rec._records_sections(buf, verify_crc=True, max_decompressed=1 << 24, **kw)
+        with monkeypatch.context() as m:
+            m.setattr(rec, "_FEW_BATCHES", -1)  # the numpy path
+            ref = rec._records_sections(buf, verify_crc=True, max_decompressed=1 << 24, **kw)
+        return got, ref
+
+    windows = [{}, {"skip_control": True}, {"min_offset": 3, "max_offset": 9},
+               {"min_offset": 100}, {"max_offset": 0}, {"min_offset": 14, "skip_control": True}]
+    for buf in (log, log[starts[2]:ends[2]], bytes(lat), bytes(control), b""):
+        for kw in windows:
+            (bodies, meta), (ref_bodies, ref_meta) = both(memoryview(bytes(buf)), **kw)
+            assert [bytes(b) for b in bodies] == [bytes(b) for b in ref_bodies], kw
+            assert meta.dtype == ref_meta.dtype and meta.tolist() == ref_meta.tolist(), kw
+    # the LogAppendTime batch's time and the control batch's presence reach the meta
+    _, meta = rec._records_sections(memoryview(bytes(lat + control)), verify_crc=True,
+                                    max_decompressed=1 << 24)
+    assert meta.tolist() == [2, len(want), 7, 123_456, 1, len(want) + 2, 5,
+                             _fast.NO_LOG_APPEND_TIME]
+    # a lying records count is the same error on both paths
+    bad = bytearray(encode_batch([(b"k", b"v", 1)]))
+    struct.pack_into(">i", bad, 57, 1000)
+    import crc32c
+
+    struct.pack_into(">I", bad, 17, crc32c.crc32c(bytes(bad[21:])))  # a valid CRC over the lie
+    for few in (16, -1):
+        with monkeypatch.context() as m:
+            m.setattr(rec, "_FEW_BATCHES", few)
+            with pytest.raises(CorruptRecordError, match="cannot fit"):
+                rec._records_sections(memoryview(bytes(bad)), verify_crc=True,
+                                      max_decompressed=1 << 24)
