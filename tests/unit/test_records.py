@@ -539,7 +539,7 @@ def test_few_batches_take_the_list_path_with_the_same_sections(monkeypatch: pyte
     import crc32c
 
     struct.pack_into(">I", bad, 17, crc32c.crc32c(bytes(bad[21:])))  # a valid CRC over the lie
-    for few in (16, -1):
+    for few in (8, -1):
         with monkeypatch.context() as m:
             m.setattr(rec, "_FEW_BATCHES", few)
             with pytest.raises(CorruptRecordError, match="cannot fit"):
