@@ -44,6 +44,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -166,12 +167,13 @@ class OffsetsLog:
         """Return once every record below ``end_offset`` is fsynced (group commit)."""
         plog = self.logs[partition]
         loop = asyncio.get_running_loop()
-        while plog.recovery_point < end_offset and not self.closed:
+        while plog.durable_offset < end_offset and not self.closed:
             running = self._flushing.get(partition)
             # a finished flush may predate our append: start the next one (awaiting a done
             # future does not yield, so reusing it here would spin the event loop)
             if running is None or running.done():
-                running = self._flushing[partition] = loop.run_in_executor(None, plog.flush)
+                running = self._flushing[partition] = loop.run_in_executor(
+                    None, partial(plog.flush, checkpoint=False))
             await asyncio.shield(running)
 
     def needs_snapshot(self, partition: int) -> bool:

@@ -6,9 +6,12 @@ Passes, in order:
    ``.log`` is gone.
 2. Decide where validation starts.  After a clean shutdown (the ``.kafka_cleanshutdown`` marker)
    nothing is validated.  After an unclean one, from the partition's recovery record
-   (``recovery_point.py``: the recovery point as a segment and a byte position, written after
-   every flush) if it agrees with the files, else from the start of the segment holding the
-   checkpointed recovery point (Kafka's rule).
+   (``recovery_point.py``: the recovery point as a segment and a byte position, written at
+   every checkpoint, ``PartitionLog.flush``) if it agrees with the files, else from the start
+   of the segment holding the checkpointed recovery point (Kafka's rule).  Bytes past the
+   record that an acknowledgement's flush made durable (the durable offset) are not on record:
+   they are validated, and their index entries rebuilt, like any other bytes past it (their
+   index entries may not have reached the disk: only a checkpoint msyncs the indexes).
 3. Segments before that point are trusted and opened lazily (``LogSegment`` "Lazy loading"):
    their indexes are checked, and rebuilt if the checks fail, at first use.  So is the last
    segment after a clean shutdown when the recovery record names its exact end (the LEO);
@@ -17,12 +20,14 @@ Passes, in order:
    leader epochs), rebuild the indexes (from the recorded index state when resuming mid
    segment), truncate at the first invalid or partial batch.  Once a segment was truncated,
    every later segment is deleted: the log that survives is always a prefix of what was
-   appended.  What this costs depends on the bytes written since the last flush, not on the
-   size of the log.
+   appended.  What this costs depends on the bytes written since the last checkpoint (at
+   most about ``CHECKPOINT_BYTES``, or ``CHECKPOINT_INTERVAL_MS`` of appends, with acks=all;
+   everything since the last one with acks=0/1), not on the size of the log.
 5. The last segment becomes the active one (indexes regrown to their preallocated size); the log
    start offset is clamped into the log; the recovery point becomes the LEO after a clean
    shutdown, and after an unclean one the highest of the checkpoint and the record (recovered
-   bytes past it are valid but not known to be on disk), never above the LEO.
+   bytes past it are valid but not known to be on disk), never above the LEO.  The log's durable
+   offset starts there too: its first flush fdatasyncs what recovery kept past it.
 """
 
 from __future__ import annotations
@@ -219,8 +224,8 @@ def load_log(directory: Path, config: LogConfig, *, recovery_point: int = 0,
     elif resume is not None:
         first_to_recover = bases.index(resume.segment_base)
         if first_to_recover == len(segments) - 1 and resume.position == segments[-1].size:
-            # the record names the log's exact end: nothing to validate (the usual case after
-            # a crash with acks=all and flush.on.ack)
+            # the record names the log's exact end: nothing to validate (after a crash, a log
+            # idle since its last checkpoint, or closed cleanly and not written since)
             segments[-1].adopt_tail(resume)
             resumed_at = (resume.segment_base, resume.position)
             epoch = max(epoch, resume.leader_epoch)

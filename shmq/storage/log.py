@@ -16,18 +16,39 @@ Offsets::
   given upper bound (HW, or LSO for read_committed), as ``FileSlice``s for ``sendfile``.
 * Retention deletes whole segments from the oldest, never one holding offsets at or above the HW;
   ``delete_records_before`` moves the log start offset (DeleteRecords).
-* Durability: the recovery point is the offset below which everything is fsynced.  ``flush`` is a
-  group commit: callers pass the offset they need durable; whoever gets the flush lock fsyncs up to
-  the LEO it sees, and everyone whose offset that covered returns without a second fsync.
-  ``flush.messages`` / ``flush.ms`` trigger flushes from ``append`` and ``maybe_flush``.  After each
-  fsync the recovery point is also recorded as a byte position (``recovery_point.py``), so that
-  recovery after a crash validates only what came after it.
+* Durability (Kafka's split of the durable offset and the recovery point).  Two offsets trail
+  the LEO::
+
+      recovery point  <=  durable offset  <=  LEO
+      crash recovery      acks=all answers
+      starts here         wait for this
+
+  ``flush(up_to, checkpoint=False)`` is an acknowledgement's flush, a group commit: callers pass
+  the offset they need durable; whoever gets the flush lock fdatasyncs the ``.log`` files up to
+  the LEO it sees, with what makes those bytes findable after a power cut (a new segment's
+  directory entry, the leader-epoch checkpoint, ``partition.metadata``, txn indexes), and
+  everyone whose offset that covered returns without a second fsync.  It moves the *durable
+  offset*.  It does not msync the indexes nor write the recovery record: each msync is a cache
+  flush of the device, and they were a third of an acks=all flush's sync time (perf/README.md,
+  "acks=all: the record bytes only").
+  A *checkpoint* (``flush()``, Kafka's ``UnifiedLog.flush``) does all that and then msyncs the
+  indexes of every segment from the recovery point's on, and only then moves the *recovery
+  point* and writes its byte position with the index state there (``recovery_point.py``), so
+  the record never vouches for index entries (or bytes) that are not on disk.  Checkpoints
+  run at ``flush.messages`` / ``flush.ms`` as configured, at close, in the acknowledgement's
+  flush after a roll, and whenever the recovery point is ``CHECKPOINT_BYTES`` or
+  ``CHECKPOINT_INTERVAL_MS`` behind (``_checkpoint_due``; an idle log's from the owner's timer,
+  ``flush_due`` / ``maybe_flush``).  That bounds what recovery after a SIGKILL validates (and
+  whose indexes it rebuilds): everything after the recovery record, durable or not
+  (``loader.py``).  Bytes between the recovery point and the durable offset are on disk, but
+  recovery treats them as it treats any bytes past the recovery point.
 * Restarts: producer state is snapshotted at every roll, at close, and every
   ``PRODUCER_SNAPSHOT_BYTES`` of appends, so rebuilding it after a crash replays at most that many
   bytes of batch headers, not the whole active segment.
 
 Thread safety: one writer (the partition's worker).  ``flush`` may run on other threads while the
-writer appends: it only reads the segment list under ``_lock`` and fsyncs outside it.
+writer appends: it only reads the segment list under ``_lock`` and fsyncs outside it; flushes
+run one at a time (``_flush_lock``), so the offsets only grow (truncation takes the flush lock).
 """
 
 from __future__ import annotations
@@ -46,7 +67,8 @@ from shmq import _fast
 from shmq.errors import CorruptRecordError, KafkaApiError, OffsetOutOfRangeError
 from shmq.limits import Throttled
 from shmq.protocol.compression import decompress_scratch
-from shmq.storage import checkpoint, disk, layout, partition_metadata, txn_index
+from shmq.storage import checkpoint as checkpoint_file
+from shmq.storage import disk, layout, partition_metadata, txn_index
 from shmq.storage.log_config import LogConfig
 from shmq.storage.producer_state import ProducerStateManager, snapshot_path
 from shmq.storage.recovery_point import UNKNOWN as UNKNOWN_UNSTABLE
@@ -64,6 +86,11 @@ UNDEFINED_EPOCH_OFFSET = -1
 # producer state is snapshotted after this many bytes of appends (besides every roll): the replay
 # of batch headers after a crash reads at most this much
 PRODUCER_SNAPSHOT_BYTES = 16 << 20
+# the recovery point trails the durable offset by at most about this many bytes or this long
+# (Kafka: log.flush.offset.checkpoint.interval.ms, 60 s, and a whole segment to rescan): what
+# recovery after a SIGKILL validates, ~0.1 s per 64 MiB here (see "Durability" above)
+CHECKPOINT_BYTES = 64 << 20
+CHECKPOINT_INTERVAL_MS = 1000
 
 log = logging.getLogger(__name__)
 _throttled = Throttled(log)
@@ -198,9 +225,17 @@ class PartitionLog:
         self.generation = secrets.randbits(32)
         self.log_start_offset = log_start_offset
         self.recovery_point = recovery_point
+        # every offset below it is fdatasynced (>= the recovery point; see "Durability")
+        self.durable_offset = recovery_point
         self.high_watermark = self.log_end_offset
         self.leader_epoch = leader_epoch
+        # what the next checkpoint covers: Kafka's unflushed messages, and bytes appended
         self.unflushed_messages = 0
+        self._bytes_since_checkpoint = 0
+        # the next acknowledgement's flush takes the checkpoint too: a segment rolled, or
+        # recovery validated bytes past the recovery point (a restart after SIGKILL)
+        self._checkpoint_wanted = summary is not None and summary.validated_bytes > 0
+        # when the recovery point last moved (flush.ms, CHECKPOINT_INTERVAL_MS)
         self.last_flush_ms = int(time.time() * 1000)
         self._directory_dirty = True  # a fresh or recovered directory: fsync it on first flush
         # (segment base offset, byte position): where the bytes whose writeback no flush has
@@ -244,7 +279,7 @@ class PartitionLog:
         self._epoch_lock = threading.Lock()  # one writer of the checkpoint file at a time
         # what the file holds (None: missing or unreadable), and whether that is known durable:
         # a write that would not change it is skipped, an unsynced one is fsynced (_write_epochs)
-        self._epochs_file = None if new else checkpoint.read_leader_epochs(self._epoch_path)
+        self._epochs_file = None if new else checkpoint_file.read_leader_epochs(self._epoch_path)
         self._epochs_synced = synced or not self._epochs_file
         self._epochs_durable = self._epochs_synced
         self.epoch_entries = [
@@ -314,10 +349,10 @@ class PartitionLog:
         with self._epoch_lock:
             if entries == self._epochs_file:
                 if sync and not self._epochs_synced:
-                    checkpoint.fsync_file(self._epoch_path)
+                    checkpoint_file.fsync_file(self._epoch_path)
                     self._epochs_synced = True
                 return
-            checkpoint.write_leader_epochs(self._epoch_path, entries, sync=sync,
+            checkpoint_file.write_leader_epochs(self._epoch_path, entries, sync=sync,
                                            sync_directory=sync_directory)
             self._epochs_file = list(entries)
             self._epochs_synced = sync
@@ -676,6 +711,7 @@ class PartitionLog:
                 position += size
             segment.append(iov, meta)
             self.unflushed_messages += n_records
+            self._bytes_since_checkpoint += end
             for i, pid, pepoch, seq, delta, txn in producers:
                 position, last, batch_max, _ = meta[i]
                 self.producer_state.update(pid, pepoch, seq, _add_seq(seq, delta),
@@ -924,6 +960,7 @@ class PartitionLog:
         self._bases.append(base)
         self.generation = (self.generation + 1) & 0xFFFFFFFF
         self._directory_dirty = True  # the new file's name is durable only after a dir fsync
+        self._checkpoint_wanted = True  # the sealed indexes: msynced by the next flush
         return new
 
     def update_config(self, config: LogConfig) -> None:
@@ -1028,6 +1065,7 @@ class PartitionLog:
             leo = self.log_end_offset
             self.high_watermark = min(self.high_watermark, leo)
             self._truncate_txn_indexes(leo)
+            self.durable_offset = min(self.durable_offset, leo)
             if self.recovery_point >= leo:
                 # everything left was durable: record it at once (and durably), before new
                 # appends land below the old recorded position
@@ -1047,8 +1085,14 @@ class PartitionLog:
     # set by a worker: appends never fsync inline (see ``flush_requested``)
     defer_flushes = False
 
-    def flush(self, up_to: int | None = None) -> bool:
+    def flush(self, up_to: int | None = None, *, checkpoint: bool = True) -> bool:
         """Make every offset below ``up_to`` (default: the LEO) durable; a group commit.
+
+        ``checkpoint`` (Kafka's ``UnifiedLog.flush``: close, flush.messages / flush.ms, the
+        periodic checkpoint) also msyncs the indexes and moves the recovery point and its
+        record; ``checkpoint=False`` (an acknowledgement's flush) fdatasyncs the ``.log`` files
+        only and moves the durable offset, and takes the checkpoint too only when one is due
+        (``_checkpoint_due``): see "Durability" in the module docstring.
 
         Returns True when this call ran the fsync, False when an earlier flush already covered
         ``up_to``.  Before it waits for the flush lock (an fsync of earlier appends may hold it)
@@ -1058,44 +1102,78 @@ class PartitionLog:
         self._start_writeback(up_to)
         with self._flush_lock:
             with self._lock:
-                self.flush_requested = False
                 leo = self.log_end_offset
                 needed = leo if up_to is None else min(up_to, leo)
-                if needed <= self.recovery_point:
+                if needed <= (self.recovery_point if checkpoint else self.durable_offset):
                     return False
+                now_ms = int(time.time() * 1000)
+                checkpoint = checkpoint or self._checkpoint_due(now_ms)
                 target = leo  # cover every append so far: later waiters find it done
-                first = self._segment_for(self.recovery_point)
-                todo = self.segments[first:]
-                flushed_messages = self.unflushed_messages
-                sync_dir, self._directory_dirty = self._directory_dirty, False
+                logs = self.segments[self._segment_for(self.durable_offset):] \
+                    if self.durable_offset < leo else []
+                indexes = self.segments[self._segment_for(self.recovery_point):] \
+                    if checkpoint else []
+                # (index files a checkpoint creates need their names made durable too)
+                sync_dir = self._directory_dirty or any(s.indexes_deferred for s in indexes)
+                self._directory_dirty = False
                 epochs = None if self._epochs_durable else list(self.epoch_entries)
                 self._epochs_durable = True
                 sync_topic_id, self._topic_id_durable = not self._topic_id_durable, True
-                record = self._recovery_record() if self.segments[-1].loaded else None
+                record = self._recovery_record() if checkpoint and self.segments[-1].loaded \
+                    else None
                 txn_dirty, self._txn_dirty = self._txn_dirty, set()
+                if checkpoint:
+                    self.flush_requested = self._checkpoint_wanted = False
+                    flushed_messages, flushed_bytes = (self.unflushed_messages,
+                                                       self._bytes_since_checkpoint)
             started = time.perf_counter_ns()
-            for seg in todo:
-                seg.flush()
+            for seg in logs:
+                seg.flush_log()
+            for seg in indexes:
+                seg.flush_indexes()
             for base in txn_dirty:
-                checkpoint.fsync_file(txn_index.path_for(self.directory, base))
-            if epochs is not None:  # before the recovery point passes the batches they start
+                checkpoint_file.fsync_file(txn_index.path_for(self.directory, base))
+            if epochs is not None:  # before the durable offset passes the batches they start
                 # a new log's first flush fsyncs its directory below anyway: that one fsync
                 # makes the checkpoint's rename durable too (one fsync in five of a clean stop
                 # of new logs, which spent half its time in fsync)
                 self._write_epochs(epochs, sync=True, sync_directory=not sync_dir)
             if sync_topic_id:
-                checkpoint.fsync_file(self.directory / layout.PARTITION_METADATA)
+                checkpoint_file.fsync_file(self.directory / layout.PARTITION_METADATA)
             if sync_dir:
-                checkpoint.fsync_directory(self.directory)
+                checkpoint_file.fsync_directory(self.directory)
             if self.flush_observer is not None:
                 self.flush_observer(time.perf_counter_ns() - started)
             with self._lock:
-                self.recovery_point = max(self.recovery_point, target)
-                self.unflushed_messages = max(0, self.unflushed_messages - flushed_messages)
-                self.last_flush_ms = int(time.time() * 1000)
-                if record is not None and not self.closed:
-                    self._recovery_file.write(record)
+                self.durable_offset = max(self.durable_offset, target)
+                if checkpoint:
+                    self.recovery_point = max(self.recovery_point, target)
+                    self.unflushed_messages = max(0, self.unflushed_messages - flushed_messages)
+                    self._bytes_since_checkpoint = max(
+                        0, self._bytes_since_checkpoint - flushed_bytes)
+                    self.last_flush_ms = now_ms
+                    if record is not None and not self.closed:
+                        self._recovery_file.write(record)
             return True
+
+    def _checkpoint_due(self, now_ms: int) -> bool:
+        """Whether an acknowledgement's flush should take the checkpoint too (under ``_lock``):
+        flush.messages / flush.ms came due, a segment rolled, or the recovery point is
+        ``CHECKPOINT_BYTES`` or ``CHECKPOINT_INTERVAL_MS`` behind (the bound on what recovery
+        after a SIGKILL validates)."""
+        return (self.flush_requested or self._checkpoint_wanted
+                or self._bytes_since_checkpoint >= CHECKPOINT_BYTES
+                or now_ms - self.last_flush_ms >= CHECKPOINT_INTERVAL_MS)
+
+    def flush_due(self, now_ms: int) -> bool:
+        """Whether the owner's timer should call ``maybe_flush``: flush.messages / flush.ms,
+        or durable bytes the recovery point has not caught up with for
+        ``CHECKPOINT_INTERVAL_MS`` (an idle log after its last acknowledgement)."""
+        since = now_ms - self.last_flush_ms
+        return (self.flush_requested
+                or (self.unflushed_messages > 0 and since >= self.config.flush_ms)
+                or (self.durable_offset > self.recovery_point
+                    and since >= CHECKPOINT_INTERVAL_MS))
 
     def _start_writeback(self, up_to: int | None) -> None:
         """``disk.start_writeback`` of the bytes appended since the last call (up to the LEO),
@@ -1103,11 +1181,11 @@ class PartitionLog:
         nothing counts as durable because of them."""
         with self._lock:
             leo = self.log_end_offset
-            if min(leo, up_to if up_to is not None else leo) <= self.recovery_point:
+            if min(leo, up_to if up_to is not None else leo) <= self.durable_offset:
                 return
             base, position = self._writeback_mark
             todo = []
-            for seg in self.segments[self._segment_for(max(base, self.recovery_point)):]:
+            for seg in self.segments[self._segment_for(max(base, self.durable_offset)):]:
                 start = position if seg.base_offset == base else 0
                 if seg.size > start:
                     todo.append((seg.handle, start, seg.size - start))
@@ -1125,15 +1203,12 @@ class PartitionLog:
         unstable = self.producer_state.first_unstable_offset()
         return self.segments[-1].recovery_record(epoch, -1 if unstable is None else unstable)
 
-    def _flush_if_due(self, now_ms: int) -> None:
-        if (self.unflushed_messages >= self.config.flush_messages
-                or now_ms - self.last_flush_ms >= self.config.flush_ms):
-            self.flush()
-
     def maybe_flush(self, now_ms: int | None = None) -> None:
-        """Honour ``flush.ms`` without appends (called from the owner's timer)."""
-        if self.unflushed_messages:
-            self._flush_if_due(int(time.time() * 1000) if now_ms is None else now_ms)
+        """Honour ``flush.ms`` without appends, and take the periodic checkpoint of a log
+        whose recovery point is ``CHECKPOINT_INTERVAL_MS`` behind (called from the owner's
+        timer; ``flush_due`` says when)."""
+        if self.flush_due(int(time.time() * 1000) if now_ms is None else now_ms):
+            self.flush()
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -1186,7 +1261,8 @@ class PartitionLog:
             try:
                 if durable:
                     self.recovery_point = max(self.recovery_point, self.log_end_offset)
-                    self.unflushed_messages = 0
+                    self.durable_offset = max(self.durable_offset, self.recovery_point)
+                    self.unflushed_messages = self._bytes_since_checkpoint = 0
                     self._epochs_durable = self._epochs_synced = True
                     self._topic_id_durable = True
                     self._txn_dirty = set()

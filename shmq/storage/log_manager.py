@@ -48,13 +48,17 @@ After an unclean shutdown
 Kafka's rule is that recovery after an unclean shutdown validates only what follows each log's
 recovery point; everything before it is trusted (``LogLoader.recoverLog``).  A log whose recovery
 record (``recovery_point.py``) names the exact end of its last segment has nothing after its
-recovery point, so an unclean start does not open it either (``unclean_deferral``: a listing,
+recovery point (a log idle for ``CHECKPOINT_INTERVAL_MS`` after its last acks=all append, whose
+periodic checkpoint wrote the record at its end, or one not written since a clean close), so an
+unclean start does not open it either (``unclean_deferral``: a listing,
 a stat per segment, the record and ``partition.metadata``: no segment is opened or read, however
 large the log): its offsets come from the record, which carries the LSO (the first unstable
 offset at the recovery point), and it is opened at first use the way an unclean start opens it
 (index files adopted at the recorded entry counts, checked at first read).  Only logs whose
-recovery point is behind their end, or whose record is missing, of version 1 or does not match
-the files, are opened and recovered at start.  A clean shutdown before such a log was ever
+recovery point is behind their end (written in the last ``CHECKPOINT_INTERVAL_MS``: acknowledged
+bytes whose indexes no checkpoint made durable yet, or acks=0/1 bytes never fsynced), or whose
+record is missing, of version 1 or does not match the files, are opened and recovered at start,
+each validating at most what followed its last checkpoint.  A clean shutdown before such a log was ever
 opened carries that in its summary entry (a 12th field, ``true``), so the next start still
 opens it as after a crash: its index files were never trimmed, and a clean start's index check
 would find them running past the log and rebuild them (reading the segment).

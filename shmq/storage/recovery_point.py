@@ -6,9 +6,13 @@ Kafka keeps only the recovery point *offset* (``recovery-point-offset-checkpoint
 every 60 s) and after an unclean shutdown validates every segment from the one holding it, so a
 restart reads the whole active segment: 1.5-2 s per GB here, tens of seconds for a worker with
 many 1 GiB segments.  With acks=all and ``flush.on.ack`` almost all of that is known to be on
-disk and valid.  After every flush shmq records where the durable prefix ends, as an offset *and*
-a byte position in a segment, together with the index state at that byte; recovery then
-validates only what was appended after the last fsync, whatever the size of the log.
+disk and valid.  At every checkpoint (``PartitionLog.flush``: at most ``CHECKPOINT_BYTES`` or
+``CHECKPOINT_INTERVAL_MS`` apart while acks=all appends go on, and at flush.messages / flush.ms,
+roll and close) shmq records where the checkpointed prefix ends, as an offset *and* a byte
+position in a segment, together with the index state at that byte; recovery then validates
+only what was appended after the last checkpoint, whatever the size of the log.  An
+acknowledgement's flush (the durable offset) writes no record: the record would vouch for index
+entries, and making those durable costs an msync per index, a cache flush of the device each.
 
 The file
 --------
@@ -19,7 +23,8 @@ alternately, each big-endian::
     4   crc                     u32   CRC-32C of bytes 8..80 of the slot
     8   sequence                u64   grows with every write: the newer valid slot wins, so a
                                       write torn by a crash leaves the other slot readable
-    16  recovery offset         i64   every offset below it is fsynced (and was valid)
+    16  recovery offset         i64   every offset below it is fsynced (and was valid), and
+                                      the index entries counted below are msynced
     24  segment base offset     i64   the segment holding it (or ending at it)
     32  position                i64   bytes of that segment below the recovery offset
     40  offset index entries    i32   entries of its .index below the position
@@ -38,7 +43,7 @@ read, its first unstable offset unknown (-2); the next write replaces it with ve
 The file is written through a shared mapping without ``fsync`` (a few stores per flush, ~2 us):
 a process crash keeps the page cache, and after a power cut the file on disk is some earlier
 version, which vouches for less than what was fsynced, never more: a record is written only
-after the fsync it describes.  Only truncation lowers it, and ``write(..., sync=True)`` makes
+after the fdatasync of the ``.log`` bytes and the msync of the index entries it describes.  Only truncation lowers it, and ``write(..., sync=True)`` makes
 that durable at once, before new bytes can land below the old position.
 
 Recovery trusts the record only after checking it against the files (the segment exists and is

@@ -813,8 +813,9 @@ class LogSegment:
         return RecoveryResult(truncated, expected, batches, reason)
 
     def recovery_record(self, leader_epoch: int, first_unstable: int) -> RecoveryRecord:
-        """Where recovery may start if everything below this segment's end is durable (taken
-        under the log's lock, written once the fsync is done: ``PartitionLog.flush``);
+        """Where recovery may start if everything below this segment's end is durable, its
+        index entries included (taken under the log's lock, written once the checkpoint's
+        fdatasync and msyncs are done: ``PartitionLog.flush``);
         ``first_unstable``: the log's first unstable offset there (-1: none)."""
         offset_entries, time_entries = self._entries()
         return RecoveryRecord(self.next_offset, self.base_offset, self.size,
@@ -1012,8 +1013,23 @@ class LogSegment:
         self.time_index.make_writable(self.config.segment_index_bytes)
 
     def flush(self) -> None:
+        """The ``.log`` and both indexes (a checkpoint's flush: ``PartitionLog.flush``)."""
+        self.flush_log()
+        self.flush_indexes()
+
+    def flush_log(self) -> None:
+        """``fdatasync`` of the ``.log``: what an acknowledgement needs (the record bytes)."""
         handle = self.handle
         disk.fsync(handle.fd, data_only=True, slowed=True)
+
+    @property
+    def indexes_deferred(self) -> bool:
+        """Its index files are still to be created (``flush_indexes`` creates them)."""
+        return any(i.deferred for i in self._opened_indexes())
+
+    def flush_indexes(self) -> None:
+        """msync of both indexes, each a cache flush of the device (a checkpoint's business:
+        recovery rebuilds entries past the recovery point from the log)."""
         for index in self._opened_indexes():  # a lazy segment's were not touched
             index.flush()
 

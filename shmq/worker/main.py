@@ -276,15 +276,13 @@ TRIM_AFTER_EXPIRED = 1000
 
 
 def flush_due(logs: list[Any]) -> None:
-    """flush.messages / flush.ms for ``logs``, in a thread (housekeeping).  A failed fsync is
-    answered to the next acks=all producer; here it is one line per interval."""
+    """flush.messages / flush.ms and the periodic checkpoints for ``logs``, in a thread
+    (housekeeping).  A failed fsync is answered to the next acks=all producer; here it is one
+    line per interval."""
     now = int(time.time() * 1000)
     for plog in logs:
         try:
-            if plog.flush_requested:
-                plog.flush()
-            else:
-                plog.maybe_flush(now)
+            plog.maybe_flush(now)
         except (OSError, ValueError) as exc:  # ValueError: closed meanwhile (topic deleted)
             _throttled(logging.ERROR, "flush", "scheduled flush of %s failed: %s",
                        plog.directory, exc)
@@ -452,9 +450,9 @@ async def run(args: argparse.Namespace) -> int:
         while True:
             await asyncio.sleep(1.0)
             now_ms = int(time.time() * 1000)
-            due = [plog for plog in manager.logs.values()
-                   if plog.flush_requested or (plog.unflushed_messages and now_ms
-                                               - plog.last_flush_ms >= plog.config.flush_ms)]
+            # flush.messages / flush.ms, and the periodic checkpoint of logs whose recovery
+            # point trails their durable offset (PartitionLog.flush_due)
+            due = [plog for plog in manager.logs.values() if plog.flush_due(now_ms)]
             if due:
                 await loop.run_in_executor(None, flush_due, due)
             if ctx.metrics is not None:

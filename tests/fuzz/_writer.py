@@ -16,7 +16,8 @@ line:
     R <leo> <rp> <epoch>       opened (LEO, recovery point, the log's leader epoch)
     W <first> <last> <bytes>   about to append batches first..last in one call
     A <last>                   that append returned (acknowledged)
-    F <recovery point>         a flush returned
+    F <recovery point>         a flush (a checkpoint) returned
+    K <durable> <rp>           an acknowledgement's flush returned (durable offset, recovery point)
     O                          rolled
     D                          stopped by itself (batch or time limit; the test kills it before)
 
@@ -156,6 +157,9 @@ def main(argv: list[str]) -> int:
         elif r < 0.10:
             log.flush()
             _say("F", log.recovery_point)
+        elif r < 0.40:
+            log.flush(checkpoint=False)
+            _say("K", log.durable_offset, log.recovery_point)
         size = rng.random()
         if size < 0.8:
             n = rng.choice([1, 1, 1, 2, 3, 5])

@@ -235,7 +235,8 @@ def config_args(config: LogConfig) -> dict[str, Any]:
 # --- what reached the disk ------------------------------------------------------------------------
 
 class SyncTracker:
-    """Records what shmq made durable, by wrapping ``os.fsync`` / ``os.fdatasync`` and
+    """Records what shmq made durable, by wrapping ``os.fsync`` / ``os.fdatasync``,
+    ``IndexFile.flush`` (the msync of an index: its entries) and
     ``disk.syncfs`` (a clean shutdown's: everything under ``root``) (and
     ``os.ftruncate`` / ``os.unlink`` / ``os.open`` to keep the record true) while active.
 
@@ -290,8 +291,16 @@ class SyncTracker:
             return fd
 
         from shmq.storage import disk
+        from shmq.storage.index_file import IndexFile
 
         original_syncfs = disk.syncfs
+        original_index_flush = IndexFile.flush
+
+        def index_flush(index: IndexFile) -> None:
+            """An msync: the index's entries so far are durable (as bytes of its file)."""
+            entries = index.entries
+            original_index_flush(index)
+            self.synced[os.path.abspath(index.path)] = entries * index.ENTRY_SIZE
 
         def syncfs(fd: int, *, slowed: bool = False) -> None:
             """A clean shutdown's syncfs: every file and name of the filesystem is durable."""
@@ -305,12 +314,14 @@ class SyncTracker:
         os.fsync, os.fdatasync = synced("fsync"), synced("fdatasync")
         os.ftruncate, os.unlink, os.open = ftruncate, unlink, open_
         disk.syncfs = syncfs
+        IndexFile.flush = index_flush  # type: ignore[method-assign]
         try:
             yield
         finally:
             for name, fn in originals.items():
                 setattr(os, name, fn)
             disk.syncfs = original_syncfs
+            IndexFile.flush = original_index_flush  # type: ignore[method-assign]
 
     def forget(self, path: str) -> None:
         path = os.path.abspath(path)
@@ -966,12 +977,51 @@ class Fuzz:
                        == (log.log_end_offset, active.base_offset, active.size),
                        f"after a flush the recovery record is {rec}, not the LEO "
                        f"{log.log_end_offset} at byte {active.size} of segment {active.base_offset}")
-        if rec is not None and self.check_sync:
-            path = os.path.abspath(layout.segment_paths(self.dir, rec.segment_base)[0])
-            have = self.sync.synced.get(path, 0)
-            self.check(have >= rec.position or not os.path.exists(path),
-                       f"the recovery record vouches for {rec.position} bytes of "
-                       f"{os.path.basename(path)}, only {have} were fsynced")
+        if rec is not None and flushed:
+            self.check_record_synced(rec)
+
+    def check_record_synced(self, rec: Any) -> None:
+        """The record a flush just wrote vouches for no byte of its ``.log`` past the last
+        fdatasync and no index entry past the last msync of its index."""
+        if not self.check_sync:
+            return
+        sizes = (("bytes", 1, rec.position), ("offset index entries", 8, rec.offset_index_entries),
+                 ("time index entries", 12, rec.time_index_entries))
+        for path, (what, width, count) in zip(layout.segment_paths(self.dir, rec.segment_base),
+                                              sizes, strict=True):
+            path = os.path.abspath(path)
+            have = self.sync.synced.get(path, 0) // width
+            self.check(have >= count or not os.path.exists(path),
+                       f"the recovery record vouches for {count} {what} of "
+                       f"{os.path.basename(path)}, only {have} were made durable")
+
+    def op_ack_flush(self) -> None:
+        """An acknowledgement's flush (``checkpoint=False``): the durable offset reaches the
+        offset asked for (fdatasynced); the recovery point and its record move only when a
+        checkpoint was due, and then to the LEO."""
+        log = self.log
+        assert log is not None
+        leo, rp, before = log.log_end_offset, log.recovery_point, self.read_record()
+        up_to = self.rng.randint(min(log.durable_offset + 1, leo), leo)
+        self.note(f"acknowledgement flush to {up_to} (durable {log.durable_offset}, LEO {leo})")
+        flushed = log.flush(up_to, checkpoint=False)
+        self.check(log.durable_offset >= up_to, f"durable offset {log.durable_offset} < {up_to}")
+        rec = self.read_record()
+        if log.recovery_point == rp:
+            self.check(rec == before, f"an acknowledgement flush moved the record: {rec}")
+        else:
+            self.check(log.recovery_point == leo, f"a checkpoint stopped at {log.recovery_point}")
+            if rec is not None and flushed:
+                self.check_record_synced(rec)
+        if self.check_sync:
+            for seg in self.verify_disk(min_k=self.k, max_k=self.k):
+                below = [b for b in seg.batches if b.last < log.durable_offset]
+                if below:
+                    path = os.path.abspath(layout.segment_paths(self.dir, seg.base)[0])
+                    need = below[-1].position + below[-1].size
+                    have = self.sync.synced.get(path, 0)
+                    self.check(have >= need, f"durable offset {log.durable_offset} covers {need} "
+                                             f"bytes of {os.path.basename(path)}, {have} synced")
 
     def op_hw(self) -> None:
         log = self.log
@@ -1267,7 +1317,7 @@ class Fuzz:
     # -- driver -----------------------------------------------------------------------------------
 
     OPS = (
-        ("append", 40), ("roll", 5), ("flush", 6), ("hw", 10), ("retention", 6),
+        ("append", 40), ("roll", 5), ("flush", 6), ("ack_flush", 8), ("hw", 10), ("retention", 6),
         ("delete_records", 4), ("truncate", 3), ("checkpoint", 3), ("clean_reopen", 6),
         ("crash", 14), ("epoch", 2), ("bad_append", 2),
     )
@@ -1485,7 +1535,7 @@ def _run_writer_round(fz: Fuzz, round_no: int, rng: random.Random) -> tuple[int,
     fz.check(proc.returncode == -signal.SIGKILL,
              f"writer exited with {proc.returncode} before the kill: "
              f"{err_path.read_text()[-3000:]}")
-    acked, attempted, rp = start_batch, start_batch, 0
+    acked, attempted, rp, durable = start_batch, start_batch, 0, 0
     writer_epoch = fz.epoch if fz.epoch is not None else -1
     for line in lines:
         parts = line.split()
@@ -1499,6 +1549,8 @@ def _run_writer_round(fz: Fuzz, round_no: int, rng: random.Random) -> tuple[int,
             acked = int(parts[1]) + 1
         elif parts[0] == "F":
             rp = int(parts[1])
+        elif parts[0] == "K":  # the durable offset moved; the recovery point maybe too
+            durable, rp = max(durable, int(parts[1])), int(parts[2])
         elif parts[0] == "R":
             rp = int(parts[2])
             if fz.epoch is None:
@@ -1514,6 +1566,11 @@ def _run_writer_round(fz: Fuzz, round_no: int, rng: random.Random) -> tuple[int,
     with fz.capture_loads():
         loaded = fz.reopen(False, rp_ckpt, fz.start)
         fz.after_reopen(exp, loaded)
+    assert fz.log is not None
+    fz.check(fz.log.log_end_offset >= durable,
+             f"the durable offset {durable} did not survive (LEO {fz.log.log_end_offset})")
+    if durable > rp:  # acknowledged bytes whose index entries no checkpoint covered
+        fz.count("killed_past_the_record")
     return acked, attempted, fz.k
 
 

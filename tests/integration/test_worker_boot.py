@@ -272,26 +272,94 @@ def test_a_non_default_index_interval_is_not_rebuilt_at_a_clean_start(tmp_path: 
 # -- what recovery did, at the default log level ---------------------------------------------------
 
 
+def _worker_logs(b: RunningBroker, node: int) -> list[Path]:
+    return sorted(p for p in (b.data_dir / f"worker-{node}").iterdir()
+                  if p.is_dir() and (p / "partition.metadata").exists())
+
+
 def test_each_worker_start_logs_what_recovery_did(tmp_path: Path) -> None:
+    """One line per start.  A kill right after acks=all answers finds the acknowledged bytes
+    past the recovery record (an acknowledgement's flush does not move it): the log is opened
+    and recovered from the record.  Once the worker's timer took the idle log's checkpoint
+    (``CHECKPOINT_INTERVAL_MS``), the record names the log's end and the next kill leaves it to
+    open at first use (LogManager, "After an unclean shutdown")."""
+    from shmq.storage import recovery_point
+    from shmq.storage.log import CHECKPOINT_INTERVAL_MS
+
     env = {k: v for k, v in os.environ.items() if k != "SHMQ_LOG_LEVEL"}
     b = start_broker(tmp_path / "data", workers=2, env=env)
     try:
         _create_topic(b.bootstrap, "r", 2)
         _produce(b.bootstrap, "r", [b"x" * 1000] * 200, 2)
+        (log_dir,) = _worker_logs(b, 1)
+        record = recovery_point.read(log_dir)
+        assert record is None or record.offset < 100, record  # no checkpoint yet
         _restart(b, 1)
         assert _wait_until(lambda: len(re.findall(r"worker-1 INFO worker 1 ready",
                                                   b.log_path.read_text())) == 2, 10)
+        # idle now: its checkpoint comes within the interval plus a housekeeping round
+        assert _wait_until(lambda: (r := recovery_point.read(log_dir)) is not None
+                           and r.offset == 100, CHECKPOINT_INTERVAL_MS / 1000 + 5)
+        _restart(b, 1)
+        assert _wait_until(lambda: len(re.findall(r"worker-1 INFO worker 1 ready",
+                                                  b.log_path.read_text())) == 3, 10)
+        assert sorted(v for _, v in _consume_all(b.bootstrap, "r", 2)[
+            int(log_dir.name.rsplit("-", 1)[1])]) == [b"x" * 1000] * 100
     finally:
         assert _stop(b) == 0
     lines = [ln for ln in b.log_path.read_text().splitlines() if " INFO worker " in ln]
-    assert len(lines) == 3, lines  # two workers started, one restarted
-    restart = lines[-1]
-    # its acks=all writes were fsynced: nothing follows the log's recovery point, so the log is
-    # left to open at first use (LogManager, "After an unclean shutdown")
+    assert len(lines) == 4, lines  # two workers started, one restarted twice
+    assert re.search(r"worker 1 ready: 1 logs opened after an unclean shutdown; 1 recovered "
+                     r"from their recovery points, \d+(\.\d+)? [KM]i?B validated in "
+                     r"\d+\.\d\d s", lines[2]), lines[2]
     assert re.search(r"worker 1 ready: 0 logs opened after an unclean shutdown, 1 left to open "
                      r"at first use; 0 recovered from their recovery points, 0 bytes validated "
-                     r"in \d+\.\d\d s", restart), restart
+                     r"in \d+\.\d\d s", lines[3]), lines[3]
     assert all(" DEBUG " not in ln for ln in b.log_path.read_text().splitlines())
+
+
+def test_every_acknowledged_record_survives_a_kill_right_after_its_answer(
+        tmp_path: Path) -> None:
+    """acks=all answers go after the ``.log`` fdatasync only; the worker is SIGKILLed the moment
+    the last delivery report arrives, with the acknowledged bytes past the recovery record.  The
+    restarted worker recovers them from the record: every acknowledged record reads back once,
+    in order, and ListOffsets by timestamp (the time index recovery rebuilt for them) finds each
+    probed record."""
+    env = {k: v for k, v in os.environ.items() if k != "SHMQ_LOG_LEVEL"}
+    b = start_broker(tmp_path / "data", workers=1, env=env)
+    try:
+        _create_topic(b.bootstrap, "acked", 1)
+        p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all", "linger.ms": 1,
+                      "batch.size": 16384})
+        acked: list[int] = []
+        for i in range(3000):
+            p.produce("acked", b"%06d" % i + b"." * 200, partition=0, timestamp=T0 + i,
+                      on_delivery=lambda err, msg: err is None and acked.append(int(
+                          msg.value()[:6])))
+            if i % 500 == 499:
+                p.poll(0)
+        assert p.flush(30) == 0
+        _restart(b, 0)  # the moment the last answer came
+        assert _wait_until(lambda: len(re.findall(r"worker-0 INFO worker 0 ready",
+                                                  b.log_path.read_text())) == 2, 10)
+        got = _consume_all(b.bootstrap, "acked", 1)[0]
+        assert [int(v[:6]) for _, v in got] == sorted(acked) == list(range(3000))
+        assert [o for o, _ in got] == list(range(3000))
+        consumer = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "ts"})
+        try:
+            probes = [0, 1, 777, 1500, 2998, 2999]
+            found = consumer.offsets_for_times(
+                [TopicPartition("acked", 0, T0 + i) for i in probes], timeout=10)
+            assert [tp.offset for tp in found] == probes
+        finally:
+            consumer.close()
+    finally:
+        assert _stop(b) == 0
+    restart = [ln for ln in b.log_path.read_text().splitlines() if " INFO worker " in ln][-1]
+    assert re.search(r"1 logs opened after an unclean shutdown; 1 recovered", restart), restart
+
+
+T0 = 1_700_000_000_000
 
 
 # -- a consumer group and an idempotent producer across worker kills -------------------------------

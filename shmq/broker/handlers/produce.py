@@ -28,6 +28,7 @@ import errno
 import logging
 import struct
 from collections.abc import Iterable
+from functools import partial
 from time import perf_counter_ns
 from typing import Any, NamedTuple
 
@@ -166,7 +167,9 @@ def produce_partition(ctx: BrokerContext, topic: str, index: int, records: Any,
 
 async def flush_for_acks(ctx: BrokerContext,
                          flushes: Iterable[Durable]) -> tuple[int, dict[int, OSError]]:
-    """fsync every log below its offset, off the event loop (a group commit per log); returns
+    """fdatasync every log below its offset, off the event loop (a group commit per log: the
+    record bytes only, ``PartitionLog.flush(checkpoint=False)``; the recovery point follows at
+    its checkpoints); returns
     the nanoseconds waited (0 when there was nothing to flush) and the logs whose fsync failed
     (``id(log)``: the error), whose acks=all answers are KAFKA_STORAGE_ERROR."""
     todo = list(flushes)
@@ -179,7 +182,8 @@ async def flush_for_acks(ctx: BrokerContext,
     waited = perf_counter_ns()
     try:
         outcomes = await asyncio.gather(
-            *(loop.run_in_executor(None, d.log.flush, d.upto) for d in todo),
+            *(loop.run_in_executor(None, partial(d.log.flush, d.upto, checkpoint=False))
+              for d in todo),
             return_exceptions=True)
     finally:
         if metrics is not None:
