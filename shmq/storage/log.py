@@ -1167,13 +1167,17 @@ class PartitionLog:
 
     def flush_due(self, now_ms: int) -> bool:
         """Whether the owner's timer should call ``maybe_flush``: flush.messages / flush.ms,
-        or durable bytes the recovery point has not caught up with for
-        ``CHECKPOINT_INTERVAL_MS`` (an idle log after its last acknowledgement)."""
+        or, ``CHECKPOINT_INTERVAL_MS`` after the last checkpoint, durable bytes the recovery
+        point has not caught up with (an idle log after its last acknowledgement), a roll, or
+        bytes recovery validated past the recovery point (a restart after SIGKILL: without it
+        an idle log would be validated again at every unclean start)."""
         since = now_ms - self.last_flush_ms
         return (self.flush_requested
                 or (self.unflushed_messages > 0 and since >= self.config.flush_ms)
-                or (self.durable_offset > self.recovery_point
-                    and since >= CHECKPOINT_INTERVAL_MS))
+                or (since >= CHECKPOINT_INTERVAL_MS
+                    and (self.durable_offset > self.recovery_point
+                         or (self._checkpoint_wanted
+                             and self.log_end_offset > self.recovery_point))))
 
     def _start_writeback(self, up_to: int | None) -> None:
         """``disk.start_writeback`` of the bytes appended since the last call (up to the LEO),
