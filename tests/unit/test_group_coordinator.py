@@ -582,7 +582,8 @@ def test_concurrent_commits_share_flushes_and_all_return(tmp_path: Path) -> None
             c.commit_offsets(f"g{i % 7}", -1, "", None, [("t", [(i % 4, i, -1, "")])], 8)
             for i in range(300))), 30)
         assert all(r == [[0]] for r in results)
-        assert c.log.logs[0].recovery_point == c.log.logs[0].log_end_offset
+        # what a commit waits for: the durable offset (the recovery point follows at checkpoints)
+        assert c.log.logs[0].durable_offset == c.log.logs[0].log_end_offset
         # the finished flush is still recorded when a new commit waits (its completion callbacks
         # have not run yet): the waiter must start another flush, not spin on the old one
         end = c.log.append(0, [(rec.group_metadata_key("x"), None)])
@@ -590,7 +591,7 @@ def test_concurrent_commits_share_flushes_and_all_return(tmp_path: Path) -> None
         done.set_result(False)
         c.log._flushing[0] = done
         await c.log.durable(0, end)
-        assert c.log.logs[0].recovery_point == end
+        assert c.log.logs[0].durable_offset == end
         c.close()
 
     run(main)
