@@ -142,6 +142,27 @@ def _restart(b: RunningBroker) -> tuple[RunningBroker, int]:
     return start_broker(b.data_dir, env=ENV), since
 
 
+def _checkpointed(b: RunningBroker, topic: str, ends: dict[int, int]) -> None:
+    """Wait until each partition's recovery record names its end (``ends``): the worker's timer
+    checkpoints a log ``CHECKPOINT_INTERVAL_MS`` after its last acks=all flush (an
+    acknowledgement's flush moves the durable offset only: PartitionLog, "Durability")."""
+    from shmq.storage import recovery_point
+    from shmq.storage.log import CHECKPOINT_INTERVAL_MS
+
+    def done() -> bool:
+        for part, end in ends.items():
+            (directory,) = b.data_dir.glob(f"worker-*/{topic}-{part}")
+            record = recovery_point.read(directory)
+            if record is None or record.offset != end:
+                return False
+        return True
+
+    deadline = time.monotonic() + CHECKPOINT_INTERVAL_MS / 1000 + 10
+    while not done():
+        assert time.monotonic() < deadline, f"{topic}: no checkpoint at {ends}"
+        time.sleep(0.05)
+
+
 def _power_cut(b: RunningBroker) -> None:
     """SIGKILL of every process of the broker at once (the controller stopped first, so it
     neither restarts a worker nor lets one see its death and stop cleanly)."""
@@ -230,11 +251,12 @@ def test_sigkill_recovers_opened_and_never_opened_logs(tmp_path: Path) -> None:
         for i in (3, 4):  # rk-0 opened and written; rk-1..3 never opened
             p.produce("rk", b"rk-0-%d" % i, partition=0)
         assert p.flush(30) == 0
+        _checkpointed(b, "rk", {0: 5})
         _power_cut(b)
         since = b.log_path.stat().st_size
         b = start_broker(b.data_dir, env=ENV)
-        # rk-0's acks=all writes were fsynced, rk-1..3 untouched since their clean close:
-        # nothing follows any recovery point, nothing is opened
+        # rk-0's acks=all writes were fsynced and checkpointed, rk-1..3 untouched since their
+        # clean close: nothing follows any recovery point, nothing is opened
         assert _recovered(b, since) == (2, 0, 4), b.log_path.read_text()[-3000:]
         assert _deferred(b, since) == (0, 0, 0)
         for part in range(4):
@@ -311,6 +333,7 @@ def test_sigkill_opens_only_logs_with_bytes_after_their_recovery_point(tmp_path:
         admin = AdminClient({"bootstrap.servers": b.bootstrap})
         _create(admin, "uc", 8)
         _produce(b.bootstrap, "uc", 8, 20)  # acks=all: fsynced before each acknowledgement
+        _checkpointed(b, "uc", {part: 20 for part in range(8)})  # then the recovery points
         p = Producer({"bootstrap.servers": b.bootstrap, "acks": "1", "linger.ms": 0})
         for part in (0, 1):  # acknowledged, in the page cache, not fsynced
             for i in range(20, 25):
