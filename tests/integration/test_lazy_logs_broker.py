@@ -6,10 +6,11 @@ confluent-kafka.
   earliest, by time), Fetch, Produce, DeleteRecords, retention (after AlterConfigs), and
   DeleteTopics (its directories go without being opened).
 * After a start, and after creating a topic, the workers map and hold no file of the logs.
-* SIGKILL of every process, with one partition opened since the start and others never opened:
-  nothing follows any log's recovery point, so the next start opens none of them either; nothing
+* SIGKILL of every process, with one partition opened since the start (its acks=all writes
+  checkpointed by the worker's timer) and others never opened: nothing follows any log's
+  recovery point, so the next start opens none of them either; nothing
   acknowledged is lost, and the start after the next clean stop opens none again.
-* SIGKILL after acks=all and acks=1 writes, with a torn write appended to one log and a record
+* SIGKILL after acks=all writes (checkpointed) and acks=1 writes, with a torn write appended to one log and a record
   garbled below the recovery point of another: the start opens only the logs with bytes after
   their recovery point (the acks=1 tails: kept; the torn write: truncated), every acknowledged
   record is read back by kafka-python (its decoder and CRC check as the oracle), and the record
