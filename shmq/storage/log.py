@@ -354,7 +354,7 @@ class PartitionLog:
                     self._epochs_synced = True
                 return
             checkpoint_file.write_leader_epochs(self._epoch_path, entries, sync=sync,
-                                           sync_directory=sync_directory)
+                                                sync_directory=sync_directory)
             self._epochs_file = list(entries)
             self._epochs_synced = sync
 
@@ -1105,6 +1105,8 @@ class PartitionLog:
             with self._lock:
                 leo = self.log_end_offset
                 needed = leo if up_to is None else min(up_to, leo)
+                if self.recovery_point >= leo:
+                    self.flush_requested = False  # nothing left for flush.messages / flush.ms
                 if needed <= (self.recovery_point if checkpoint else self.durable_offset):
                     return False
                 now_ms = int(time.time() * 1000)
