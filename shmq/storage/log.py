@@ -214,8 +214,8 @@ class PartitionLog:
         just created (``create``), holding no file to read.  ``synced=False``: opened after an
         unclean shutdown, so the small files read now may be what a killed process left in the
         page cache, never fsynced (a clean shutdown that was killed before its ``syncfs``,
-        ``LogManager.shutdown``): the next flush fsyncs them before its recovery point counts
-        on them."""
+        ``LogManager.shutdown``): the next flush (an acknowledgement's too) fsyncs them before
+        its durable offset or recovery point counts on them."""
         self.directory = directory
         self.config = config
         self.segments = segments

@@ -91,8 +91,9 @@ A crash before step 4 completes leaves no marker: the next start is an unclean o
 trusts only the recovery points and records on disk, none of which moved before step 2 made
 everything below them durable.  Files a killed shutdown wrote but never synced may be read
 back by that start from the page cache: a log opened after an unclean shutdown fsyncs its
-leader-epoch checkpoint, ``partition.metadata`` and txn indexes at its first flush
-(``PartitionLog(synced=False)``) before its recovery point counts on them.
+leader-epoch checkpoint, ``partition.metadata`` and txn indexes at its first flush, an
+acknowledgement's too (``PartitionLog(synced=False)``), before its durable offset or recovery
+point counts on them.
 """
 
 from __future__ import annotations
