@@ -43,6 +43,7 @@ import asyncio
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -51,7 +52,7 @@ from typing import Any
 from shmq.coordinator.records import group_of, partition_for
 from shmq.errors import CorruptRecordError
 from shmq.protocol.records import encode_batch, iter_batches
-from shmq.storage.log import PartitionLog
+from shmq.storage.log import CHECKPOINT_INTERVAL_MS, PartitionLog
 from shmq.storage.log_config import LogConfig
 from shmq.storage.log_manager import LogManager
 
@@ -83,6 +84,7 @@ class OffsetsLog:
         self.snapshot_bytes = snapshot_bytes
         self.live_bytes: dict[int, int] = {}    # size of the last snapshot of each partition
         self._flushing: dict[int, asyncio.Future | None] = {}
+        self._checkpoint_timers: set[int] = set()  # partitions with a checkpoint scheduled
         self.closed = False
         self.on_append: Callable[[int], None] | None = None
         # held while a partition log is created (the loop or ``prepare``'s thread) and while the
@@ -175,6 +177,34 @@ class OffsetsLog:
                 running = self._flushing[partition] = loop.run_in_executor(
                     None, partial(plog.flush, checkpoint=False))
             await asyncio.shield(running)
+        if plog.durable_offset > plog.recovery_point and partition not in self._checkpoint_timers:
+            # the acknowledgement's flush moved the durable offset only: the recovery point
+            # catches up a checkpoint interval later if no flush took it meanwhile (a worker's
+            # once-a-second timer does this for its logs), so what an unclean start of the
+            # controller validates stays bounded when the commits stop
+            self._checkpoint_timers.add(partition)
+            loop.call_later(CHECKPOINT_INTERVAL_MS / 1000, self._checkpoint_later, partition)
+
+    def _checkpoint_later(self, partition: int) -> None:
+        self._checkpoint_timers.discard(partition)
+        plog = self.logs.get(partition)
+        if plog is None or self.closed:
+            return
+        if plog.flush_due(int(time.time() * 1000)):
+            asyncio.get_running_loop().run_in_executor(None, self._checkpoint_quietly, plog)
+        elif plog.durable_offset > plog.recovery_point:  # a flush took one meanwhile
+            self._checkpoint_timers.add(partition)
+            asyncio.get_running_loop().call_later(CHECKPOINT_INTERVAL_MS / 1000,
+                                                  self._checkpoint_later, partition)
+
+    def _checkpoint_quietly(self, plog: PartitionLog) -> None:
+        with self._creating:  # not against a close under way
+            if self.closed:
+                return
+            try:
+                plog.maybe_flush()
+            except OSError as exc:  # the next commit's flush reports it to its caller
+                log.warning("%s checkpoint failed: %s", self.topic, exc)
 
     def needs_snapshot(self, partition: int) -> bool:
         size = self.logs[partition].size_in_bytes

@@ -213,3 +213,31 @@ def test_kafka_placement_of_groups() -> None:
     assert rec.partition_for("my-group", 50) == 1906497762 % 50 == 12
     assert rec.group_of(rec.offset_commit_key("g1", "t", 0)) == "g1"
     assert rec.group_of(rec.group_metadata_key("g2")) == "g2"
+
+
+def test_recovery_point_catches_up_after_the_commits_stop(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit's flush moves the durable offset only; once the commits stop, the recovery point
+    (what an unclean start of the controller validates from) catches up a checkpoint interval
+    later, as a worker's timer does for its logs."""
+    from shmq.coordinator import offsets_log
+
+    monkeypatch.setattr(offsets_log, "CHECKPOINT_INTERVAL_MS", 200)
+    monkeypatch.setattr("shmq.storage.log.CHECKPOINT_INTERVAL_MS", 200)
+
+    async def run() -> tuple[int, int, int]:
+        olog = OffsetsLog(tmp_path / "controller", 1, 1 << 20, 1 << 20)
+        try:
+            plog = olog.log(0)
+            await olog.durable(0, olog.append(0, [(b"k", b"v")]))
+            end = olog.append(0, [(b"k", b"w")])  # just after: no checkpoint due
+            await olog.durable(0, end)
+            behind = plog.recovery_point
+            await asyncio.sleep(0.6)
+            return behind, plog.recovery_point, end
+        finally:
+            olog.close()
+
+    behind, caught_up, end = asyncio.run(run())
+    assert behind < end, "the commit's flush was a checkpoint: nothing to catch up"
+    assert caught_up == end
