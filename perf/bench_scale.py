@@ -3,7 +3,8 @@
     python perf/bench_scale.py [--only partitions,start,segments,recovery,connections,large,
         sustained] [--recovery-segments 100000]
         [--repeat 3] [--partitions 1,6,64,1000,10000] [--records 200000] [--size 100]
-        [--clients kcat,ck] [--start-partitions 10000] [--segments 1000]
+        [--clients kcat,ck] [--keys null,keyed] [--no-kafka] [--kafka-heap 1g]
+        [--start-partitions 10000] [--segments 1000]
         [--segment-bytes 65536] [--idle 1000] [--busy 10] [--busy-records 20000]
         [--large 1M:100,10M:10] [--sustained-bytes 2G] [--workers 2] [--plot FILE]
         [--json FILE] [--dir /tmp] [--phase-timeout 120]
@@ -23,15 +24,28 @@ Parts (``--only``):
   from the beginning by the same client (fetch.queue.backoff.ms=10, as in the suite).  msg/s,
   broker CPU seconds per million records and the client's CPU over the phase's wall time (``CB
   k/n``: k of the n samples were client-bound, the client's CPU at or above the wall time, as
-  ``suite.py`` marks them); the ratio column divides by the 6-partition row of the same client
-  and phase (the issue's target: 1,000 partitions >= 0.7x of 6).  Medians of
-  ``--repeat`` passes with the spread (min-max).  Beside them, from the broker's own metrics
-  table (``Counters``): the Produce, Fetch and ListOffsets requests it answered in the phase
-  (the shape the client gave the load: one ListOffsets per partition at a consumer's start,
-  one Produce per partition batch), and the Fetch long polls that waited over 250 ms, each a
-  Fetch that named only partitions with nothing to read and was parked for most of
-  ``fetch.wait.max.ms`` (500 ms), as Kafka parks it: what makes a 1,000-partition consume row
-  swing between 0.2 s and 1 s.
+  ``suite.py`` marks them); the ratio column divides by the 6-partition row of the same broker,
+  client, phase and keys (the issue's target: 1,000 partitions >= 0.7x of 6).  Medians of
+  ``--repeat`` passes with the spread (min-max).
+  ``--keys`` (default ``null,keyed``): ``null`` rows produce records without keys (the clients'
+  default: librdkafka's sticky partitioner fills one partition's batch after another, so 200,000
+  records reach only ~15-20 of 1,000 partitions); ``keyed`` rows give every record a distinct
+  key (kcat ``-K:`` on ``key:value`` lines, confluent-kafka ``produce(key=...)``, the keys of
+  ``suite_load.keys``), which librdkafka's default partitioner (CRC-32 of the key) spreads over
+  every partition: what a real 1,000-partition topic holds.  Its consume row reads that topic.
+  "with data" is how many partitions held a record after the produce (one ListOffsets through
+  the AdminClient, between the two phases' clocks).
+  Apache Kafka 4.3.1 (``tools/apache_kafka.py``, as ``suite.py`` starts it: KRaft single node,
+  ``--kafka-heap`` 1g, Kafka's JVM settings) runs beside shmq in the same pass, both brokers up
+  and the order shuffled per cell; ``--no-kafka`` leaves it out.  Kafka costs its start (about
+  10-20 s) and one more cell per shmq cell: with it, ``--partitions 6,1000 --repeat 3`` and both
+  ``--keys`` took about 12 min on this shared 2-core box.
+  Beside them, for shmq only, from the broker's own metrics table (``Counters``): the Produce,
+  Fetch and ListOffsets requests it answered in the phase (the shape the client gave the load:
+  one ListOffsets per partition at a consumer's start, one Produce per partition batch), and
+  the Fetch long polls that waited over 250 ms, each a Fetch that named only partitions with
+  nothing to read and was parked for most of ``fetch.wait.max.ms`` (500 ms), as Kafka parks
+  it: what makes a 1,000-partition consume row swing between 0.2 s and 1 s.
 * ``start``: a topic of ``--start-partitions`` partitions (one record in each), the broker
   stopped cleanly and started again: seconds from exec to its ready line, to every partition
   having a leader in Metadata, and to the first acknowledgement (acks=all) of a record produced
@@ -82,6 +96,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -91,9 +106,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import _common as c
+from bench_broker import apache_kafka
 from suite import (
     KCAT_CONSUME_X,
     KCAT_X,
@@ -112,6 +128,7 @@ from suite import (
     run_kcats,
     run_loads,
     settle,
+    start_kafka,
     write_lines,
 )
 
@@ -276,6 +293,77 @@ def spread(values: list[float]) -> str:
     return f"{min(values):,.3g}-{max(values):,.3g}" if len(values) > 1 else "-"
 
 
+class Row(NamedTuple):
+    """One row of the ``partitions`` table: its samples are the passes of that cell."""
+    broker: str  # shmq | kafka
+    client: str  # ck | kcat
+    phase: str  # produce | consume
+    keys: str  # null (the sticky partitioner) | keyed (distinct keys: every partition)
+    partitions: int
+
+
+def row_label(row: Row) -> str:
+    return (f"{row.phase} {'confluent-kafka' if row.client == 'ck' else 'kcat'}"
+            + (" keyed" if row.keys == "keyed" else ""))
+
+
+def partition_rows(rows: dict[Row, list[dict[str, float]]]) -> tuple[list[list[str]],
+                                                                      list[dict[str, Any]]]:
+    """The ``partitions`` table (and its JSON): medians of each row's samples with the spread,
+    and the ratio to the 6-partition row of the same broker, client, phase and keys."""
+    table = []
+    out = []
+    order = {"shmq": 0, "kafka": 1}
+    for row in sorted(rows, key=lambda r: (r.client, r.keys != "null", r.phase,
+                                           r.partitions, order.get(r.broker, 2), r.broker)):
+        samples = rows[row]
+        rate = statistics.median(s["msg_s"] for s in samples)
+        cpu = statistics.median(s["cpu_s_per_M"] for s in samples)
+        six = rows.get(row._replace(partitions=6))
+        ratio = rate / statistics.median(s["msg_s"] for s in six) if six else None
+        bound = sum(client_bound(s) for s in samples)
+        share = statistics.median(s["client_cpu_s"] / s["seconds"] for s in samples)
+        with_data = statistics.median(s.get("with_data", 0) for s in samples)
+        out.append({**row._asdict(), "msg_s": rate, "cpu_s_per_M": cpu, "vs_6": ratio,
+                    "client_cpu_per_wall": share, "with_data": with_data, "samples": samples})
+        counted = [s for s in samples if "long_polls" in s]
+        med = ({k: statistics.median(s[k] for s in counted)
+                for k in ("Produce", "Fetch", "ListOffsets", "long_polls")}
+               if counted else None)
+        table.append([row.broker, row_label(row), f"{row.partitions:,}", f"{rate:,.0f}",
+                      spread([s["msg_s"] for s in samples]), f"{cpu:.2f}",
+                      spread([s["cpu_s_per_M"] for s in samples]),
+                      f"{share:.2f}" + (f" CB {bound}/{len(samples)}" if bound else ""),
+                      f"{ratio:.2f}x" if ratio is not None else "-",
+                      f"{with_data:,.0f}" if with_data else "-",
+                      requests(med) if med else "-",
+                      (f"{med['long_polls']:.0f} ("
+                       f"{spread([s['long_polls'] for s in counted])})") if med else "-"])
+    return table, out
+
+
+def write_keyed_lines(path: Path, n: int, size: int) -> None:
+    """n ``key:value`` lines for kcat ``-P -K:``: the keys of ``suite_load.keys`` (distinct, so
+    they spread over every partition), each value ``size`` bytes as ``write_lines`` makes them."""
+    filler = (b"abcdefghijklmnopqrstuvwxyz" * (size // 26 + 1))[:max(0, size - 10)]
+    with open(path, "wb") as f:
+        for first in range(0, n, 5000):
+            f.write(b"".join(b"%010d:%010d%s\n" % (i, i, filler)
+                             for i in range(first, min(n, first + 5000))))
+
+
+def partitions_with_data(bootstrap: str, topic: str, partitions: int, timeout: float) -> int:
+    """How many of the topic's partitions hold a record (their latest offset > 0): one
+    ListOffsets per broker through the AdminClient."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    futures = admin(bootstrap).list_offsets(
+        {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)},
+        request_timeout=timeout)
+    return sum(f.result(timeout=timeout).offset > 0 for f in futures.values())
+
+
 # -- parts --------------------------------------------------------------------------------------
 
 
@@ -304,108 +392,120 @@ class Scale:
 
     def partitions(self) -> str:
         a = self.args
-        rows: dict[tuple[str, str, int], list[dict[str, float]]] = {}
+        rows: dict[Row, list[dict[str, float]]] = {}
         errors: list[str] = []
-        created: dict[int, list[float]] = {}  # seconds to create the topic and go idle
+        created: dict[tuple[str, int], list[float]] = {}  # seconds to create the topic, go idle
         data = self.fresh("partitions")
-        b, _ = start(self.work, data, a.workers)
-        lines = self.work / "lines.txt"
-        write_lines(lines, a.records, a.size)
-        counters = Counters(data)
+        lines = {"null": self.work / "lines.txt", "keyed": self.work / "lines-keyed.txt"}
+        write_lines(lines["null"], a.records, a.size)
+        write_keyed_lines(lines["keyed"], a.records, a.size)
+        brokers: dict[str, Broker] = {}
+        counters: Counters | None = None
+        rng = random.Random(0)
         try:
+            brokers["shmq"], _ = start(self.work, data, a.workers)
+            counters = Counters(data)
+            if a.kafka:
+                brokers["kafka"] = start_kafka(self.work, a.kafka_heap)
             for rep in range(a.repeat):
                 for parts in a.partitions:
                     for client in a.clients:
-                        topic = f"scale-{client}-{parts}-{rep}"
-                        try:
-                            t0 = time.monotonic()
-                            create_big_topic(b.bootstrap, topic, parts, a.phase_timeout)
-                            settle(b, a.phase_timeout)
-                            created.setdefault(parts, []).append(time.monotonic() - t0)
-                            for phase in ("produce", "consume"):
-                                before = counters.read()
-                                cpu0 = b.cpu()
-                                seconds, client_cpu = self.load(b, client, phase, topic, parts,
-                                                                lines)
-                                cpu = b.cpu() - cpu0
-                                time.sleep(0.05)  # a long poll ended by the client's exit
-                                counted = Counters.since(before, counters.read())
-                                sample = {"seconds": seconds, "msg_s": a.records / seconds,
-                                          "cpu_s_per_M": cpu / (a.records / 1e6),
-                                          "client_cpu_s": client_cpu, **counted}
-                                rows.setdefault((client, phase, parts), []).append(sample)
-                                print(f"    {client:<4} {phase:<7} {parts:>6} part  "
-                                      f"{sample['msg_s']:>10,.0f} msg/s  broker CPU "
-                                      f"{sample['cpu_s_per_M']:.2f} s/M  client CPU "
-                                      f"{client_cpu:.2f} s / {seconds:.2f} s"
-                                      + (" (client-bound)" if client_bound(sample) else "")
-                                      + (f"  {requests(sample)}  long polls > 250 ms: "
-                                         f"{sample['long_polls']:.0f}" if counted else ""),
-                                      flush=True)
-                        except Exception as e:  # noqa: BLE001 - one failed cell, not the run
-                            print(f"    {client:<4} {parts:>6} part  ERROR {str(e)[:200]}",
-                                  flush=True)
-                            errors.append(f"{client} {parts} part: {str(e)[:200]}")
-                        finally:
-                            delete_topic(b.bootstrap, topic)
+                        for keys in a.keys:
+                            order = list(brokers)
+                            rng.shuffle(order)  # as suite.py: no broker always goes first
+                            for name in order:
+                                self.partitions_cell(
+                                    brokers[name], counters if name == "shmq" else None,
+                                    Row(name, client, "produce", keys, parts), rep, lines[keys],
+                                    rows, created, errors)
         finally:
-            counters.close()
-            b.stop()
+            if counters is not None:
+                counters.close()
+            for b in brokers.values():
+                b.stop()
             shutil.rmtree(data, ignore_errors=True)
-        table = []
-        out = []
-        for (client, phase, parts), samples in sorted(rows.items()):
-            rate = statistics.median(s["msg_s"] for s in samples)
-            cpu = statistics.median(s["cpu_s_per_M"] for s in samples)
-            six = rows.get((client, phase, 6))
-            ratio = (f"{rate / statistics.median(s['msg_s'] for s in six):.2f}x"
-                     if six else "-")
-            bound = sum(client_bound(s) for s in samples)
-            share = statistics.median(s["client_cpu_s"] / s["seconds"] for s in samples)
-            out.append({"client": client, "phase": phase, "partitions": parts, "msg_s": rate,
-                        "cpu_s_per_M": cpu, "client_cpu_per_wall": share, "samples": samples})
-            counted = [s for s in samples if "long_polls" in s]
-            med = ({k: statistics.median(s[k] for s in counted)
-                    for k in ("Produce", "Fetch", "ListOffsets", "long_polls")}
-                   if counted else None)
-            table.append([f"{phase} {'confluent-kafka' if client == 'ck' else 'kcat'}",
-                          f"{parts:,}", f"{rate:,.0f}", spread([s["msg_s"] for s in samples]),
-                          f"{cpu:.2f}", spread([s["cpu_s_per_M"] for s in samples]),
-                          f"{share:.2f}" + (f" CB {bound}/{len(samples)}" if bound else ""),
-                          ratio, requests(med) if med else "-",
-                          (f"{med['long_polls']:.0f} ("
-                           f"{spread([s['long_polls'] for s in counted])})") if med else "-"])
+        table, out = partition_rows(rows)
         self.results["partitions"] = out
-        self.results["create_s"] = {str(k): v for k, v in created.items()}
-        notes = "".join(f"\n  topic of {k:,} partitions created and the broker idle again in "
-                        f"{statistics.median(v):.2f} s (median; {spread(v)})"
-                        for k, v in sorted(created.items()))
-        return _table(["phase client", "partitions", "msg/s", "spread", "broker CPU s/M",
-                       "spread", "client CPU/wall", "vs 6 part", "requests P / F / LO",
-                       "long polls > 250 ms"], table) + notes + "".join(f"\n  ERROR {e}" for e in errors)
+        self.results["create_s"] = {f"{k[0]} {k[1]}": v for k, v in created.items()}
+        notes = "".join(f"\n  {name}: topic of {k:,} partitions created and the broker idle again"
+                        f" in {statistics.median(v):.2f} s (median; {spread(v)})"
+                        for (name, k), v in sorted(created.items()))
+        return _table(["broker", "phase client keys", "partitions", "msg/s", "spread",
+                       "broker CPU s/M", "spread", "client CPU/wall", "vs 6 part",
+                       "with data", "requests P / F / LO", "long polls > 250 ms"],
+                      table) + notes + "".join(f"\n  ERROR {e}" for e in errors)
+
+    def partitions_cell(self, b: Broker, counters: Counters | None, row: Row, rep: int,
+                        lines: Path, rows: dict[Row, list[dict[str, float]]],
+                        created: dict[tuple[str, int], list[float]], errors: list[str]) -> None:
+        """One topic on one broker: create it, produce, count its partitions holding data (after
+        the produce phase, outside both phases' clocks), consume; samples into ``rows``."""
+        a = self.args
+        parts = row.partitions
+        topic = f"scale-{row.client}-{row.keys}-{parts}-{rep}"
+        label = f"{row.broker:<5} {row.client:<4} {row.keys:<5}"
+        with_data = 0
+        try:
+            t0 = time.monotonic()
+            create_big_topic(b.bootstrap, topic, parts, a.phase_timeout)
+            settle(b, a.phase_timeout)
+            created.setdefault((row.broker, parts), []).append(time.monotonic() - t0)
+            for phase in ("produce", "consume"):
+                before = counters.read() if counters else None
+                cpu0 = b.cpu()
+                seconds, client_cpu = self.load(b, row.client, phase, topic, parts, lines,
+                                                row.keys == "keyed")
+                cpu = b.cpu() - cpu0
+                counted: dict[str, float] = {}
+                if counters is not None and before is not None:
+                    time.sleep(0.05)  # a long poll ended by the client's exit
+                    counted = Counters.since(before, counters.read())
+                if phase == "produce":
+                    with_data = partitions_with_data(b.bootstrap, topic, parts, a.phase_timeout)
+                sample = {"seconds": seconds, "msg_s": a.records / seconds,
+                          "cpu_s_per_M": cpu / (a.records / 1e6), "client_cpu_s": client_cpu,
+                          "with_data": with_data, **counted}
+                rows.setdefault(row._replace(phase=phase), []).append(sample)
+                print(f"    {label} {phase:<7} {parts:>6} part  {sample['msg_s']:>10,.0f} msg/s"
+                      f"  broker CPU {sample['cpu_s_per_M']:.2f} s/M  client CPU "
+                      f"{client_cpu:.2f} s / {seconds:.2f} s"
+                      + (" (client-bound)" if client_bound(sample) else "")
+                      + f"  {with_data:,} partitions with data"
+                      + (f"  {requests(sample)}  long polls > 250 ms: "
+                         f"{sample['long_polls']:.0f}" if counted else ""), flush=True)
+        except Exception as e:  # noqa: BLE001 - one failed cell, not the run
+            print(f"    {label} {parts:>6} part  ERROR {str(e)[:200]}", flush=True)
+            errors.append(f"{row.broker} {row.client} {row.keys} {parts} part: {str(e)[:200]}")
+        finally:
+            delete_topic(b.bootstrap, topic)
 
     def load(self, b: Broker, client: str, phase: str, topic: str, parts: int,
-             lines: Path) -> tuple[float, float]:
-        """(wall seconds, client CPU seconds) of one phase."""
+             lines: Path, keyed: bool = False) -> tuple[float, float]:
+        """(wall seconds, client CPU seconds) of one phase; ``keyed``: the produce sends distinct
+        keys (``lines`` then holds ``key:value`` lines, kcat ``-K:``)."""
         a = self.args
         n = a.records
         if client == "ck":
             argv = (["produce", b.bootstrap, topic, str(n), str(a.size)] if phase == "produce"
                     else ["consume", b.bootstrap, topic, str(parts), str(n)])
-            (r,) = run_loads([[*argv, str(a.phase_timeout)]], a.phase_timeout + 30)
+            argv.append(str(a.phase_timeout))
+            if keyed and phase == "produce":
+                argv.append("keyed")
+            (r,) = run_loads([argv], a.phase_timeout + 30)
             if r["count"] != n:
                 raise PhaseError(f"{phase}: {r['count']} of {n} records")
             return r["t1"] - r["t0"], r["cpu"]
         cpu0 = children_cpu()
         if phase == "produce":
-            argv = ["kcat", "-P", "-b", b.bootstrap, "-t", topic, "-l", str(lines), *KCAT_X]
+            argv = ["kcat", "-P", "-b", b.bootstrap, "-t", topic, "-l", str(lines), *KCAT_X,
+                    *(["-K:"] if keyed else [])]
             return (run_kcats([argv], [None], self.env_kcat, a.phase_timeout)[0],
                     children_cpu() - cpu0)
         argv = ["kcat", "-C", "-b", b.bootstrap, "-t", topic, "-e", "-o", "beginning", "-q",
                 "-c", str(n), *KCAT_CONSUME_X]
         seconds, got = run_kcats([argv], [None], self.env_kcat, a.phase_timeout,
                                  count_stdout=True)
-        if got != n * (a.size + 1):
+        if got != n * (a.size + 1):  # kcat prints each value and a newline, not the key
             raise PhaseError(f"kcat -C printed {got} bytes, expected {n * (a.size + 1)}")
         return seconds, children_cpu() - cpu0
 
@@ -839,7 +939,8 @@ def plot(results: dict[str, Any], path: Path, title: str) -> None:
         rate_ax, cpu_ax = next(axs), next(axs)
         series: dict[str, list[tuple[int, float, float]]] = {}
         for r in results["partitions"]:
-            series.setdefault(f"{r['phase']} {r['client']}", []).append(
+            label = f"{r['broker']} {row_label(Row(**{k: r[k] for k in Row._fields}))}"
+            series.setdefault(label, []).append(
                 (r["partitions"], r["msg_s"], r["cpu_s_per_M"]))
         for label, pts in sorted(series.items()):
             pts.sort()
@@ -948,6 +1049,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--records", type=int, default=200_000)
     ap.add_argument("--size", type=int, default=100)
     ap.add_argument("--clients", default="kcat,ck")
+    ap.add_argument("--keys", default="null,keyed")
+    ap.add_argument("--no-kafka", dest="kafka", action="store_false")
+    ap.add_argument("--kafka-heap", default="1g")
     ap.add_argument("--start-partitions", type=int, default=10_000)
     ap.add_argument("--segments", type=int, default=1000)
     ap.add_argument("--segment-bytes", type=c.size_arg, default=65536)
@@ -965,6 +1069,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     a.partitions = [int(x) for x in a.partitions.split(",")]
     a.clients = a.clients.split(",")
+    a.keys = a.keys.split(",")
+    if unknown := set(a.keys) - {"null", "keyed"}:
+        ap.error(f"unknown --keys {sorted(unknown)}; choose from null, keyed")
     parts = a.only.split(",")
     if unknown := set(parts) - set(PARTS):
         ap.error(f"unknown parts {sorted(unknown)}; choose from {', '.join(PARTS)}")
@@ -973,6 +1080,11 @@ def main(argv: list[str] | None = None) -> int:
     need = 2 * a.idle + 200
     if "connections" in parts and raise_nofile(need) < need:
         ap.error(f"ulimit -n must allow {need} descriptors for --idle {a.idle}")
+    if "partitions" in parts and a.kafka:
+        try:
+            apache_kafka.fetch()
+        except apache_kafka.KafkaUnavailable as e:
+            ap.error(f"{e} (or run with --no-kafka)")
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     c.print_environment("bench_scale")
     work = Path(tempfile.mkdtemp(prefix="shmq-scale-", dir=a.dir))

@@ -56,7 +56,11 @@ def _emit(result: dict) -> None:
     print(json.dumps(result), flush=True)
 
 
-def produce(bootstrap: str, topic: str, count: int, size: int, timeout: float) -> None:
+def produce(bootstrap: str, topic: str, count: int, size: int, timeout: float,
+            keyed: bool = False) -> None:
+    """``count`` records of ``size`` bytes; ``keyed``: record i has the key ``keys(count)[i]``
+    (distinct keys, so librdkafka's default partitioner spreads them over every partition),
+    built before the clock starts; otherwise null keys (the sticky partitioner)."""
     from confluent_kafka import Producer
 
     errors = [0]
@@ -70,6 +74,7 @@ def produce(bootstrap: str, topic: str, count: int, size: int, timeout: float) -
     producer.list_topics(topic, timeout=10)
     value = (b"0123456789abcdef" * (size // 16 + 1))[:size]
     send, poll = producer.produce, producer.poll
+    key_of = keys(count) if keyed else [None] * count
     _ready_then_wait()
     c0 = time.process_time()
     t0 = time.monotonic()
@@ -77,7 +82,7 @@ def produce(bootstrap: str, topic: str, count: int, size: int, timeout: float) -
     sent = 0
     while sent < count:
         try:
-            send(topic, value)
+            send(topic, value, key_of[sent])
         except BufferError:  # the local queue is full: let librdkafka drain it
             poll(0.001)
             if time.monotonic() > deadline:
@@ -92,6 +97,14 @@ def produce(bootstrap: str, topic: str, count: int, size: int, timeout: float) -
     t1 = time.monotonic()
     _emit({"t0": t0, "t1": t1, "count": sent - left - errors[0], "errors": errors[0], "sent": sent,
            "undelivered": left, "cpu": time.process_time() - c0})
+
+
+def keys(count: int) -> list[bytes]:
+    """``count`` distinct 10-digit keys (``0000000000``, ``0000000001``, ...): both librdkafka's
+    default partitioner (``consistent_random``: CRC-32 of the key) and Kafka's Java one (murmur2)
+    spread them over every partition of a 1,000-partition topic (tests/unit/test_perf_scale.py
+    checks both)."""
+    return [b"%010d" % i for i in range(count)]
 
 
 def consume(bootstrap: str, topic: str, partitions: int, count: int, timeout: float) -> None:
@@ -181,7 +194,8 @@ def receive(bootstrap: str, topic: str, partitions: int, count: int, timeout: fl
 def main(argv: list[str]) -> None:
     kind, bootstrap, topic, *rest = argv
     if kind == "produce":
-        produce(bootstrap, topic, int(rest[0]), int(rest[1]), float(rest[2]))
+        produce(bootstrap, topic, int(rest[0]), int(rest[1]), float(rest[2]),
+                rest[3:4] == ["keyed"])
     elif kind == "consume":
         consume(bootstrap, topic, int(rest[0]), int(rest[1]), float(rest[2]))
     elif kind == "paced":
