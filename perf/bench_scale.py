@@ -352,6 +352,20 @@ def write_keyed_lines(path: Path, n: int, size: int) -> None:
                              for i in range(first, min(n, first + 5000))))
 
 
+def kafka_logs_created(data: Path, topic: str, partitions: int, timeout: float) -> None:
+    """Wait until Apache Kafka has written every partition's ``partition.metadata``: it creates
+    a new topic's logs after the leaders are in Metadata, each with fsyncs (the leader-epoch
+    checkpoint, then the metadata file from its scheduler), so a 1,000-partition topic takes it
+    10-20 s here, mostly in I/O waits that ``settle``'s CPU test does not see; a produce started
+    before would time that creation as its own."""
+    deadline = time.monotonic() + timeout
+    while sum((data / f"{topic}-{p}" / "partition.metadata").exists()
+              for p in range(partitions)) < partitions:
+        if time.monotonic() > deadline:
+            raise PhaseError(f"Kafka has not created the logs of {topic} after {timeout:.0f} s")
+        time.sleep(0.2)
+
+
 def partitions_with_data(bootstrap: str, topic: str, partitions: int, timeout: float) -> int:
     """How many of the topic's partitions hold a record (their latest offset > 0): one
     ListOffsets per broker through the AdminClient."""
@@ -448,6 +462,8 @@ class Scale:
         try:
             t0 = time.monotonic()
             create_big_topic(b.bootstrap, topic, parts, a.phase_timeout)
+            if row.broker == "kafka":
+                kafka_logs_created(self.work / "kafka" / "data", topic, parts, a.phase_timeout)
             settle(b, a.phase_timeout)
             created.setdefault((row.broker, parts), []).append(time.monotonic() - t0)
             for phase in ("produce", "consume"):
