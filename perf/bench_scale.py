@@ -39,7 +39,8 @@ Parts (``--only``):
   ``--kafka-heap`` 1g, Kafka's JVM settings) runs beside shmq in the same pass, both brokers up
   and the order shuffled per cell; ``--no-kafka`` leaves it out.  Kafka costs its start (about
   10-20 s) and one more cell per shmq cell: with it, ``--partitions 6,1000 --repeat 3`` and both
-  ``--keys`` took about 12 min on this shared 2-core box.
+  ``--keys`` took 6-9 min on this shared 2-core box (Kafka waits 5-20 s for each
+  1,000-partition topic's logs before its phases: ``kafka_logs_created``).
   Beside them, for shmq only, from the broker's own metrics table (``Counters``): the Produce,
   Fetch and ListOffsets requests it answered in the phase (the shape the client gave the load:
   one ListOffsets per partition at a consumer's start, one Produce per partition batch), and
