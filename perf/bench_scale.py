@@ -959,10 +959,15 @@ def plot(results: dict[str, Any], path: Path, title: str) -> None:
             label = f"{r['broker']} {row_label(Row(**{k: r[k] for k in Row._fields}))}"
             series.setdefault(label, []).append(
                 (r["partitions"], r["msg_s"], r["cpu_s_per_M"]))
+        # one colour per phase/client/keys, solid for shmq and dashed for Kafka
+        kinds = sorted({label.split(" ", 1)[1] for label in series})
         for label, pts in sorted(series.items()):
             pts.sort()
-            rate_ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
-            cpu_ax.plot([p[0] for p in pts], [p[2] for p in pts], marker="o", label=label)
+            broker, kind = label.split(" ", 1)
+            style = {"marker": "o", "label": label, "color": f"C{kinds.index(kind) % 10}",
+                     "linestyle": "--" if broker == "kafka" else "-"}
+            rate_ax.plot([p[0] for p in pts], [p[1] for p in pts], **style)
+            cpu_ax.plot([p[0] for p in pts], [p[2] for p in pts], **style)
         for ax, what in ((rate_ax, "msg/s (median)"), (cpu_ax, "broker CPU s per M records")):
             ax.set_xscale("log")
             ax.set_xlabel("partitions")
