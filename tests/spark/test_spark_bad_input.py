@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,23 @@ def files_digest(root: Path) -> dict[str, str]:
                 and not path.name.endswith(".stats.json"):
             out[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
     return out
+
+
+def settled_digest(root: Path, timeout: float = 30.0) -> dict[str, str]:
+    """``files_digest`` once the broker is done writing on its own: a worker's periodic
+    checkpoint (``CHECKPOINT_INTERVAL_MS`` after the last acknowledgement) msyncs the indexes
+    and writes the recovery record, creating index files a lazy segment had not written yet."""
+    from shmq.storage.log import CHECKPOINT_INTERVAL_MS
+
+    pause = 1.5 * CHECKPOINT_INTERVAL_MS / 1000
+    deadline = time.monotonic() + timeout
+    digest = files_digest(root)
+    while True:
+        time.sleep(pause)
+        again = files_digest(root)
+        if again == digest or time.monotonic() > deadline:
+            return again
+        digest = again
 
 
 def error_of(action: Any) -> str:
@@ -54,7 +72,7 @@ def load(spark: Any, bootstrap: str | None, **options: str) -> Any:
 
 
 def test_bad_options_and_offsets(spark: Any, sbroker: Any, data: str) -> None:
-    before = files_digest(sbroker.data_dir)
+    before = settled_digest(sbroker.data_dir)
     cases = [
         ({"subscribe": "bad-a,no-such-topic"}, "unknown topic 'no-such-topic'"),
         ({"assign": '{"bad-a": [0, 7]}'}, "names partition bad-a-7, but topic 'bad-a' has 2"),
@@ -105,7 +123,7 @@ def test_corrupt_segment_is_an_error_naming_the_file(spark: Any, sbroker: Any,
     raw = bytearray(segment.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     segment.write_bytes(bytes(raw))
-    before = files_digest(sbroker.data_dir)
+    before = settled_digest(sbroker.data_dir)
     text = error_of(lambda: load(spark, data, subscribe="bad-corrupt").collect())
     one_line(text, f"{segment}: invalid record batch at byte ")
     assert "CRC-32C mismatch" in text
