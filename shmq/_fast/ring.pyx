@@ -119,6 +119,30 @@ cdef inline Py_ssize_t _write_field(unsigned char *w, object b) except -1:
     return k + n
 
 
+cdef inline Py_ssize_t _value_record_body(Py_ssize_t i, Py_ssize_t vlen) noexcept nogil:
+    """The body length of record ``i`` of a values-only batch: attributes, timestamp delta 0,
+    offset delta ``i``, null key, the value, no headers."""
+    return 3 + _varint_size(i) + _varint_size(vlen) + vlen + 1
+
+
+cdef inline unsigned char *_write_value_record(unsigned char *w, Py_ssize_t i, const char *value,
+                                               Py_ssize_t vlen, Py_ssize_t body) noexcept nogil:
+    """Writes record ``i`` of a values-only batch (``body``: ``_value_record_body``) at ``w``;
+    returns the position after it."""
+    w += _write_varint(w, body)
+    w[0] = 0      # attributes
+    w[1] = 0      # timestamp delta 0
+    w += 2
+    w += _write_varint(w, i)
+    w[0] = 1      # key -1 (null)
+    w += 1
+    w += _write_varint(w, vlen)
+    memcpy(w, value, vlen)
+    w += vlen
+    w[0] = 0      # no headers
+    return w + 1
+
+
 def encode_batch_into(unsigned char[::1] out not None, Py_ssize_t pos, Py_ssize_t limit,
                       list records not None, int64_t timestamp, int64_t producer_id=-1,
                       int16_t producer_epoch=-1, int32_t base_sequence=-1,
@@ -137,7 +161,7 @@ def encode_batch_into(unsigned char[::1] out not None, Py_ssize_t pos, Py_ssize_
     cdef list general = None   # per general record: (key, value, ts, [(hk, hv), ...])
     cdef unsigned char *w
     cdef unsigned char *start
-    cdef Py_ssize_t nh, j
+    cdef Py_ssize_t nh, j, vlen
     if n == 0:
         raise ValueError("a record batch holds at least one record")
     if n > 0x7fffffff:
@@ -154,8 +178,7 @@ def encode_batch_into(unsigned char[::1] out not None, Py_ssize_t pos, Py_ssize_
         rec = records[i]
         if general is None and PyBytes_CheckExact(rec):
             # fast path: value only, the batch timestamp (delta 0)
-            body = 3 + _varint_size(i) + _varint_size(PyBytes_GET_SIZE(rec)) + PyBytes_GET_SIZE(rec) + 1
-            # attributes(1) + tsdelta(1: zero) + offsetdelta + key(-1: 1) ... headers count(1)
+            body = _value_record_body(i, PyBytes_GET_SIZE(rec))
             size += _varint_size(body) + body
             continue
         if general is None:  # a general record after fast ones: start over, all general
@@ -203,17 +226,9 @@ def encode_batch_into(unsigned char[::1] out not None, Py_ssize_t pos, Py_ssize_
     if general is None:
         for i in range(n):
             rec = records[i]
-            body = 3 + _varint_size(i) + _varint_size(PyBytes_GET_SIZE(rec)) + PyBytes_GET_SIZE(rec) + 1
-            w += _write_varint(w, body)
-            w[0] = 0      # attributes
-            w[1] = 0      # timestamp delta 0
-            w += 2
-            w += _write_varint(w, i)
-            w[0] = 1      # key -1 (null)
-            w += 1
-            w += _write_field(w, rec)
-            w[0] = 0      # no headers
-            w += 1
+            vlen = PyBytes_GET_SIZE(rec)
+            w = _write_value_record(w, i, PyBytes_AS_STRING(rec), vlen,
+                                    _value_record_body(i, vlen))
     else:
         for i in range(n):
             key, value, ts, hlist = general[i]
@@ -273,22 +288,11 @@ def encode_values_into(unsigned char[::1] out not None, Py_ssize_t pos, Py_ssize
                 raise ValueError(f"the records make a batch of {abs(got)} bytes, not {size}")
             return size
         vlen = PyBytes_GET_SIZE(rec)
-        body = 3 + _varint_size(i) + _varint_size(vlen) + vlen + 1
+        body = _value_record_body(i, vlen)
         need = _varint_size(body) + body
         if end - w < need:
             raise ValueError(f"the records make a batch of more than {size} bytes")
-        w += _write_varint(w, body)
-        w[0] = 0      # attributes
-        w[1] = 0      # timestamp delta 0
-        w += 2
-        w += _write_varint(w, i)
-        w[0] = 1      # key -1 (null)
-        w += 1
-        w += _write_varint(w, vlen)
-        memcpy(w, PyBytes_AS_STRING(rec), vlen)
-        w += vlen
-        w[0] = 0      # no headers
-        w += 1
+        w = _write_value_record(w, i, PyBytes_AS_STRING(rec), vlen, body)
     if w != end:
         raise ValueError(f"the records make a batch of {w - start} bytes, not {size}")
     shmq_write_batch_header(start, size, 0, n, timestamp, timestamp, producer_id,
