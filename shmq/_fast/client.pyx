@@ -207,6 +207,15 @@ cdef class Batch:
             PyByteArray_Resize(self.data, cap)
         return <unsigned char *>PyByteArray_AS_STRING(self.data) + self.used
 
+    cdef inline int64_t _stamp(self, int64_t ts) noexcept:
+        """A record of timestamp ``ts`` joins the batch: the base (its first record's) and
+        max timestamps move; returns its delta from the base."""
+        if self.n == 0:
+            self.base_ts = self.max_ts = ts
+        elif ts > self.max_ts:
+            self.max_ts = ts
+        return ts - self.base_ts
+
     cdef int _add(self, object key, object value, int64_t ts, list hdrs) except -1:
         """One record; key and value bytes or None, ``hdrs`` None or ``(bytes, bytes | None)``
         pairs."""
@@ -215,11 +224,7 @@ cdef class Batch:
         cdef unsigned char *w
         if self.n >= 0x7fffffff:
             raise ValueError("too many records for one batch")
-        if self.n == 0:
-            self.base_ts = self.max_ts = ts
-        elif ts > self.max_ts:
-            self.max_ts = ts
-        delta = ts - self.base_ts
+        delta = self._stamp(ts)
         body = (1 + _varint_size(delta) + _varint_size(self.n) + _field_size(klen)
                 + _field_size(vlen))
         if hdrs is not None:
@@ -287,11 +292,7 @@ cdef class Batch:
             return
         if type(self.data) is not bytearray:
             raise ValueError("the batch was released")
-        if self.n == 0:
-            self.base_ts = self.max_ts = ts
-        elif ts > self.max_ts:
-            self.max_ts = ts
-        delta = ts - self.base_ts
+        delta = self._stamp(ts)
         dsize = _varint_size(delta)
         n = self.n
         used = self.used

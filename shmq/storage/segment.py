@@ -1012,11 +1012,6 @@ class LogSegment:
         self.offset_index.make_writable(self.config.segment_index_bytes)
         self.time_index.make_writable(self.config.segment_index_bytes)
 
-    def flush(self) -> None:
-        """The ``.log`` and both indexes (a checkpoint's flush: ``PartitionLog.flush``)."""
-        self.flush_log()
-        self.flush_indexes()
-
     def flush_log(self) -> None:
         """``fdatasync`` of the ``.log``: what an acknowledgement needs (the record bytes)."""
         handle = self.handle
