@@ -1,7 +1,7 @@
 """``fsync`` and ``syncfs`` for the storage code, with the slow-disk fault hook of the tests.
 
 ``SHMQ_FAULT_FSYNC_DELAY_MS`` (read at import; tests only) makes every fsync of segment data
-(``LogSegment.flush``: the group commits acks=all waits for, flush.ms / flush.messages, a log's
+(``LogSegment.flush_log``: the group commits acks=all waits for, flush.ms / flush.messages, a log's
 close) sleep that long first: what a disk with multi-second flush stalls does to the broker
 (issue 19, "a slow disk").  Checkpoints and directories are fsynced without the delay, so that
 a broker under test still starts and stops in seconds.  The test box has no device-mapper ``delay``
