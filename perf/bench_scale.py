@@ -124,6 +124,7 @@ from suite import (
     client_bound,
     create_topic,
     delete_topic,
+    kafka_logs_created,
     kcat_env,
     requests,
     run_kcats,
@@ -351,20 +352,6 @@ def write_keyed_lines(path: Path, n: int, size: int) -> None:
         for first in range(0, n, 5000):
             f.write(b"".join(b"%010d:%010d%s\n" % (i, i, filler)
                              for i in range(first, min(n, first + 5000))))
-
-
-def kafka_logs_created(data: Path, topic: str, partitions: int, timeout: float) -> None:
-    """Wait until Apache Kafka has written every partition's ``partition.metadata``: it creates
-    a new topic's logs after the leaders are in Metadata, each with fsyncs (the leader-epoch
-    checkpoint, then the metadata file from its scheduler), so a 1,000-partition topic takes it
-    10-20 s here, mostly in I/O waits that ``settle``'s CPU test does not see; a produce started
-    before would time that creation as its own."""
-    deadline = time.monotonic() + timeout
-    while sum((data / f"{topic}-{p}" / "partition.metadata").exists()
-              for p in range(partitions)) < partitions:
-        if time.monotonic() > deadline:
-            raise PhaseError(f"Kafka has not created the logs of {topic} after {timeout:.0f} s")
-        time.sleep(0.2)
 
 
 def partitions_with_data(bootstrap: str, topic: str, partitions: int, timeout: float) -> int:

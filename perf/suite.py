@@ -29,8 +29,9 @@ The matrix (``--scale`` multiplies the record counts; the whole matrix runs ``--
   batch.size=1 MiB, acks=1, no compression, null keys) and kcat (``kcat -P -l`` of a file of
   lines, same settings; wall time of the processes).  3 x 4 x 2 x 2 = 48 cells per broker.
   A topic of 1,000 partitions is left to go idle after its leaders are known (the broker's
-  CPU under 5 % of a core for 0.5 s, as ``bench_scale.py`` does): shmq's workers create the logs
-  after answering CreateTopics, and that work is not the load's.
+  CPU under 5 % of a core for 0.5 s, as ``bench_scale.py`` does; Apache Kafka also until every
+  partition's ``partition.metadata`` is written): both brokers create the logs after answering
+  CreateTopics, and that work is not the load's.
 * **consume**: each topic the single producer filled is read back once by the same client
   (confluent-kafka: ``assign`` every partition from the beginning; kcat: ``kcat -C -e -o
   beginning -c N``; both with fetch.queue.backoff.ms=10, see ``suite_load.py``).  3 x 4 x 2 = 24
@@ -264,6 +265,20 @@ def create_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 3
             return
         time.sleep(0.1)
     raise PhaseError(f"topic {topic} has no leaders after {timeout} s")
+
+
+def kafka_logs_created(data: Path, topic: str, partitions: int, timeout: float) -> None:
+    """Wait until Apache Kafka has written every partition's ``partition.metadata``: it creates
+    a new topic's logs after the leaders are in Metadata, each with fsyncs (the leader-epoch
+    checkpoint, then the metadata file from its scheduler), so a 1,000-partition topic takes it
+    10-20 s here, mostly in I/O waits that ``settle``'s CPU test does not see; a produce started
+    before would time that creation as its own."""
+    deadline = time.monotonic() + timeout
+    while sum((data / f"{topic}-{p}" / "partition.metadata").exists()
+              for p in range(partitions)) < partitions:
+        if time.monotonic() > deadline:
+            raise PhaseError(f"Kafka has not created the logs of {topic} after {timeout:.0f} s")
+        time.sleep(0.2)
 
 
 def settle(b: Broker, timeout: float) -> float:
@@ -623,6 +638,9 @@ class Suite:
             try:
                 create_topic(b.bootstrap, topic, group[0].partitions)
                 if group[0].partitions >= SETTLE_PARTITIONS:
+                    if name == "kafka":
+                        kafka_logs_created(self.work / "kafka" / "data", topic,
+                                           group[0].partitions, self.args.phase_timeout)
                     settle(b, self.args.phase_timeout)
                 for cell in group:
                     fn = getattr(self, cell.kind)
