@@ -174,6 +174,9 @@ class Broker:
             argv or [], stdout=self._logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=env, start_new_session=True)
         self._tree: list[int] = [self.proc.pid]
+        # shmq's data dir: a controller we had to SIGKILL leaves its shared memory named there
+        self.data_dir = Path(argv[argv.index("--data-dir") + 1]) \
+            if argv and "--data-dir" in argv else None
 
     def wait_ready(self, marker: str, timeout: float) -> str:
         """Wait for ``marker`` in the log; return the rest of that line."""
@@ -220,7 +223,21 @@ class Broker:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
+        if self.data_dir is not None:
+            remove_stale_shm(self.data_dir)
         self._logf.close()
+
+
+def remove_stale_shm(data_dir: Path) -> None:
+    """Unlink the shared memory a killed shmq controller listed in ``run/broker.json`` (its next
+    start would; a bench's data dir has none): a clean stop removed the file already."""
+    from shmq.ipc.state_table import remove_stale, stale_names
+
+    try:
+        records = json.loads((data_dir / "run" / "broker.json").read_text()).get("shm", [])
+    except (OSError, ValueError):
+        return
+    remove_stale(stale_names(records))
 
 
 def cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
