@@ -14,7 +14,10 @@ settings everywhere, except the rows that name another setting beside the defaul
   over loopback TCP to the same broker (the anchor).
 * ``produce_batch (lists)``: ``shmq.Producer.produce_batch(topic, values)`` with lists of
   100,000 distinct values, then ``flush()``; ``produce_batch (Arrow)``: the same values as one
-  ``pyarrow`` binary array (made before the clock starts, as a caller's data is).  Each again
+  ``pyarrow`` binary array (made before the clock starts, as a caller's data is).  A call that
+  does not fit whole in the producer's queue (``queue.buffering.max.messages``, 100,000)
+  queues the prefix that does and returns its length, as confluent-kafka's ``produce_batch``;
+  the next call passes the rest.  Each again
   with ``acks=1`` (the default is acks=all, which waits for the broker's ``flush.on.ack``
   fsync).  "broker CPU" is the broker processes' CPU time over the row, per record.
 * ``poll``: ``Consumer.poll()`` per record from offset 1 of a partition holding the records
@@ -88,17 +91,19 @@ def produce_role(bootstrap: str, topic: str, n: int, kind: str, ready, go, out) 
     c0 = time.process_time()
     t0 = time.monotonic()
     if kind in ("batch", "arrow-batch"):
-        sent = 0
+        # the values over and over: each call passes what is left of them, and goes on from
+        # the count produce_batch returns (the prefix the queue had room for)
+        sent = at = 0
         while sent < n:
-            k = min(len(values), n - sent)
-            while True:
-                try:
-                    p.produce_batch(topic, values if k == len(values) else values[:k],
-                                    partition=0)
-                    break
-                except BufferError:
-                    p.poll(0.001)
-            sent += k
+            k = min(len(values) - at, n - sent)
+            try:
+                queued = p.produce_batch(topic, values if k == len(values) else
+                                         values[at : at + k], partition=0)
+            except BufferError:  # not one record fits: serve reports, then again
+                p.poll(0.001)
+                continue
+            sent += queued
+            at = (at + queued) % len(values)
     else:
         produce = p.produce
         for _ in range(n):

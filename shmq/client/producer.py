@@ -58,7 +58,7 @@ from collections.abc import Callable
 from typing import Any
 
 import confluent_kafka
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from shmq import _fast
 from shmq._fast import Batch, ProducerCore
@@ -124,6 +124,11 @@ def as_record_list(obj: Any, what: str) -> list[Any]:
 
 
 _EMPTY = bytearray()
+
+
+def _message_failed(code: int) -> KafkaError:
+    """The ``_error`` confluent-kafka's ``produce_batch`` puts in a dict it could not queue."""
+    return KafkaError(code, f"Message failed: {KafkaError(code).str()}")
 _ARROW_BINARY_KINDS = ("string", "large_string", "large_binary", "fixed_size_binary",
                        "binary_view", "string_view", "null")
 
@@ -384,21 +389,21 @@ class Producer:
     def produce_batch(self, topic: str, values: Any = None, keys: Any = None,
                       partition: int | None = None, headers: Any = None,
                       on_delivery: Any = None) -> int:
-        """Queue many records at once; returns how many were queued.
+        """Queue many records at once; returns how many were queued, as confluent-kafka's
+        ``produce_batch`` does: the records go in order while the queue
+        (``queue.buffering.max.messages`` / ``.kbytes``) has room, and a call that does not fit
+        whole queues the longest prefix that does and returns its length (the caller goes on
+        from there after ``poll``); ``BufferError`` when not one record fits.
 
         ``values`` (and ``keys``, the same length) are lists, numpy arrays or Arrow arrays;
         ``partition`` sends them all to one partition (else each key's murmur2 partition, or one
         sticky partition for keyless records); ``headers`` is one list of ``(key, value)`` for
         every record.  confluent-kafka's form -- a list of dicts with ``value`` / ``key`` /
-        ``partition`` / ``timestamp`` / ``callback`` -- is accepted as well."""
+        ``partition`` / ``timestamp`` / ``callback`` -- is accepted as well, with its rules:
+        a record that cannot be queued gets its error as ``_error`` in its dict (a full queue
+        ``_QUEUE_FULL``), the others are queued, and nothing is raised for them."""
         if type(values) is list and values and type(values[0]) is dict:
-            n = 0
-            for m in values:
-                part = m.get("partition", -1 if partition is None else partition)
-                self.produce(topic, m.get("value"), m.get("key"), part,
-                             m.get("callback", on_delivery), m.get("timestamp", 0))
-                n += 1
-            return n
+            return self._produce_dicts(topic, values, partition, on_delivery)
         vals = as_record_list(values, "values")
         ks = None if keys is None else as_record_list(keys, "keys")
         if ks is not None and len(ks) != len(vals):
@@ -408,8 +413,37 @@ class Producer:
             ks = None if ks is None else _checked_bytes(ks, "keys")
         part = -1 if partition is None else partition
         for i, v in enumerate(vals):
-            self.produce(topic, v, None if ks is None else ks[i], part, on_delivery, 0, headers)
+            try:
+                self.produce(topic, v, None if ks is None else ks[i], part, on_delivery, 0,
+                             headers)
+            except BufferError:
+                if i == 0:
+                    raise
+                return i
         return len(vals)
+
+    def _produce_dicts(self, topic: str, messages: list[dict[str, Any]], partition: Any,
+                       on_delivery: Any) -> int:
+        """confluent-kafka's ``produce_batch(topic, messages)``: each dict's record queued, or
+        its error (``KafkaError``, "Message failed: ...") put in the dict as ``_error``; the
+        number queued.  A wrong type raises ``TypeError`` as there."""
+        queued = 0
+        for m in messages:
+            if type(m) is not dict:
+                raise TypeError("Message must be a dictionary")
+            part = m.get("partition", -1 if partition is None else partition)
+            try:
+                self.produce(topic, m.get("value"), m.get("key"), part,
+                             m.get("callback", on_delivery), m.get("timestamp", 0))
+            except BufferError:
+                m["_error"] = _message_failed(KafkaError._QUEUE_FULL)
+                continue
+            except KafkaException as exc:
+                m["_error"] = _message_failed(exc.args[0].code())
+                continue
+            m.pop("_error", None)
+            queued += 1
+        return queued
 
     def __enter__(self) -> Producer:
         return self
@@ -976,15 +1010,22 @@ class ShmProducer(Producer, ProducerCore):
             hint = len(values)
         except TypeError:
             hint = 0
-        if (self._queued + hint > self._max_messages
-                or self._queued_bytes + RECORD_MAX_OVERHEAD * hint > self._max_bytes):
-            # the queue is full whatever the values hold: refused before they are looked at
+        if hint and (self._queued >= self._max_messages
+                     or self._queued_bytes + RECORD_MAX_OVERHEAD > self._max_bytes):
+            # not one record fits whatever the values hold: refused before they are looked at
             # (a caller retrying after each BufferError would have them checked every time)
             raise BufferError("Local: Queue full")
         if type(values) is list and keys is None:
             total, longest_value = _fast.bytes_stats(values)
             if total >= 0:  # bytes and None only: encoded from the list itself
-                return self._produce_list(topic, values, partition, total, longest_value)
+                room = self._max_messages - self._queued
+                if len(values) > room:  # the prefix that fits (checked whole: the rest too)
+                    values = values[:room]
+                    total, longest_value = _fast.bytes_stats(values)
+                if (self._queued_bytes + RECORD_MAX_OVERHEAD * len(values) + total
+                        <= self._max_bytes):
+                    return self._produce_list(topic, values, partition, total, longest_value)
+                # else queue.buffering.max.kbytes cuts it shorter: found below, record by record
         vcol = binary_column(values, "values")
         kcol = None if keys is None else binary_column(keys, "keys")
         count = len(vcol)
@@ -1005,8 +1046,17 @@ class ShmProducer(Producer, ProducerCore):
             kbufs = _column_buffers(kcol)
             sizes += np.maximum(kbufs[3], 0)
         longest = int(sizes.max())
+        n = self._admit(topic, longest)
+        fit = self._fitting(sizes)
+        if fit < count:  # the prefix the queue has room for (the whole call was checked)
+            count = fit
+            vcol = vcol.slice(0, fit)
+            voff, vdata, vvalid, vlen = _column_buffers(vcol)
+            if kcol is not None:
+                kcol = kcol.slice(0, fit)
+                kbufs = _column_buffers(kcol)
+            sizes = sizes[:fit]
         nbytes = int(sizes.sum())
-        n = self._admit(topic, count, longest, nbytes)
         rows = np.arange(count, dtype=np.int64)
         if explicit:
             part = _as_int(partition)
@@ -1066,9 +1116,9 @@ class ShmProducer(Producer, ProducerCore):
                     self._send(k, batch)
         return count
 
-    def _admit(self, topic: str, count: int, longest: int, nbytes: int) -> int:
+    def _admit(self, topic: str, longest: int) -> int:
         """The checks of a ``produce_batch`` before anything is queued (its largest record, the
-        topic, room in the queue); the topic's partition count."""
+        topic); the topic's partition count."""
         if longest > self._message_max:
             raise kafka_exception(KafkaError.MSG_SIZE_TOO_LARGE,
                                   "Unable to produce message: Broker: Message size too large")
@@ -1076,10 +1126,20 @@ class ShmProducer(Producer, ProducerCore):
         if not n:
             raise kafka_exception(KafkaError._UNKNOWN_TOPIC,
                                   f"Unable to produce messages: {topic} is unknown")
-        if (self._queued + count > self._max_messages
-                or self._queued_bytes + nbytes > self._max_bytes):
-            raise BufferError("Local: Queue full")
         return n
+
+    def _fitting(self, sizes: Any) -> int:
+        """How many of the records (their queue sizes, in order) fit in the queue now, from the
+        first: ``BufferError`` when not one does."""
+        import numpy as np
+
+        fit = min(len(sizes), self._max_messages - self._queued)
+        room = self._max_bytes - self._queued_bytes
+        if fit > 0 and int(sizes[:fit].sum()) > room:
+            fit = int(np.searchsorted(np.cumsum(sizes[:fit]), room, side="right"))
+        if fit <= 0:
+            raise BufferError("Local: Queue full")
+        return fit
     def _produce_list(self, topic: str, values: list[Any], partition: Any, total: int,
                       longest_value: int) -> int:
         """``produce_batch`` of a keyless list of bytes or None: each batch encoded from the
@@ -1089,7 +1149,7 @@ class ShmProducer(Producer, ProducerCore):
             return 0
         longest = RECORD_MAX_OVERHEAD + longest_value
         nbytes = RECORD_MAX_OVERHEAD * count + total
-        n = self._admit(topic, count, longest, nbytes)
+        n = self._admit(topic, longest)
         if partition is not None and partition != -1:
             part = _as_int(partition)
             if not 0 <= part < n:
