@@ -98,7 +98,7 @@ class _Segment:
     end of the file is address space only); the twin's ``mmap.mmap`` cannot map past the end, so
     there the mapping follows the file's size."""
 
-    __slots__ = ("base", "path", "fd", "map", "view", "mapped")
+    __slots__ = ("base", "path", "fd", "map", "view", "mapped", "file_size")
 
     def __init__(self, base: int, path: Path) -> None:
         self.base = base
@@ -107,6 +107,7 @@ class _Segment:
         self.map: Any = None
         self.view = memoryview(b"")
         self.mapped = 0
+        self.file_size = 0  # as the last size() found it
         try:
             self.remap(self.size())
         except BaseException:
@@ -132,6 +133,7 @@ class _Segment:
         size = os.fstat(self.fd).st_size
         if size > self.mapped:
             self.remap(size)
+        self.file_size = size
         return size
 
     def index_position(self, offset: int) -> int:
@@ -415,7 +417,8 @@ class PartitionReader:
                                    max_bytes)
             if found is not None and found[2] >= offset:
                 start, end, last = found
-                seg.map.populate(start, end - start)  # one call, not a fault per page
+                # one call, not a fault per page; the readahead ends at the file's end
+                seg.map.populate(start, end - start, seg.file_size)
                 next_offset = min(last + 1, offset + max_records, bound)
                 self._cursor = (last + 1, seg.base, end, *self._last_batch)
                 aborted = self.aborted(offset, next_offset) \
