@@ -79,6 +79,12 @@ REATTACH_TIMEOUT_S = 30.0
 # 50 us the client slept between answers (0.21-0.27 worker kicks an entry for 1,000-record
 # batches, against 0.09-0.10, perf/README.md's bench_shm section).
 SPIN_S = 0.0002
+# ... but only while answers come that fast: after a wait for answers that lasted longer than
+# SPIN_S (the worker lags: a loaded box, an fsync for acks=all) the next wait sleeps at once,
+# as a local reader does after a long wait (``reader.SPIN_GAP_S``).  A spin that runs out costs
+# its 200 us of sched_yield and the wake-up as well: at 10,000 records/s on the loaded 2-core
+# box the producer waited at the in-flight bound in ~6 % of its sends and spent a third of its
+# CPU in sched_yield there (perf record of bench_shm's latency row).
 # A client that never blocks (poll(0) between sends) peeks at the session socket this often at
 # most while answers are due: a worker's death is noticed that fast without a system call per
 # batch (a blocking wait watches the socket and notices at once).
@@ -259,6 +265,7 @@ class _Session:
         self.gone_at = 0.0     # monotonic time the worker's death was noticed
         self.peeked = 0.0      # monotonic time of the last look at the socket
         self.kicks = 0         # eventfd writes to the worker (wake-ups it needed)
+        self.answer_wait = 0.0  # how long the last wait for answers lasted (see SPIN_S)
         self._rpc = 0
         # after the worker's death: when to try to reattach next, the back-off, when to give up
         self.retry_at = 0.0
@@ -827,6 +834,7 @@ class LocalBroker:
         # the leader, from the state table, once a send (``_enqueue`` takes it from here; once
         # more only after a wait, when it may have moved): 1 us each
         node = self._node_for(topic, partition)
+        reattached = self.reattached
         if not wait:
             if not (self.can_send(topic, partition) and self._ready_node(node)):
                 return None
@@ -856,8 +864,8 @@ class LocalBroker:
             self._await_answer(session, min(left, 0.05))
         if sequenced and self._reset_producer and not any(self._unanswered.values()):
             self._ensure_producer(session)
-        if known != self.producer_id:  # waited (for answers, a producer id): look again
-            node = -1
+        if known != self.producer_id or reattached != self.reattached:
+            node = -1  # waited (for answers, a producer id, a restarted worker): look again
         return self._stamp_and_enqueue(topic, partition, write, count, ack, on_delivery,
                                        sequenced, deadline, wait, node)
 
@@ -1011,17 +1019,20 @@ class LocalBroker:
             self._await_answer(waiting[0], min(left, 0.1))
 
     def _await_answer(self, session: _Session, timeout: float) -> None:
-        """Until the completion ring has an entry (spinning ``SPIN_S``, then asleep on the
-        eventfd and the socket) or ``timeout`` passed."""
+        """Until the completion ring has an entry (spinning ``SPIN_S`` unless the last wait
+        lasted longer, then asleep on the eventfd and the socket) or ``timeout`` passed."""
         completion = session.completion
-        spin_until = time.monotonic() + min(SPIN_S, timeout)
+        began = time.monotonic()
+        spin_until = began + min(SPIN_S if session.answer_wait <= SPIN_S else 0.0, timeout)
         while time.monotonic() < spin_until:
             if completion.published() != completion.head:
+                session.answer_wait = time.monotonic() - began
                 return
             os.sched_yield()  # the worker may be waiting for this CPU (see _seqlock.h)
         if completion.set_sleeping():
             session.wait(timeout)
         completion.clear_sleeping()
+        session.answer_wait = time.monotonic() - began
 
     def _poll_session(self, session: _Session, reattach: bool = True) -> int:
         handled = 0

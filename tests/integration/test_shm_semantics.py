@@ -505,3 +505,40 @@ def test_tail_reads_map_each_page_once(shm_broker: RunningBroker) -> None:
     finally:
         local.close()
         writer.close()
+
+
+def test_a_client_sleeps_at_once_after_a_long_wait_for_answers(
+        shm_broker: RunningBroker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wait for answers looks at the completion ring for SPIN_S before it sleeps, unless the
+    last wait lasted longer than that (a lagging worker): then it sleeps at once, and spins
+    again once a wait was short."""
+    import os
+
+    from shmq.ipc import client as client_mod
+
+    local = attach(shm_broker.data_dir)
+    try:
+        local.send_batch("sem-ring", 0, [b"session"], acks=1).result(5)
+        session = local.sessions[local.leader_of("sem-ring", 0)]
+        yields: list[int] = []
+        real = os.sched_yield
+        monkeypatch.setattr(client_mod.os, "sched_yield", lambda: yields.append(1) or real())
+        local._await_answer(session, 0.003)  # nothing to answer: spins, then sleeps it out
+        assert yields and session.answer_wait >= 0.003 > client_mod.SPIN_S
+        yields.clear()
+        local._await_answer(session, 0.003)  # after a long wait: asleep at once
+        assert not yields
+        done = local.send_batch("sem-ring", 0, [b"answered"], acks=1)
+        deadline = time.monotonic() + 5
+        while session.completion.published() == session.completion.head:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        local._await_answer(session, 0.003)  # the answer is there: a short wait
+        assert session.answer_wait < client_mod.SPIN_S
+        local.poll(0)
+        assert done.done()
+        yields.clear()
+        local._await_answer(session, 0.003)  # so this one spins first again
+        assert yields
+    finally:
+        local.close()
