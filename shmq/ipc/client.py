@@ -83,8 +83,8 @@ SPIN_S = 0.0002
 # SPIN_S (the worker lags: a loaded box, an fsync for acks=all) the next wait sleeps at once,
 # as a local reader does after a long wait (``reader.SPIN_GAP_S``).  A spin that runs out costs
 # its 200 us of sched_yield and the wake-up as well: at 10,000 records/s on the loaded 2-core
-# box the producer waited at the in-flight bound in ~6 % of its sends and spent a third of its
-# CPU in sched_yield there (perf record of bench_shm's latency row).
+# box (load 12) the producer waited at the in-flight bound in ~6 % of its sends, and ~22 % of
+# its CPU samples were sched_yield's (perf record of bench_shm's latency row).
 # A client that never blocks (poll(0) between sends) peeks at the session socket this often at
 # most while answers are due: a worker's death is noticed that fast without a system call per
 # batch (a blocking wait watches the socket and notices at once).
