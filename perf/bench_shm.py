@@ -353,6 +353,7 @@ def lat_ring_reader(data_dir: str, topic: str, expect: int, ready, go, out) -> N
     few: tuple[list[int], ...] = ([], [], [], [])  # sent, seen, offset, waited: small reads
     got = 0
     read = 0  # records read, the warm-up ones too (the CPU below is for all of them)
+    reads = 0  # the reads that returned records (a loaded box batches them: CPU a read)
     go.wait()
     cpu = _cpu()
     deadline = time.monotonic() + 300
@@ -363,6 +364,7 @@ def lat_ring_reader(data_dir: str, topic: str, expect: int, ready, go, out) -> N
             was, queued = queued, int(os.pread(sched, 64, 0).split()[1])
         if not len(r):
             continue
+        reads += 1
         if len(r) < 64:  # a few records: decoded as objects (cheaper than Arrow's set-up),
             recs = r.records()  # noted in lists (numpy's per-call cost was ~1 us an array op)
             read += len(recs)
@@ -409,7 +411,7 @@ def lat_ring_reader(data_dir: str, topic: str, expect: int, ready, go, out) -> N
     if len(waited_) == len(order):               # arrays, back in read order
         waited_ = waited_[order]
     out.put(("reader", 0, 0, got, (sent_[order], seen_[order], offsets_[order], waited_,
-                                   (cpu, read))))
+                                   (cpu, read, reads))))
     broker.close()
 
 
@@ -441,16 +443,19 @@ def _worker_cpu(data_dir: str) -> dict[int, float]:
     return out
 
 
-def _cpu_rows(name: str, producer: tuple[float, int], worker: float, reader: tuple[float, int],
+def _cpu_rows(name: str, producer: tuple[float, int], worker: float, reader: tuple[int | float, ...],
               consumer_name: str = "reader") -> list[str]:
-    """CPU us per record of each process of a latency row."""
+    """CPU us per record of each process of a latency row (and per read, when the reader counted
+    its reads: records come several to a read once the reader lags)."""
     def per(cpu: float, n: int) -> str:
         return f"{cpu / n * 1e6:8.1f}" if n else "       -"
 
     p_cpu, p_n = producer
-    r_cpu, r_n = reader
+    r_cpu, r_n = reader[0], int(reader[1])
+    reads = f" in {int(reader[2]):,} reads, {per(r_cpu, int(reader[2])).strip()} a read" \
+        if len(reader) > 2 else ""
     return [f"{name}: CPU us per record: producer {per(p_cpu, p_n)} ({p_n:,} records), "
-            f"worker {per(worker, p_n)}, {consumer_name} {per(r_cpu, r_n)} ({r_n:,} read)"]
+            f"worker {per(worker, p_n)}, {consumer_name} {per(r_cpu, r_n)} ({r_n:,} read{reads})"]
 
 
 def _steal() -> int:

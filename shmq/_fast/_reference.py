@@ -661,21 +661,27 @@ class MappedFile(mmap.mmap):
     def length(self) -> int:
         return len(self)
 
-    def populate(self, start: int, length: int) -> None:
-        """As the compiled one: ``MADV_WILLNEED`` for the aligned chunks of the range (the
-        twin asks for every chunk: Python has no ``mincore``), then ``MADV_POPULATE_READ``
-        over the range (best effort)."""
+    def populate(self, start: int, length: int, file_size: int = -1) -> int:
+        """As the compiled one: ``MADV_WILLNEED`` for the aligned chunks of the range, ending at
+        ``file_size`` when given (the twin asks for every chunk: Python has no ``mincore``),
+        then ``MADV_POPULATE_READ`` over the range (best effort).  Returns how many chunks
+        were asked for."""
         if length <= 0:
-            return
+            return 0
         if start < 0 or start > len(self) - length:
             raise ValueError("range outside the mapping")
         lo = start - start % mmap.PAGESIZE
         hi = start + length
+        if file_size < hi or file_size > len(self):
+            file_size = len(self)
+        asked = 0
         try:
             at = lo - lo % READAHEAD_CHUNK
             while at < hi:
-                self.madvise(mmap.MADV_WILLNEED, at, min(READAHEAD_CHUNK, len(self) - at))
+                self.madvise(mmap.MADV_WILLNEED, at, min(READAHEAD_CHUNK, file_size - at))
+                asked += 1
                 at += READAHEAD_CHUNK
             self.madvise(22, lo, hi - lo)  # MADV_POPULATE_READ (Linux >= 5.14)
         except OSError:
             pass
+        return asked

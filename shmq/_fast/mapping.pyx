@@ -27,19 +27,25 @@ cdef bint _resident(char *page) noexcept nogil:
     return mincore(page, 4096, &v) != 0 or (v & 1)
 
 
-cdef void _read_ahead_missing(char *base, Py_ssize_t size, Py_ssize_t lo,
-                              Py_ssize_t hi) noexcept nogil:
-    """``MADV_WILLNEED`` for each ``READAHEAD_CHUNK``-aligned chunk of the mapping ``[base,
-    base + size)`` that meets ``[lo, hi)`` and whose first or last page is not in the page cache
-    (a ``mincore`` of one page each: a ``mincore`` of every page costs a page-cache lookup each,
-    as much as the readahead walk).  Whole aligned chunks, so the next read, which starts in
-    the chunk where this one ends, finds it asked for already."""
-    cdef Py_ssize_t at = lo - lo % READAHEAD_CHUNK, n
+cdef Py_ssize_t _read_ahead_missing(char *base, Py_ssize_t size, Py_ssize_t lo,
+                                    Py_ssize_t hi) noexcept nogil:
+    """``MADV_WILLNEED`` for each ``READAHEAD_CHUNK``-aligned chunk of ``[base, base + size)``
+    (``size``: the file's bytes in the mapping) that meets ``[lo, hi)`` and whose first or last
+    page is not in the page cache (a ``mincore`` of one page each: a ``mincore`` of every page
+    costs a page-cache lookup each, as much as the readahead walk); returns how many chunks it
+    asked for.  Whole aligned chunks, so the next read, which starts in the chunk where this
+    one ends, finds it asked for already.  A chunk ends at the file's end: a page past it is
+    never resident, and a chunk measured to the mapping's end was asked for again on every
+    read of a file's last chunk (a local reader at the tail: ~7 us of a ~20 us one-record
+    read, bench_shm's latency rows)."""
+    cdef Py_ssize_t at = lo - lo % READAHEAD_CHUNK, n, asked = 0
     while at < hi:
         n = min(<Py_ssize_t>READAHEAD_CHUNK, size - at)
         if not _resident(base + at) or not _resident(base + ((at + n - 1) & ~<Py_ssize_t>4095)):
             madvise(base + at, n, MADV_WILLNEED)
+            asked += 1
         at += READAHEAD_CHUNK
+    return asked
 
 
 cdef class MappedFile:
@@ -91,7 +97,7 @@ cdef class MappedFile:
     def __releasebuffer__(self, Py_buffer *view):
         self.exports -= 1
 
-    def populate(self, Py_ssize_t start, Py_ssize_t length):
+    def populate(self, Py_ssize_t start, Py_ssize_t length, Py_ssize_t file_size=-1):
         """Map the pages of ``[start, start + length)`` now, in one call, read-only
         (``MADV_POPULATE_READ``, Linux >= 5.14): a reader about to walk a range of a segment
         otherwise takes one page fault per 4 KiB page (the mapping is ``MADV_RANDOM``: no
@@ -100,19 +106,24 @@ cdef class MappedFile:
         reads them ahead in large requests; under ``MADV_RANDOM`` the populate alone reads one
         4 KiB page per synchronous request (2M records of 100 B: 0.05-0.33 M records/s into
         Arrow against 4-6 M with the readahead, perf/README).  ``mincore`` of two pages a chunk
-        decides, so a resident range costs no readahead walk (~170 us per 11 MiB).  Best effort; the range must lie
-        inside the file (the caller's bound)."""
+        decides, so a resident range costs no readahead walk (~170 us per 11 MiB); the chunks
+        end at ``file_size`` (the file's size, when the caller knows it; else the mapping's
+        end).  Best effort; the range must lie inside the file (the caller's bound).  Returns
+        how many chunks were asked for."""
         cdef size_t page = 4096
-        cdef Py_ssize_t lo, hi
+        cdef Py_ssize_t lo, hi, asked
         if self.addr == NULL or length <= 0:
-            return
+            return 0
         if start < 0 or start > self.length - length:
             raise ValueError("range outside the mapping")
         lo = start - start % page
         hi = start + length
+        if file_size < hi or file_size > self.length:
+            file_size = self.length
         with nogil:
-            _read_ahead_missing(self.addr, self.length, lo, hi)
+            asked = _read_ahead_missing(self.addr, file_size, lo, hi)
             madvise(self.addr + lo, hi - lo, 22)  # MADV_POPULATE_READ
+        return asked
 
     def flush(self):
         """msync(MS_SYNC) the whole mapping (also from a read-only mapping: it writes back the

@@ -79,6 +79,12 @@ REATTACH_TIMEOUT_S = 30.0
 # 50 us the client slept between answers (0.21-0.27 worker kicks an entry for 1,000-record
 # batches, against 0.09-0.10, perf/README.md's bench_shm section).
 SPIN_S = 0.0002
+# ... but only while answers come that fast: after a wait for answers that lasted longer than
+# SPIN_S (the worker lags: a loaded box, an fsync for acks=all) the next wait sleeps at once,
+# as a local reader does after a long wait (``reader.SPIN_GAP_S``).  A spin that runs out costs
+# its 200 us of sched_yield and the wake-up as well: at 10,000 records/s on the loaded 2-core
+# box (load 12) the producer waited at the in-flight bound in ~6 % of its sends, and ~22 % of
+# its CPU samples were sched_yield's (perf record of bench_shm's latency row).
 # A client that never blocks (poll(0) between sends) peeks at the session socket this often at
 # most while answers are due: a worker's death is noticed that fast without a system call per
 # batch (a blocking wait watches the socket and notices at once).
@@ -259,6 +265,7 @@ class _Session:
         self.gone_at = 0.0     # monotonic time the worker's death was noticed
         self.peeked = 0.0      # monotonic time of the last look at the socket
         self.kicks = 0         # eventfd writes to the worker (wake-ups it needed)
+        self.answer_wait = 0.0  # how long the last wait for answers lasted (see SPIN_S)
         self._rpc = 0
         # after the worker's death: when to try to reattach next, the back-off, when to give up
         self.retry_at = 0.0
@@ -447,6 +454,7 @@ class LocalBroker:
 
     def _load_run_info(self) -> None:
         path = self.data_dir / "run" / "broker.json"
+        self._slots: dict[tuple[str, int], int] = {}  # slot_of's answers from this _info
         try:
             self._info = json.loads(path.read_text())
         except FileNotFoundError as exc:
@@ -455,11 +463,16 @@ class LocalBroker:
             raise NotLocalError(f"cannot read {path}: {exc}") from exc
 
     def slot_of(self, topic: str, partition: int) -> int | None:
+        slot = self._slots.get((topic, partition))  # from the broker.json read last
+        if slot is not None:
+            return slot
         key = f"{topic}/{partition}"
         slot = self._info.get("slots", {}).get(key)
         if slot is None:  # a topic created since: broker.json is rewritten on metadata changes
             self._load_run_info()
             slot = self._info.get("slots", {}).get(key)
+        if slot is not None:
+            self._slots[(topic, partition)] = slot
         return slot
 
     def leader_of(self, topic: str, partition: int) -> int | None:
@@ -588,7 +601,11 @@ class LocalBroker:
         While it is to be replaced nothing new goes until every batch in flight is answered
         (librdkafka's DRAIN_RESET): a batch sent meanwhile with the old id could follow a
         sequence the broker never appended."""
-        session = self.sessions.get(self._node_for(topic, partition))
+        return self._ready_node(self._node_for(topic, partition))
+
+    def _ready_node(self, node: int) -> bool:
+        """``ready`` of a partition led by worker ``node``."""
+        session = self.sessions.get(node)
         if session is None or not session.alive:
             return False
         return not self.idempotent or (self.producer_id >= 0 and not self._reset_producer)
@@ -814,14 +831,18 @@ class LocalBroker:
             raise ValueError(f"acks must be 0, 1, -1 or 'all', not {acks!r}")
         deadline = time.monotonic() + timeout
         ack = ACKS[acks]
+        # the leader, from the state table, once a send (``_enqueue`` takes it from here; once
+        # more only after a wait, when it may have moved): 1 us each
+        node = self._node_for(topic, partition)
+        reattached = self.reattached
         if not wait:
-            if not (self.can_send(topic, partition) and self.ready(topic, partition)):
+            if not (self.can_send(topic, partition) and self._ready_node(node)):
                 return None
             return self._stamp_and_enqueue(topic, partition, write, count, ack, on_delivery,
-                                           sequenced and self.idempotent, deadline, wait)
-        node = self._node_for(topic, partition)
+                                           sequenced and self.idempotent, deadline, wait, node)
         session = self._session(node)
         sequenced = sequenced and self.idempotent
+        known = self.producer_id
         if sequenced:
             try:
                 self._ensure_producer(session)
@@ -832,6 +853,7 @@ class LocalBroker:
         # failed batches wait to be sent again with their sequences renumbered
         while not self.can_send(topic, partition):
             self.poll(0)
+            known = -2  # a leader found before a wait is looked up again after it
             if self.can_send(topic, partition):
                 break
             left = deadline - time.monotonic()
@@ -842,15 +864,18 @@ class LocalBroker:
             self._await_answer(session, min(left, 0.05))
         if sequenced and self._reset_producer and not any(self._unanswered.values()):
             self._ensure_producer(session)
+        if known != self.producer_id or reattached != self.reattached:
+            node = -1  # waited (for answers, a producer id, a restarted worker): look again
         return self._stamp_and_enqueue(topic, partition, write, count, ack, on_delivery,
-                                       sequenced, deadline, wait)
+                                       sequenced, deadline, wait, node)
 
     def _stamp_and_enqueue(self, topic: str, partition: int, write: Callable[..., int],
                            count: int, ack: int,
                            on_delivery: Callable[[BatchResult], Any] | None, sequenced: bool,
-                           deadline: float, wait: bool) -> BatchFuture | None:
+                           deadline: float, wait: bool, node: int = -1) -> BatchFuture | None:
         """The batch with this moment's producer id, epoch and the partition's next sequence,
-        into the ring (``_enqueue``); the sequence counts only once it is there."""
+        into the ring (``_enqueue``, to worker ``node``, or the leader's when < 0); the
+        sequence counts only once it is there."""
         key = (topic, partition)
         seq = self._sequences.get(key, 0) if sequenced else -1
         pid = self.producer_id if sequenced else -1
@@ -864,7 +889,7 @@ class LocalBroker:
         def stamped(view: Any, at: int, size: int) -> int:
             return write(view, at, size, pid, epoch, seq)
 
-        if not self._enqueue(topic, partition, stamped, future, deadline, wait):
+        if not self._enqueue(topic, partition, stamped, future, deadline, wait, node):
             return None
         if sequenced:
             self._sequences[key] = (seq + count) & 0x7FFFFFFF
@@ -889,15 +914,17 @@ class LocalBroker:
         return node
 
     def _enqueue(self, topic: str, partition: int, write: Callable[[Any, int, int], int],
-                 future: BatchFuture, deadline: float, wait: bool = True) -> bool:
+                 future: BatchFuture, deadline: float, wait: bool = True,
+                 node: int = -1) -> bool:
         """One PRODUCE entry written by ``write(view, at, size)`` (``size`` < 0: only return
-        the batch's size) into the ring of the partition's leader, answered to ``future``.
-        Without ``wait``: False (nothing written) when the session is not live or the ring has
-        no room now."""
+        the batch's size) into the ring of worker ``node`` (< 0: the partition's leader),
+        answered to ``future``.  Without ``wait``: False (nothing written) when the session is
+        not live or the ring has no room now."""
         name = topic.encode("utf-8")
         if len(name) > 0xFFFF:
             raise ValueError("topic name too long")
-        node = self._node_for(topic, partition)
+        if node < 0:
+            node = self._node_for(topic, partition)
         size = write(_NO_VIEW, 0, -1)  # the size pass needs no ring (a worker may die now)
         entry_size = rings.PRODUCE_HEADER_SIZE + len(name) + size
         if wait:
@@ -977,10 +1004,12 @@ class LocalBroker:
             if time.monotonic() >= self._expiry_check:
                 handled += self._expire()
             left = deadline - time.monotonic()
+            if handled or left <= 0:  # poll(0) between sends: no list of sessions to build
+                return handled
             dead = reattach and any(not s.alive and s.view is not None
                                     for s in self.sessions.values())
             waiting = [s for s in self.sessions.values() if s.by_corr and s.alive]
-            if handled or left <= 0 or not (waiting or dead or self._resend):
+            if not (waiting or dead or self._resend):
                 return handled
             if dead:
                 continue  # _poll_session reattaches
@@ -990,17 +1019,20 @@ class LocalBroker:
             self._await_answer(waiting[0], min(left, 0.1))
 
     def _await_answer(self, session: _Session, timeout: float) -> None:
-        """Until the completion ring has an entry (spinning ``SPIN_S``, then asleep on the
-        eventfd and the socket) or ``timeout`` passed."""
+        """Until the completion ring has an entry (spinning ``SPIN_S`` unless the last wait
+        lasted longer, then asleep on the eventfd and the socket) or ``timeout`` passed."""
         completion = session.completion
-        spin_until = time.monotonic() + min(SPIN_S, timeout)
+        began = time.monotonic()
+        spin_until = began + min(SPIN_S if session.answer_wait <= SPIN_S else 0.0, timeout)
         while time.monotonic() < spin_until:
             if completion.published() != completion.head:
+                session.answer_wait = time.monotonic() - began
                 return
             os.sched_yield()  # the worker may be waiting for this CPU (see _seqlock.h)
         if completion.set_sleeping():
             session.wait(timeout)
         completion.clear_sleeping()
+        session.answer_wait = time.monotonic() - began
 
     def _poll_session(self, session: _Session, reattach: bool = True) -> int:
         handled = 0

@@ -22,6 +22,7 @@ from _broker import RunningBroker, start_broker
 from _shm_util import Wire, build_batch, decode_records
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from shmq import _fast as fast
 from shmq.errors import OffsetOutOfRangeError
 from shmq.ipc.client import LocalBroker, attach
 
@@ -471,3 +472,76 @@ def test_arrow_reads_do_not_import_pandas(shm_broker: RunningBroker) -> None:
          "no-pandas"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[-1] == "False", out.stdout
+
+
+def test_tail_reads_map_each_page_once(shm_broker: RunningBroker) -> None:
+    """A reader that follows the tail one record at a time asks the kernel to map (populate) a
+    page once, not on every read: the records of one page come without a system call.  Every
+    read still returns the right records, a read back into older pages too."""
+    admin = AdminClient({"bootstrap.servers": shm_broker.bootstrap})
+    for f in admin.create_topics([NewTopic("pop-ring", 1, 1)]).values():
+        f.result(30)
+    local, writer = attach(shm_broker.data_dir), attach(shm_broker.data_dir)
+    try:
+        for _ in range(100):  # the worker takes the partition a moment after the topic exists
+            try:
+                writer.send_batch("pop-ring", 0, [b"first"], acks=1).result(5)
+                break
+            except Exception:  # noqa: BLE001 - not led yet: UNKNOWN_TOPIC_OR_PARTITION
+                time.sleep(0.05)
+        reader = local.reader("pop-ring", 0)
+        offset = reader.state().high_watermark
+        values = [b"v%04d" % i + b"." * 100 for i in range(200)]  # ~170 B batches: 24 a page
+        for value in values:
+            writer.send_batch("pop-ring", 0, [value], acks=1).result(5)
+            got = local.read("pop-ring", 0, offset, 1 << 16, timeout=5).records()
+            assert [(r.offset, r.value) for r in got] == [(offset, value)]
+            offset += 1
+        # ~34 KB: 9 pages, each asked for once (the first read's, then one a page crossed); the
+        # twin's mapping follows the file's size, so each read at the tail maps it anew
+        if fast.HAVE_FAST:
+            assert reader.populates <= 12, reader.populates  # 200 when every read asked
+        again = local.read("pop-ring", 0, offset - 150, 150).records()
+        assert [r.value for r in again] == values[-150:]
+        again = local.read("pop-ring", 0, offset - 1, 1).records()
+        assert [r.value for r in again] == values[-1:]
+    finally:
+        local.close()
+        writer.close()
+
+
+def test_a_client_sleeps_at_once_after_a_long_wait_for_answers(
+        shm_broker: RunningBroker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wait for answers looks at the completion ring for SPIN_S before it sleeps, unless the
+    last wait lasted longer than that (a lagging worker): then it sleeps at once, and spins
+    again once a wait was short."""
+    import os
+
+    from shmq.ipc import client as client_mod
+
+    local = attach(shm_broker.data_dir)
+    try:
+        local.send_batch("sem-ring", 0, [b"session"], acks=1).result(5)
+        session = local.sessions[local.leader_of("sem-ring", 0)]
+        yields: list[int] = []
+        real = os.sched_yield
+        monkeypatch.setattr(client_mod.os, "sched_yield", lambda: yields.append(1) or real())
+        local._await_answer(session, 0.003)  # nothing to answer: spins, then sleeps it out
+        assert yields and session.answer_wait >= 0.003 > client_mod.SPIN_S
+        yields.clear()
+        local._await_answer(session, 0.003)  # after a long wait: asleep at once
+        assert not yields
+        done = local.send_batch("sem-ring", 0, [b"answered"], acks=1)
+        deadline = time.monotonic() + 5
+        while session.completion.published() == session.completion.head:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        local._await_answer(session, 0.003)  # the answer is there: a short wait
+        assert session.answer_wait < client_mod.SPIN_S
+        local.poll(0)
+        assert done.done()
+        yields.clear()
+        local._await_answer(session, 0.003)  # so this one spins first again
+        assert yields
+    finally:
+        local.close()

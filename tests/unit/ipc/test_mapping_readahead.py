@@ -72,3 +72,46 @@ def test_populate_checks_its_range(tmp_path) -> None:
             m.close()
     finally:
         os.close(fd)
+
+
+def test_populate_at_a_files_tail_asks_for_no_resident_chunk(tmp_path) -> None:
+    """A local reader at the tail reads the file's last, partial chunk on every read: measured to
+    the mapping's end, that chunk's last page (past the file's end) is never resident, and each
+    read asked for the chunk again (``MADV_WILLNEED``: ~7 us of a ~20 us one-record read).  The
+    chunk ends at ``file_size``: a resident tail asks for nothing."""
+    if not _fast.HAVE_FAST:
+        pytest.skip("compiled extension not built")
+    path = tmp_path / "seg.log"
+    size = 100_000  # the first chunk, partial
+    path.write_bytes(os.urandom(size))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        m = _fast.MappedFile(fd, 1 << 24)  # as a reader maps: far past the file's end
+    finally:
+        os.close(fd)
+    try:
+        assert m.populate(0, size) in (0, 1)  # resident now (just written), mapped
+        assert m.populate(size - 170, 170, size) == 0
+        assert m.populate(size - 170, 170) == 1  # measured to the mapping's end
+        assert m.populate(size - 170, 170, 1 << 30) == 1  # a size past the mapping: ignored
+        assert m.populate(size - 170, 170, 10) == 1  # a size below the range: ignored
+        assert bytes(memoryview(m)[size - 170 : size]) == path.read_bytes()[-170:]
+    finally:
+        m.close()
+
+
+def test_twin_populate_ends_its_chunks_at_the_files_size(tmp_path) -> None:
+    path = tmp_path / "seg.log"
+    size = 3 * (512 << 10) + 5000
+    path.write_bytes(os.urandom(size))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        m = _reference.MappedFile(fd, size)
+    finally:
+        os.close(fd)
+    try:
+        assert m.populate(size - 170, 170, size) == 1
+        assert m.populate(100, (512 << 10) + 10, size) == 2
+        assert m.populate(100, 0, size) == 0
+    finally:
+        m.close()
