@@ -458,8 +458,23 @@ class KafkaConnection(asyncio.BufferedProtocol):
         assert transport is not None
         self.stats["response_writes"] += 1
         first = 0
-        if self.sock is not None and not transport.get_write_buffer_size():
-            first = self._send_direct(self.sock, pieces)
+        sock = self.sock
+        if sock is not None and not transport.get_write_buffer_size():
+            if len(pieces) == 1 and type(pieces[0]) is bytes:
+                # one answer in one piece (a Produce's, a run of quick ones): one send, no
+                # scan for the last non-empty piece (``_send_direct``)
+                piece = pieces[0]
+                try:
+                    sent = sock.send(piece)
+                except BlockingIOError:
+                    sent = 0
+                if sent == len(piece):
+                    if not self.writable.is_set():
+                        await self.writable.wait()
+                    return
+                pieces = [memoryview(piece)[sent:]]
+            else:
+                first = self._send_direct(sock, pieces)
         loop = asyncio.get_running_loop()
         for piece in pieces[first:]:
             if isinstance(piece, FileSlice):
