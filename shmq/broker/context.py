@@ -97,7 +97,8 @@ class BrokerContext:
         if table is not None and 0 <= info.slot < table.slot_count:
             table.write(info.slot, self.node_id, info.leader_epoch, log.log_start_offset,
                         log.high_watermark, log.last_stable_offset, log.log_end_offset,
-                        log.generation, storage_flags(log.storage_errno))
+                        log.generation,
+                        0 if log.storage_errno is None else storage_flags(log.storage_errno))
 
     def log_for(self, topic: str, partition: int) -> PartitionLog | None:
         """The local log of a partition this node leads (created on first use), else None."""

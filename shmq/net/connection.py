@@ -236,7 +236,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
             if self.metrics is not None:
                 self.arrived.extend([perf_counter_ns()] * len(frames))
             self.wakeup.set()
-            nbytes = sum(len(f) for f in frames)
+            nbytes = len(frames[0]) if len(frames) == 1 else sum(map(len, frames))
             self.held_bytes += nbytes
             self.budget.take(self, nbytes)
             if len(self.queue) > MAX_QUEUED and not self.paused:
