@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from shmq.broker.config import BrokerConfig
-from shmq.broker.metadata import ClusterMetadata
+from shmq.broker.metadata import ClusterMetadata, PartitionInfo
 from shmq.ipc.state_table import storage_flags
 from shmq.storage.log import PartitionLog
 
@@ -87,14 +87,18 @@ class BrokerContext:
 
     def publish_state(self, topic: str, partition: int, log: PartitionLog) -> None:
         """Write the partition's offsets to its shared-memory slot (seqlock, ~1 us)."""
+        if self.state_table is not None:
+            self.publish_partition(self.metadata.topics[topic].partitions[partition], log)
+
+    def publish_partition(self, info: PartitionInfo, log: PartitionLog) -> None:
+        """``publish_state`` for a partition whose metadata the caller holds (the produce
+        path: one lookup per partition, not two)."""
         table = self.state_table
-        if table is None:
-            return
-        info = self.metadata.topics[topic].partitions[partition]
-        if 0 <= info.slot < table.slot_count:
+        if table is not None and 0 <= info.slot < table.slot_count:
             table.write(info.slot, self.node_id, info.leader_epoch, log.log_start_offset,
                         log.high_watermark, log.last_stable_offset, log.log_end_offset,
-                        log.generation, storage_flags(log.storage_errno))
+                        log.generation,
+                        0 if log.storage_errno is None else storage_flags(log.storage_errno))
 
     def log_for(self, topic: str, partition: int) -> PartitionLog | None:
         """The local log of a partition this node leads (created on first use), else None."""

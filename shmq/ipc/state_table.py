@@ -299,12 +299,16 @@ class StateTable:
     ) -> None:
         """Publish a partition's state (``table.write(slot, *state)`` works too).  Only the
         slot's one writer may call this."""
-        buf = self._buffer()
+        buf = self._view  # ``_buffer`` and ``_slot_offset`` inline: once per appended batch
+        if buf is None:
+            raise ValueError("state table is closed")
         if self.readonly:
             raise StateTableError(f"{self.name} is attached read-only")
+        if not 0 <= slot < self.slot_count:
+            raise IndexError(f"slot {slot} is not in [0, {self.slot_count})")
         write_slot(
             buf,
-            self._slot_offset(slot),
+            HEADER_SIZE + SLOT_SIZE * slot,
             leader,
             leader_epoch,
             log_start,

@@ -236,7 +236,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
             if self.metrics is not None:
                 self.arrived.extend([perf_counter_ns()] * len(frames))
             self.wakeup.set()
-            nbytes = sum(len(f) for f in frames)
+            nbytes = len(frames[0]) if len(frames) == 1 else sum(map(len, frames))
             self.held_bytes += nbytes
             self.budget.take(self, nbytes)
             if len(self.queue) > MAX_QUEUED and not self.paused:
@@ -458,8 +458,23 @@ class KafkaConnection(asyncio.BufferedProtocol):
         assert transport is not None
         self.stats["response_writes"] += 1
         first = 0
-        if self.sock is not None and not transport.get_write_buffer_size():
-            first = self._send_direct(self.sock, pieces)
+        sock = self.sock
+        if sock is not None and not transport.get_write_buffer_size():
+            if len(pieces) == 1 and type(pieces[0]) is bytes:
+                # one answer in one piece (a Produce's, a run of quick ones): one send, no
+                # scan for the last non-empty piece (``_send_direct``)
+                piece = pieces[0]
+                try:
+                    sent = sock.send(piece)
+                except BlockingIOError:
+                    sent = 0
+                if sent == len(piece):
+                    if not self.writable.is_set():
+                        await self.writable.wait()
+                    return
+                pieces = [memoryview(piece)[sent:]]
+            else:
+                first = self._send_direct(sock, pieces)
         loop = asyncio.get_running_loop()
         for piece in pieces[first:]:
             if isinstance(piece, FileSlice):

@@ -108,8 +108,9 @@ HEADER = 61
 # the attribute bits Kafka's computeAttributes keeps when it rewrites a header: compression
 # (0-2), transactional (4), control (5), delete horizon (6); bit 3 (LogAppendTime) is set anew
 _KEPT_ATTRIBUTES = 0x77
-# header bytes 23..51 in one unpack: lastOffsetDelta, baseTimestamp, maxTimestamp, producerId
-_FIELDS = struct.Struct(">iqqq")
+# header bytes 21..57 in one unpack: attributes, lastOffsetDelta, baseTimestamp, maxTimestamp,
+# producerId, producerEpoch, baseSequence
+_FIELDS = struct.Struct(">hiqqqhi")
 # header bytes 0..16 as append writes them: baseOffset, batchLength, partitionLeaderEpoch
 _PREFIX = struct.Struct(">qii")
 
@@ -647,16 +648,13 @@ class PartitionLog:
                 raise RecordTooLargeError(size, limit)
             if compacted:
                 self._check_keys(mv[pos:pos + size])
-            delta, base_ts, batch_max, pid = unpack_fields(mv, pos + 23)
-            attributes = _I16.unpack_from(mv, pos + 21)[0]
+            attributes, delta, base_ts, batch_max, pid, pepoch, seq = unpack_fields(mv, pos + 21)
             rewrite = -1  # attributes to rewrite the header with (and maxTimestamp, CRC)
             if validate:
                 batch_max, rewrite = self._validate_timestamps(
                     mv, pos, size, attributes, delta + 1, base_ts, batch_max, now)
             if pid >= 0 and not attributes & 0x20:  # markers: ``append_control``
-                producers.append((len(spans), pid, _I16.unpack_from(mv, pos + 51)[0],
-                                  _I32.unpack_from(mv, pos + 53)[0], delta,
-                                  bool(attributes & 0x10)))
+                producers.append((len(spans), pid, pepoch, seq, delta, bool(attributes & 0x10)))
             spans.append((pos, size, delta, batch_max, rewrite))
             n_records += delta + 1
             if batch_max > incoming_max_ts:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -236,3 +237,39 @@ def fetch_empty(partition: int, max_wait_ms: int, correlation_id: int) -> bytes:
         topics=[F.FetchTopic(topic=TOPIC, partitions=[F.FetchTopic.FetchPartition(
             partition=partition, current_leader_epoch=-1, fetch_offset=0, log_start_offset=-1,
             partition_max_bytes=1 << 20)])]), correlation_id)
+
+
+def test_produce_answers_a_client_reads_late_arrive_whole_and_in_order(
+        one_worker: tuple[RunningBroker, int]) -> None:
+    """A client writes 16,000 Produce requests before it reads an answer (a small receive
+    buffer; each answer ~300 bytes: it repeats the topic's 249-character name): the worker's
+    send of a one-piece answer stops part-way once the socket is full and the rest goes through
+    the transport (``KafkaConnection._send``).  Every answer arrives whole, in request order,
+    with consecutive offsets."""
+    broker, port = one_worker
+    topic = "late-reader-" + "x" * 237  # 249 characters, Kafka's longest name
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    deadline = time.monotonic() + 15
+    while topic not in admin.list_topics(topic, timeout=5).topics:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    count = 16_000
+    batch = record_batch([b"late"])
+    requests = b"".join(produce_request(topic, 0, batch, 3, 10_000 + i) for i in range(count))
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.settimeout(30)
+        sock.connect(("127.0.0.1", port))
+        writer = threading.Thread(target=sock.sendall, args=(requests,))
+        writer.start()
+        time.sleep(1.0)  # the worker answers into a full socket meanwhile
+        answers = [read_frame(sock, timeout=10) for _ in range(count)]
+        writer.join(30)
+    assert all(a.kind == "response" for a in answers), [str(a) for a in answers[:3]]
+    assert [struct.unpack_from(">i", a.body)[0] for a in answers] == \
+        list(range(10_000, 10_000 + count))
+    parts = [ProduceResponse[3].decode(a.body, header=True).responses[0].partition_responses[0]
+             for a in answers]
+    assert all(p.error_code == 0 for p in parts)
+    assert [p.base_offset for p in parts] == list(range(count))

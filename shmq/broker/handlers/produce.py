@@ -111,12 +111,15 @@ def produce_partition(ctx: BrokerContext, topic: str, index: int, records: Any,
     durable = None
     appended = None
     info = ctx.metadata.topics.get(topic)
-    log = ctx.log_for(topic, index)
+    # the partition's metadata, looked up once (leader, epoch, state and metrics slots)
+    part = info.partitions[index] if info is not None and 0 <= index < len(info.partitions) \
+        else None
+    log = ctx.log_for(topic, index) if part is not None else None
     if acks not in (-1, 0, 1):
         code = INVALID_REQUIRED_ACKS
     elif topic in INTERNAL_TOPICS:
         code = INVALID_TOPIC
-    elif info is None or not 0 <= index < len(info.partitions):
+    elif part is None:
         code = UNKNOWN_TOPIC_OR_PARTITION
     elif log is None:
         code = NOT_LEADER
@@ -124,7 +127,7 @@ def produce_partition(ctx: BrokerContext, topic: str, index: int, records: Any,
         pass
     else:
         try:
-            appended = log.append(records, leader_epoch=info.partitions[index].leader_epoch)
+            appended = log.append(records, leader_epoch=part.leader_epoch)
         except RecordValidationError as exc:  # LogValidator's per-record errors
             code, message, start = exc.code, str(exc), log.log_start_offset
             record_errors = tuple(exc.record_errors)
@@ -145,7 +148,7 @@ def produce_partition(ctx: BrokerContext, topic: str, index: int, records: Any,
             append_time = appended.log_append_time
             start = log.log_start_offset
             log.update_high_watermark(log.log_end_offset)
-            ctx.publish_state(topic, index, log)
+            ctx.publish_partition(part, log)
             ctx.notify_data(topic, index)
             if (acks == -1 and ctx.config.flush_on_ack) or log.flush_requested:
                 # flush.messages / flush.ms due: flushed in a thread before the answer, as
@@ -154,8 +157,7 @@ def produce_partition(ctx: BrokerContext, topic: str, index: int, records: Any,
                 durable = Durable(log, appended.last_offset + 1)
     metrics = ctx.metrics
     if metrics is not None:  # Kafka's BrokerTopicMetrics, counted per partition
-        slot = (info.partitions[index].slot
-                if info is not None and 0 <= index < len(info.partitions) else -1)
+        slot = part.slot if part is not None else -1
         if code:
             metrics.produce_failed(slot)
             metrics.error(0, code)
