@@ -63,9 +63,14 @@ def crc32c(data: Any, value: int = 0) -> int:
 
 
 crc32c_software = crc32c
+crc32c_sse42 = crc32c
 
 
 def have_hardware() -> bool:
+    return False
+
+
+def have_folding() -> bool:
     return False
 
 
