@@ -223,8 +223,7 @@ class ReadResult:
                                       self.next_offset, include_headers=include_headers,
                                       alloc=pool.take if pool is not None else None,
                                       constants=pool.constants if pool is not None else None,
-                                      verify_crc=verify_crc,
-                                      written=pool.take_written if pool is not None else None)
+                                      verify_crc=verify_crc)
 
 
 def drop_aborted(buffer: memoryview, aborted: Any) -> memoryview:
@@ -256,7 +255,7 @@ def spark_schema(include_headers: bool = False) -> Any:
 def batches_to_spark_arrow(buf: Any, topic: str, partition: int, min_offset: int,
                            max_offset: int, *, include_headers: bool = False,
                            alloc: Any = None, constants: Any = None,
-                           verify_crc: bool = True, written: Any = None) -> Any:
+                           verify_crc: bool = True) -> Any:
     """Decode the batches in ``buf`` (records in ``[min_offset, max_offset)``, no control
     batches) into the spark_bridge schema: one scan of the headers (CRC checked), then the
     spark_bridge's own columnar pass (``kafka_arrow.sections_to_arrow``: keys, values and
@@ -269,7 +268,7 @@ def batches_to_spark_arrow(buf: Any, topic: str, partition: int, min_offset: int
                                          skip_control=True)
     return sections_to_arrow(bodies, meta, topic, partition, min_offset=min_offset,
                              max_offset=max_offset, include_headers=include_headers, alloc=alloc,
-                             constants=constants, written=written)
+                             constants=constants)
 
 
 class PartitionReader:

@@ -126,29 +126,21 @@ class ConstantColumns:
 def sections_to_arrow(bodies: list[Any], meta: np.ndarray, topic: str, partition: int, *,
                       min_offset: int, max_offset: int, include_headers: bool = False,
                       alloc: Callable[[int], pa.Buffer] | None = None,
-                      constants: ConstantColumns | None = None,
-                      written: Callable[[int], pa.Buffer] | None = None) -> pa.RecordBatch:
+                      constants: ConstantColumns | None = None) -> pa.RecordBatch:
     """The records of ``bodies`` (uncompressed records sections, ``meta`` as for
     ``_fast.fill_columns``) with offsets in [min_offset, max_offset), as one Arrow batch.
     ``alloc(n)`` gives each column buffer (default ``pyarrow.allocate_buffer``; a local reader
-    passes its ``shmq.ipc.buffers.BufferPool``, whose pages it keeps); ``written(n)`` (default
-    ``alloc``) gives the buffers every row writes (the pool's ``take_written``); ``constants``
-    shares the topic, partition and timestampType columns between batches
-    (``ConstantColumns``)."""
+    passes its ``shmq.ipc.buffers.BufferPool``, whose pages it keeps); ``constants`` shares the
+    topic, partition and timestampType columns between batches (``ConstantColumns``)."""
     meta = np.ascontiguousarray(meta, dtype=np.int64).reshape(-1)
     counts = meta[0::4]
     rows = int(counts.sum())
     data = sum(len(b) for b in bodies) + _SLACK
     if alloc is None:
         alloc = pa.allocate_buffer
-    if written is None:
-        written = alloc
-    # every row writes its offset, timestamp and both lengths, and values are rarely null: a
-    # pool faults these in ahead of the decoder (``BufferPool.take_written``); keys are often
-    # all null (their bytes then never touched)
-    offsets, stamps = written(8 * rows), written(8 * rows)
-    koff, voff = written(4 * (rows + 1)), written(4 * (rows + 1))
-    kdata, vdata = alloc(data), written(data)
+    offsets, stamps = alloc(8 * rows), alloc(8 * rows)
+    koff, voff = alloc(4 * (rows + 1)), alloc(4 * (rows + 1))
+    kdata, vdata = alloc(data), alloc(data)
     kvalid, vvalid = alloc(rows // 8 + 1), alloc(rows // 8 + 1)
     mv = memoryview
     n, klen, vlen, knulls, vnulls = _fast.fill_columns(
