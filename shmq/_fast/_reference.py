@@ -667,9 +667,10 @@ class MappedFile(mmap.mmap):
         return len(self)
 
     def populate(self, start: int, length: int) -> None:
-        """As the compiled one: ``MADV_WILLNEED`` for the aligned chunks of the range (the
-        twin asks for every chunk: Python has no ``mincore``), then ``MADV_POPULATE_READ``
-        over the range (best effort)."""
+        """As the compiled one: ``MADV_WILLNEED`` for the aligned chunks of the range, then
+        ``MADV_POPULATE_READ`` over the range (best effort).  Python has no ``mincore``, so the
+        twin asks for every chunk and populates every range; the compiled one skips both where
+        the page cache holds the range (the walker's faults map it, 16 pages each)."""
         if length <= 0:
             return
         if start < 0 or start > len(self) - length:

@@ -415,7 +415,7 @@ class PartitionReader:
                                    max_bytes)
             if found is not None and found[2] >= offset:
                 start, end, last = found
-                seg.map.populate(start, end - start)  # one call, not a fault per page
+                seg.map.populate(start, end - start)  # evicted pages: read ahead, mapped
                 next_offset = min(last + 1, offset + max_records, bound)
                 self._cursor = (last + 1, seg.base, end, *self._last_batch)
                 aborted = self.aborted(offset, next_offset) \
