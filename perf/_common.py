@@ -241,6 +241,8 @@ def environment() -> list[tuple[str, str]]:
     from shmq import _fast
 
     crc_path = "SSE4.2" if _fast.have_hardware() else "table (no SSE4.2)"
+    if _fast.have_folding():
+        crc_path = "AVX-512 VPCLMULQDQ folding (>= 256 B), SSE4.2"
     return [
         ("date", datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")),
         ("commit", _commit()),

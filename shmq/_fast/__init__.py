@@ -39,6 +39,7 @@ if HAVE_FAST:
     crc32c = _crc.crc32c
     crc32c_software = _crc.crc32c_software
     have_hardware = _crc.have_hardware
+    have_folding = _crc.have_folding
     validate_batch = _batch.validate_batch
     batch_header = _batch.batch_header
     stamp_batch = _batch.stamp_batch
@@ -72,6 +73,7 @@ else:
     crc32c = _reference.crc32c
     crc32c_software = _reference.crc32c_software
     have_hardware = _reference.have_hardware
+    have_folding = _reference.have_folding
     validate_batch = _reference.validate_batch
     batch_header = _reference.batch_header
     stamp_batch = _reference.stamp_batch
@@ -133,7 +135,7 @@ __all__ = [
     "COL_PRODUCER_EPOCH", "COL_PRODUCER_ID", "COL_RECORDS_COUNT", "COL_SIZE", "HAVE_FAST",
     "HEADER_SIZE", "MappedFile", "ProducerTable", "NO_LOG_APPEND_TIME", "SCAN_COLUMNS", "SCAN_CORRUPT", "SCAN_END", "SCAN_FULL", "SCAN_PARTIAL",
     "batch_header", "build_batch", "check_timestamps", "crc32c", "crc32c_software",
-    "decode_records", "decode_sections", "encode_records", "fill_columns", "fill_headers", "murmur2_partitions", "encode_arrow_batch_into", "have_hardware", "largest_lower_bound",
+    "decode_records", "decode_sections", "encode_records", "fill_columns", "fill_headers", "murmur2_partitions", "encode_arrow_batch_into", "have_hardware", "have_folding", "largest_lower_bound",
     "Batch", "ConsumerCore", "ProducerCore", "bytes_stats", "murmur2", "murmur2_partition",
     "scan_batches", "smallest_upper_bound", "stamp_batch", "validate_batch",
 ]

@@ -1,7 +1,11 @@
 /* CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), as Kafka's Crc32C.
  *
- * Three implementations behind one entry point, chosen once at run time:
+ * Four implementations behind one entry point, chosen once at run time:
  *
+ *   folding    AVX-512 VPCLMULQDQ (shmq_crc32c_vclmul, below) for buffers of 256 bytes and
+ *              more, its last 16 bytes and the tail through the crc32 instruction: ~3.5x
+ *              the crc32 instruction alone on this VM's EPYC (110 KB batch in cache: 55.6
+ *              against 15.8 GB/s).
  *   hardware   the SSE4.2 `crc32` instruction (x86-64), with three independent
  *              streams interleaved so the 3-cycle latency of the instruction is
  *              hidden (throughput 1/cycle): the buffer is cut into 3 lanes of
@@ -32,6 +36,7 @@ static uint32_t shmq_crc32c_long_shift[4][256];
 static uint32_t shmq_crc32c_short_shift[4][256];
 static int shmq_crc32c_ready = 0;
 static int shmq_crc32c_have_hw = 0;
+static int shmq_crc32c_have_vclmul = 0;
 
 /* Byte-at-a-time raw update: the reference the tables are built from. */
 static uint32_t shmq_crc32c_bytewise(uint32_t crc, const unsigned char *p, size_t n) {
@@ -79,6 +84,7 @@ static inline uint32_t shmq_crc32c_shift(uint32_t tab[4][256], uint32_t crc) {
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define SHMQ_CRC32C_X86 1
+#include <immintrin.h>
 __attribute__((target("sse4.2")))
 static uint32_t shmq_crc32c_hw(uint32_t crc0, const unsigned char *p, size_t n) {
     uint64_t c0 = crc0, c1, c2;
@@ -124,6 +130,67 @@ static uint32_t shmq_crc32c_hw(uint32_t crc0, const unsigned char *p, size_t n) 
     while (n--) c0 = __builtin_ia32_crc32qi((uint32_t)c0, *p++);
     return (uint32_t)c0;
 }
+
+/* Carry-less multiplication folding (the scheme of Intel's "Fast CRC Computation for Generic
+ * Polynomials Using PCLMULQDQ", written anew here) with AVX-512 VPCLMULQDQ: four 512-bit
+ * accumulators take 256 bytes per step, each 128-bit lane folded forward by 2048 bits, then
+ * the accumulators and lanes are folded into one 128-bit value, whose CRC (and the tail's)
+ * the crc32 instruction finishes: the folded value followed by the rest of the buffer has the
+ * raw CRC of the whole.  The constants are x^(D+32) and x^(D-32) mod P, bit-reflected and
+ * shifted left by one, for a fold over D bits (tests/unit/test_fast_parity.py derives them
+ * and finds them here).  The crc32 instruction does 8 bytes a cycle at best; this ~4x
+ * that on a CPU with 512-bit VPCLMULQDQ.  For n >= 256. */
+#define SHMQ_CRC32C_FOLD_MIN 256
+__attribute__((target("avx512f,avx512vl,vpclmulqdq,pclmul,sse4.2")))
+static uint32_t shmq_crc32c_vclmul(uint32_t crc0, const unsigned char *p, size_t n) {
+    const __m512i k2048 = _mm512_broadcast_i32x4(_mm_set_epi64x(0xb9e02b86, 0xdcb17aa4));
+    const __m512i k512 = _mm512_broadcast_i32x4(_mm_set_epi64x(0x9e4addf8, 0x740eef02));
+    const __m128i k384 = _mm_set_epi64x(0x1d82c63da, 0x1c291d04);
+    const __m128i k256 = _mm_set_epi64x(0xba4fc28e, 0x1384aa63a);
+    const __m128i k128 = _mm_set_epi64x(0x14cd00bd6, 0xf20c0dfe);
+    __m512i x0 = _mm512_loadu_si512((const void *)p), x1, x2, x3;
+    __m128i a, b, c, d;
+    uint64_t r;
+    x0 = _mm512_xor_si512(x0, _mm512_zextsi128_si512(_mm_cvtsi32_si128((int)crc0)));
+#define SHMQ_FOLD512(x, k, next) _mm512_ternarylogic_epi64( \
+        _mm512_clmulepi64_epi128((x), (k), 0x00), _mm512_clmulepi64_epi128((x), (k), 0x11), \
+        (next), 0x96)
+#define SHMQ_FOLD128(x, k) _mm_xor_si128(_mm_clmulepi64_si128((x), (k), 0x00), \
+                                         _mm_clmulepi64_si128((x), (k), 0x11))
+    x1 = _mm512_loadu_si512((const void *)(p + 64));
+    x2 = _mm512_loadu_si512((const void *)(p + 128));
+    x3 = _mm512_loadu_si512((const void *)(p + 192));
+    p += 256;
+    n -= 256;
+    while (n >= 256) {
+        x0 = SHMQ_FOLD512(x0, k2048, _mm512_loadu_si512((const void *)p));
+        x1 = SHMQ_FOLD512(x1, k2048, _mm512_loadu_si512((const void *)(p + 64)));
+        x2 = SHMQ_FOLD512(x2, k2048, _mm512_loadu_si512((const void *)(p + 128)));
+        x3 = SHMQ_FOLD512(x3, k2048, _mm512_loadu_si512((const void *)(p + 192)));
+        p += 256;
+        n -= 256;
+    }
+    x0 = SHMQ_FOLD512(x0, k512, x1);
+    x0 = SHMQ_FOLD512(x0, k512, x2);
+    x0 = SHMQ_FOLD512(x0, k512, x3);
+    while (n >= 64) {
+        x0 = SHMQ_FOLD512(x0, k512, _mm512_loadu_si512((const void *)p));
+        p += 64;
+        n -= 64;
+    }
+    a = _mm512_extracti32x4_epi32(x0, 0);
+    b = _mm512_extracti32x4_epi32(x0, 1);
+    c = _mm512_extracti32x4_epi32(x0, 2);
+    d = _mm512_extracti32x4_epi32(x0, 3);
+    d = _mm_xor_si128(d, SHMQ_FOLD128(a, k384));
+    d = _mm_xor_si128(d, SHMQ_FOLD128(b, k256));
+    d = _mm_xor_si128(d, SHMQ_FOLD128(c, k128));
+#undef SHMQ_FOLD512
+#undef SHMQ_FOLD128
+    r = __builtin_ia32_crc32di(0, (uint64_t)_mm_cvtsi128_si64(d));
+    r = __builtin_ia32_crc32di(r, (uint64_t)_mm_extract_epi64(d, 1));
+    return shmq_crc32c_hw((uint32_t)r, p, n);
+}
 #endif
 
 static void shmq_crc32c_init(void) {
@@ -145,14 +212,20 @@ static void shmq_crc32c_init(void) {
 #ifdef SHMQ_CRC32C_X86
     __builtin_cpu_init();
     shmq_crc32c_have_hw = __builtin_cpu_supports("sse4.2") ? 1 : 0;
+    shmq_crc32c_have_vclmul = shmq_crc32c_have_hw && __builtin_cpu_supports("avx512f")
+        && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("vpclmulqdq")
+        && __builtin_cpu_supports("pclmul") ? 1 : 0;
 #endif
     shmq_crc32c_ready = 1;
 }
 
-/* CRC-32C of n bytes continuing from a finished CRC value `crc` (0 to start). */
+/* CRC-32C of n bytes continuing from a finished CRC value `crc` (0 to start).  allow_hw: 0 the
+   tables, 1 the fastest path there is, 2 the crc32 instruction without the folding. */
 static uint32_t shmq_crc32c_update(uint32_t crc, const unsigned char *p, size_t n, int allow_hw) {
     uint32_t raw = ~crc;
 #ifdef SHMQ_CRC32C_X86
+    if (allow_hw == 1 && shmq_crc32c_have_vclmul && n >= SHMQ_CRC32C_FOLD_MIN)
+        return ~shmq_crc32c_vclmul(raw, p, n);
     if (allow_hw && shmq_crc32c_have_hw) return ~shmq_crc32c_hw(raw, p, n);
 #endif
     (void)allow_hw;

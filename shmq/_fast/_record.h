@@ -254,7 +254,14 @@ shmq_fill_loop(shmq_columns *c, const unsigned char *p, const unsigned char *e, 
     const uint64_t ts_base = (uint64_t)(lat != no_lat ? lat : base_ts);
     const uint64_t ts_mask = lat != no_lat ? 0 : ~(uint64_t)0;
     int64_t rows = c->rows, klen = c->klen, vlen = c->vlen;
+    int64_t knulls = c->knulls, vnulls = c->vnulls;
+    /* every output pointer in a local: a store through an unsigned char pointer (the field
+       copies, the validity bits) may alias *c, so c->... would be loaded again per record */
     unsigned char *const kdata = c->key_data, *const vdata = c->value_data;
+    unsigned char *const kvalid = c->key_valid, *const vvalid = c->value_valid;
+    int64_t *const offsets = c->offsets, *const timestamps = c->timestamps;
+    int32_t *const koffsets = c->key_offsets, *const voffsets = c->value_offsets;
+    const int64_t cap_rows = c->cap_rows, cap_key = c->cap_key, cap_value = c->cap_value;
     int status = SHMQ_FILL_OK;
     for (i = 0; i < count; i++) {
         p = shmq_parse_record(p, e, &r);
@@ -265,35 +272,40 @@ shmq_fill_loop(shmq_columns *c, const unsigned char *p, const unsigned char *e, 
         off = (int64_t)((uint64_t)base_offset + (uint64_t)r.offset_delta);
         if ((uint64_t)off - min_offset >= span)
             continue;
-        if (!roomy && (rows >= c->cap_rows || klen + r.key_len > c->cap_key
-                       || vlen + r.value_len > c->cap_value)) {
+        if (!roomy && (rows >= cap_rows || klen + r.key_len > cap_key
+                       || vlen + r.value_len > cap_value)) {
             status = SHMQ_FILL_FULL;
             break;
         }
-        c->offsets[rows] = off;
-        c->timestamps[rows] = (int64_t)((ts_base + ((uint64_t)r.timestamp_delta & ts_mask)) * scale);
-        /* a roomy section whose record is followed by a block's worth of bytes: both fields
-           can be copied in blocks with no further check (they end at or before the record's) */
-        if (roomy && SHMQ_BLOCK <= e - r.end && r.key != NULL && r.value != NULL) {
-            shmq_copy_blocks(kdata + klen, r.key, r.key_len);
-            klen += r.key_len;
+        offsets[rows] = off;
+        timestamps[rows] = (int64_t)((ts_base + ((uint64_t)r.timestamp_delta & ts_mask)) * scale);
+        /* a roomy section whose record is followed by a block's worth of bytes: the fields
+           can be copied in blocks with no further check (they end at or before the record's);
+           a null key (keyless producers: the common case) only clears its bit */
+        if (roomy && SHMQ_BLOCK <= e - r.end && r.value != NULL) {
+            if (r.key != NULL) {
+                shmq_copy_blocks(kdata + klen, r.key, r.key_len);
+                klen += r.key_len;
+            } else {
+                kvalid[rows >> 3] &= (unsigned char)~(1u << (rows & 7));
+                knulls++;
+            }
             shmq_copy_blocks(vdata + vlen, r.value, r.value_len);
             vlen += r.value_len;
         } else {
             if (r.key != NULL) {
-                shmq_copy_field(kdata + klen, r.key, r.key_len, e, c->key_data + c->cap_key);
+                shmq_copy_field(kdata + klen, r.key, r.key_len, e, kdata + cap_key);
                 klen += r.key_len;
             } else {
-                c->key_valid[rows >> 3] &= (unsigned char)~(1u << (rows & 7));
-                c->knulls++;
+                kvalid[rows >> 3] &= (unsigned char)~(1u << (rows & 7));
+                knulls++;
             }
             if (r.value != NULL) {
-                shmq_copy_field(vdata + vlen, r.value, r.value_len, e,
-                                c->value_data + c->cap_value);
+                shmq_copy_field(vdata + vlen, r.value, r.value_len, e, vdata + cap_value);
                 vlen += r.value_len;
             } else {
-                c->value_valid[rows >> 3] &= (unsigned char)~(1u << (rows & 7));
-                c->vnulls++;
+                vvalid[rows >> 3] &= (unsigned char)~(1u << (rows & 7));
+                vnulls++;
             }
         }
         rows++;
@@ -301,13 +313,15 @@ shmq_fill_loop(shmq_columns *c, const unsigned char *p, const unsigned char *e, 
             status = SHMQ_FILL_OVERFLOW;
             break;
         }
-        c->key_offsets[rows] = (int32_t)klen;
-        c->value_offsets[rows] = (int32_t)vlen;
+        koffsets[rows] = (int32_t)klen;
+        voffsets[rows] = (int32_t)vlen;
     }
     if (status == SHMQ_FILL_OK && p != e) {
         status = SHMQ_FILL_TRAILING;
         c->left = e - p;
     }
+    c->knulls = knulls;
+    c->vnulls = vnulls;
     c->rows = rows;
     c->klen = klen;
     c->vlen = vlen;

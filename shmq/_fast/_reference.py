@@ -63,9 +63,14 @@ def crc32c(data: Any, value: int = 0) -> int:
 
 
 crc32c_software = crc32c
+crc32c_sse42 = crc32c
 
 
 def have_hardware() -> bool:
+    return False
+
+
+def have_folding() -> bool:
     return False
 
 
@@ -663,9 +668,10 @@ class MappedFile(mmap.mmap):
 
     def populate(self, start: int, length: int, file_size: int = -1) -> int:
         """As the compiled one: ``MADV_WILLNEED`` for the aligned chunks of the range, ending at
-        ``file_size`` when given (the twin asks for every chunk: Python has no ``mincore``),
-        then ``MADV_POPULATE_READ`` over the range (best effort).  Returns how many chunks
-        were asked for."""
+        ``file_size`` when given, then ``MADV_POPULATE_READ`` over the range (best effort).
+        Python has no ``mincore``, so the twin asks for every chunk and populates every range;
+        the compiled one skips both where the page cache holds the range (the walker's faults
+        map it, 16 pages each).  Returns how many chunks were asked for."""
         if length <= 0:
             return 0
         if start < 0 or start > len(self) - length:

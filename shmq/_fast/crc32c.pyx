@@ -1,5 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""CRC-32C (Castagnoli) as Kafka's ``Crc32C``: SSE4.2 with interleaved streams, or tables.
+"""CRC-32C (Castagnoli) as Kafka's ``Crc32C``: AVX-512 carry-less multiplication folding, SSE4.2
+with interleaved streams, or tables.
 
 The algorithm lives in ``_crc32c_impl.h``; this module is its Python face.
 """
@@ -31,6 +32,23 @@ def crc32c_software(const unsigned char[::1] data not None, unsigned int value=0
     return crc
 
 
+def crc32c_sse42(const unsigned char[::1] data not None, unsigned int value=0):
+    """CRC-32C through the ``crc32`` instruction only, never the folding (to test one against
+    the other); the table path on CPUs without SSE4.2."""
+    cdef uint32_t crc = value
+    cdef size_t n = data.shape[0]
+    if n == 0:
+        return crc
+    with nogil:
+        crc = shmq_crc32c_update(crc, &data[0], n, 2)
+    return crc
+
+
 def have_hardware():
     """True when the SSE4.2 ``crc32`` instruction is in use."""
     return bool(shmq_crc32c_have_hw)
+
+
+def have_folding():
+    """True when buffers of 256 bytes and more go through the VPCLMULQDQ folding."""
+    return bool(shmq_crc32c_have_vclmul)

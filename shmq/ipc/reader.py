@@ -437,7 +437,7 @@ class PartitionReader:
                                    max_bytes)
             if found is not None and found[2] >= offset:
                 start, end, last = found
-                # one call, not a fault per page; the readahead ends at the file's end
+                # evicted pages read ahead and mapped; the readahead ends at the file's end
                 self.populates += seg.populate(start, end)
                 next_offset = min(last + 1, offset + max_records, bound)
                 self._cursor = (last + 1, seg.base, end, *self._last_batch)

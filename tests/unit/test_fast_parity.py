@@ -831,3 +831,55 @@ def test_index_search_parity(layout: tuple[int, int, int], n: int, seed: int, sl
         if t in twin_targets:
             assert ref.largest_lower_bound(*args) == lower, t
             assert ref.smallest_upper_bound(*args) == upper, t
+
+
+# --- CRC-32C folding (VPCLMULQDQ) against the crc32 instruction ------------------------------
+
+
+def _fold_constant(bits: int) -> int:
+    """x^bits mod P (Castagnoli), bit-reflected and shifted left by one: a folding constant."""
+    poly = int(f"{0x82F63B78:032b}"[::-1], 2) | 1 << 32
+    r = 1
+    for _ in range(bits):
+        r <<= 1
+        if r & 1 << 32:
+            r ^= poly
+    return int(f"{r:032b}"[::-1], 2) << 1
+
+
+def test_crc32c_fold_constants() -> None:
+    """The header's constants are x^(D+32) and x^(D-32) mod P for each fold distance D."""
+    from pathlib import Path
+
+    header = (Path(fast.__file__).parent / "_crc32c_impl.h").read_text()
+    for d in (2048, 512, 384, 256, 128):
+        hi, lo = _fold_constant(d - 32), _fold_constant(d + 32)
+        assert f"_mm_set_epi64x({hi:#x}, {lo:#x})" in header, d
+
+
+def test_crc32c_folding_is_used_where_the_cpu_has_it() -> None:
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pytest.skip("no /proc/cpuinfo")
+    want = {"avx512f", "avx512vl", "vpclmulqdq", "pclmulqdq", "sse4_2"} <= flags
+    assert crcmod.have_folding() is want
+    assert ref.have_folding() is False
+
+
+@pytest.mark.parametrize("size", [255, 256, 257, 300, 319, 320, 321, 383, 384, 447, 448, 511,
+                                  512, 513, 576, 1000, 4096, 65_536 + 17, 110_000])
+def test_crc32c_folding_matches_the_instruction(size: int) -> None:
+    rng = random.Random(size)
+    big = rng.randbytes(size + 64)
+    for offset in (0, 1, 5, 63):
+        view = memoryview(big)[offset : offset + size]
+        for start in (0, 0xFFFFFFFF, rng.getrandbits(32)):
+            got = crcmod.crc32c(view, start)
+            assert got == crcmod.crc32c_sse42(view, start) == crcmod.crc32c_software(view, start) \
+                == crc_oracle.crc32c(bytes(view), start), (size, offset, start)

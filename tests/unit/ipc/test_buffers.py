@@ -124,3 +124,61 @@ def test_constant_columns_keep_a_few_entries() -> None:
     assert np.frombuffer(first, dtype=np.int32).tolist() == [1] * 10
     assert cc.int32(1, 10).address != first.address
     assert cc.int32(3, 2000).size == 8000  # grows past its first capacity
+
+
+def _random_log(rng: np.random.Generator, batches: int) -> tuple[bytes, int]:
+    """Batches of random records: keys and null keys, null and empty values, headers (null
+    header values too), each codec, CreateTime and LogAppendTime."""
+    codecs = [rec.codecs.NONE, rec.codecs.GZIP, rec.codecs.LZ4, rec.codecs.ZSTD,
+              rec.codecs.SNAPPY]
+    out, base = b"", 0
+    for _ in range(batches):
+        n = int(rng.integers(1, 3000))
+        items = []
+        for i in range(n):
+            key = None if rng.random() < 0.5 else rng.bytes(int(rng.integers(0, 40)))
+            value = None if rng.random() < 0.05 else rng.bytes(int(rng.integers(0, 300)))
+            heads = [] if rng.random() < 0.8 else [
+                (f"h{j}", None if rng.random() < 0.3 else rng.bytes(3)) for j in range(2)]
+            items.append((key, value, 1_700_000_000_000 + i, heads))
+        lat = rng.random() < 0.2
+        out += bytes(rec.encode_batch(
+            items, base_offset=base, compression_type=codecs[int(rng.integers(len(codecs)))],
+            timestamp_type=rec.LOG_APPEND_TIME if lat else rec.CREATE_TIME,
+            log_append_time=1_700_000_000_999 if lat else None))
+        base += n
+    return out, base
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pooled_output_is_byte_identical_to_plain_and_twin(seed: int,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reads decoded into the pool's buffers (new arrays, then reused ones, with earlier
+    batches still held) equal, buffer for buffer (Arrow IPC bytes), the same reads decoded into
+    plain pyarrow buffers and those decoded by the pure-Python twin of ``fill_columns``."""
+    from shmq._fast import _reference
+
+    rng = np.random.default_rng(seed)
+    pool = BufferPool()
+    kept = []
+    for _ in range(6):
+        log, n = _random_log(rng, int(rng.integers(1, 6)))
+        lo = int(rng.integers(0, max(1, n // 3)))
+        hi = int(rng.integers(lo, n + 2))
+        headers = bool(rng.integers(2))
+        pooled = batches_to_spark_arrow(memoryview(log), "t", 1, lo, hi, include_headers=headers,
+                                        alloc=pool.take, constants=pool.constants)
+        plain = batches_to_spark_arrow(memoryview(log), "t", 1, lo, hi, include_headers=headers)
+        with monkeypatch.context() as m:
+            m.setattr("shmq.protocol.kafka_arrow._fast.fill_columns", _reference.fill_columns)
+            twin = batches_to_spark_arrow(memoryview(log), "t", 1, lo, hi,
+                                          include_headers=headers)
+        assert pooled.num_rows == max(0, min(hi, n) - lo)
+        for other in (plain, twin):
+            assert pooled.equals(other)
+            assert pooled.serialize().to_pybytes() == other.serialize().to_pybytes()
+        kept.append((pooled, plain))
+        if len(kept) > 2:
+            kept.pop(0)
+    for pooled, plain in kept:  # still intact after the later reads
+        assert pooled.equals(plain)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import resource
 
+import numpy as np
 import pytest
 
 from shmq import _fast
@@ -115,3 +116,48 @@ def test_twin_populate_ends_its_chunks_at_the_files_size(tmp_path) -> None:
         assert m.populate(100, 0, size) == 0
     finally:
         m.close()
+
+
+def _mapped_kib(address: int) -> int:
+    """Rss (KiB) of this process's mapping that starts at ``address`` (/proc/self/smaps)."""
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                inside = int(head.split("-")[0], 16) == address
+            elif inside and head == "Rss:":
+                return int(line.split()[1])
+    raise AssertionError("mapping not found")
+
+
+def test_populate_leaves_a_resident_range_to_fault_around(tmp_path) -> None:
+    """A range the page cache holds is not mapped by ``populate`` (the walk of every page cost
+    more than the faults): the walker's faults map it, each the 16 pages around it, under the
+    mapping's ``MADV_RANDOM`` too.  An evicted range is still mapped by the populate (above)."""
+    if not _fast.HAVE_FAST:
+        pytest.skip("compiled extension not built")
+    path = tmp_path / "seg.log"
+    path.write_bytes(os.urandom(SIZE))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        m = _fast.MappedFile(fd, SIZE)
+    finally:
+        os.close(fd)
+    try:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        m.populate(0, SIZE)
+        assert _mapped_kib(_address(m)) == 0  # resident: nothing mapped yet
+        pages = np.frombuffer(m, dtype=np.uint8, count=SIZE)[::PAGE]
+        walked = int(pages.sum())  # the walk: a byte of each page, one fault per 16 pages
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        assert faults < SIZE // PAGE // 4, faults
+        assert _mapped_kib(_address(m)) == SIZE // 1024
+        assert walked == sum(path.read_bytes()[::PAGE])
+        del pages
+    finally:
+        m.close()
+
+
+def _address(m) -> int:
+    return int(np.frombuffer(m, dtype=np.uint8, count=1).ctypes.data)
