@@ -77,7 +77,8 @@ class BrokerContext:
     stats: dict[str, int] = field(default_factory=lambda: {"sendfile_bytes": 0,
                                                             "sendfile_calls": 0,
                                                             "responses": 0,
-                                                            "response_writes": 0})
+                                                            "response_writes": 0,
+                                                            "send_waits": 0})
     state_table: Any = None              # shmq.ipc.StateTable attached read-write (workers)
     state_reader: Any = None             # the state table to read flags from (any process)
     metrics: Any = None                  # this process's MetricsWriter (None: collection off)

@@ -178,3 +178,80 @@ def test_sendfile_syscalls_seen_by_strace(broker: RunningBroker, tmp_path: Path)
     # the counters agree with the kernel's view
     stats = broker.worker_stats(time.time())
     assert sum(s["sendfile_bytes"] for s in stats) == sent
+
+
+def test_fetch_answer_bigger_than_the_socket_buffer(tmp_path: Path) -> None:
+    """A Fetch answer of one slice per partition to a client that reads slowly: once the socket
+    is full the worker waits for it to drain and goes on with ``os.sendfile`` (``send_waits``
+    counts the waits; each slice went through ``loop.sendfile`` before), and every partition's
+    records arrive whole, in order, as stored."""
+    import socket
+    import struct
+
+    from kafka_wire import Wire, _recv_exact, plain, read_entity, record_batch
+    from kio.index import load_response_schema
+
+    topic, parts = "wide", 64
+    b = start_broker(tmp_path / "data", workers=1)
+    try:
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        admin.create_topics([NewTopic(topic, parts)], operation_timeout=30)[topic].result(30)
+        stored: dict[int, bytes] = {}
+        with Wire(b.bootstrap) as w:
+            leader = w.leader(topic, 0)
+            for p in range(parts):
+                batch = record_batch([(b"k", os.urandom(4000), 0) for _ in range(32)])
+                out = w.send(0, 8, {"transactional_id": None, "acks": -1, "timeout": 10_000,
+                                    "topic_data": [{"name": topic, "partition_data": [
+                                        {"index": p, "records": batch}]}]}, to=leader)
+                assert out["responses"][0]["partition_responses"][0]["error_code"] == 0, out
+                stored[p] = batch
+            frame = w.frame(1, 11, {
+                "replica_id": -1, "max_wait": 0, "min_bytes": 1, "max_bytes": 50 << 20,
+                "isolation_level": 0, "session_id": 0, "session_epoch": -1, "rack_id": "",
+                "forgotten_topics_data": [],
+                "topics": [{"topic": topic, "partitions": [
+                    {"partition": p, "current_leader_epoch": -1, "fetch_offset": 0,
+                     "log_start_offset": -1, "partition_max_bytes": 1 << 20}
+                    for p in range(parts)]}]})
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
+        s.settimeout(30)
+        s.connect(leader)
+        try:
+            s.sendall(struct.pack(">i", len(frame)) + frame)
+            time.sleep(0.5)  # the answer (~8 MiB) fills the socket; the worker waits
+            size = struct.unpack(">i", _recv_exact(s, 4))[0]
+            data = _recv_exact(s, size)
+        finally:
+            s.close()
+        answer = plain(read_entity(load_response_schema(1, 11), data, 4)[0])
+        got = {p["partition_index"]: p["records"] for t in answer["responses"]
+               for p in t["partitions"]}
+        assert set(got) == set(range(parts))
+        for p in range(parts):
+            # the stored batch with its offsets assigned: same length, same records
+            assert got[p] is not None and len(got[p]) == len(stored[p]), p
+            assert got[p][61:] == stored[p][61:], p
+        stats = b.worker_stats(time.time())
+        assert sum(st["send_waits"] for st in stats) > 0, stats
+        # a client that goes away while the worker waits on its full socket: the connection
+        # closes, the worker serves the next one
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST
+        s.connect(leader)
+        s.sendall(struct.pack(">i", len(frame)) + frame)
+        time.sleep(0.3)
+        s.close()
+        with Wire(b.bootstrap) as w:
+            assert w.leader(topic, 0) == leader
+            again = w.send(1, 11, {
+                "replica_id": -1, "max_wait": 0, "min_bytes": 1, "max_bytes": 1 << 20,
+                "isolation_level": 0, "session_id": 0, "session_epoch": -1, "rack_id": "",
+                "forgotten_topics_data": [], "topics": [{"topic": topic, "partitions": [
+                    {"partition": 0, "current_leader_epoch": -1, "fetch_offset": 0,
+                     "log_start_offset": -1, "partition_max_bytes": 1 << 20}]}]}, to=leader)
+            assert again["responses"][0]["partitions"][0]["records"][61:] == stored[0][61:]
+    finally:
+        assert b.stop() == 0, b.log_path.read_text()
