@@ -202,6 +202,43 @@ def test_translate_offset_finds_the_containing_batch(tmp_path) -> None:
         log.close()
 
 
+def test_translate_offset_at_indexed_batches_and_cut_ends(tmp_path) -> None:
+    """The batch at the index entry is read from its header alone when it holds the offset;
+    whatever the index density and wherever ``end_position`` cuts, the answer is the containing
+    batch when it ends at or before the end, else None, and a garbled header at an indexed
+    position is not trusted (the walk's answer, None)."""
+    for interval in (0, 100, 10**6):
+        log = open_log(tmp_path / str(interval), index_interval_bytes=interval)
+        for n in [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]:
+            log.append(kbatch([b"value-%d" % n] * n))
+        seg = log.active_segment
+        rows = batch_rows(seg_files(log)[0])
+        first = 0
+        for pos, last, _, size in rows:
+            for off in range(first, last + 1):
+                for end in (pos + size, pos + size - 1, pos + 61, pos + 60, seg.size):
+                    h = seg.translate_offset(off, end_position=end)
+                    if pos + size <= end:
+                        assert (h.position, h.base_offset, h.last_offset, h.size) == (
+                            pos, first, last, size), (interval, off, end)
+                    else:
+                        assert h is None, (interval, off, end, h)
+            first = last + 1
+        log.close()
+    log = open_log(tmp_path / "garbled", index_interval_bytes=0)  # every batch indexed
+    for n in (2, 3):
+        log.append(kbatch([b"v"] * n))
+    log.flush()
+    seg = log.active_segment
+    (pos, _, _, _), _ = batch_rows(seg_files(log)[0])
+    assert seg.translate_offset(0).position == pos
+    with open(seg.log_path, "r+b") as f:  # magic 2 -> 7
+        f.seek(pos + 16)
+        f.write(b"\x07")
+    assert seg.translate_offset(0) is None
+    log.close()
+
+
 def test_header_walk_handles_big_batches_and_many_small_ones(tmp_path) -> None:
     # batches larger than the 64 KiB read window, and more small batches per window than the
     # scanner's row buffer holds
