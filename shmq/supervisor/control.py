@@ -29,6 +29,10 @@ class ControlChannel:
     def send(self, message: dict[str, Any]) -> None:
         self.writer.write(json.dumps(message).encode() + b"\n")
 
+    def send_line(self, line: str) -> None:
+        """A message already written as one line of JSON (no newline inside)."""
+        self.writer.write(line.encode() + b"\n")
+
     async def receive(self) -> dict[str, Any] | None:
         """The next message, or None at end of file (the other side is gone)."""
         try:

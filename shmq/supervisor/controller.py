@@ -89,6 +89,7 @@ class WorkerHandle:
         self.port = 0
         self.acked_generation = -1
         self.sent_generation = -1
+        self.sent_topics: dict[str, str] | None = None  # the topics' JSON it was last sent
         self.ready = asyncio.Event()
         self.acked = asyncio.Condition()
         self.started = 0.0  # monotonic time of its last ready message
@@ -406,8 +407,7 @@ class Controller:
         self.ctx.metadata = meta
         for w in self.workers.values():
             if w.channel is not None and w.sent_generation < meta.generation:
-                w.channel.send({"type": "metadata", "metadata": self.store.text()})
-                w.sent_generation = meta.generation
+                self._send_metadata_to(w)
         live = [w for w in self.workers.values() if w.channel is not None and w.ready.is_set()
                 and w.acked_generation < meta.generation]
 
@@ -430,6 +430,16 @@ class Controller:
                            meta.generation)
         if self.port:
             self.write_run_file()  # the slot directory changed
+
+    def _send_metadata_to(self, w: WorkerHandle) -> None:
+        """The current metadata to ``w``: whole the first time, then what changed since the
+        generation it was last sent (``MetadataStore.message_for``; control messages arrive in
+        order, and a worker whose copy is not that generation asks for the whole again)."""
+        assert self.store is not None and w.channel is not None
+        sent = w.sent_topics if w.sent_generation >= 0 else None
+        line, w.sent_topics = self.store.message_for(sent, w.sent_generation)
+        w.channel.send_line(line)
+        w.sent_generation = self.store.metadata.generation
 
     def _reset_metric_slots(self, partitions: Any) -> None:
         """Zero the metrics of new partitions' slots, which a deleted partition may have used:
@@ -496,6 +506,7 @@ class Controller:
         w.ready.clear()
         w.proc = None
         w.acked_generation = w.sent_generation = -1
+        w.sent_topics = None
         fds = {"--control-fd": child, "--listen-fd": w.listener}
         if self.forks is not None:
             try:
@@ -514,9 +525,7 @@ class Controller:
                 pass_fds=[sock.fileno() for sock in fds.values()], close_fds=True)
         child.close()
         w.channel = await ControlChannel.from_socket(parent)
-        meta = self.store.metadata
-        w.channel.send({"type": "metadata", "metadata": self.store.text()})
-        w.sent_generation = meta.generation
+        self._send_metadata_to(w)  # whole: sent_generation is -1
         asyncio.ensure_future(self._listen(w, w.channel, w.proc))
 
     async def _listen(self, w: WorkerHandle, channel: ControlChannel,
@@ -534,6 +543,11 @@ class Controller:
                 w.ready.set()
             elif kind == "boot_error":
                 w.boot_error = msg["error"]
+            elif kind == "metadata_resync":  # its copy was not the base of a change
+                log.warning("worker %d asked for the whole metadata", w.node_id)
+                w.sent_generation, w.sent_topics = -1, None
+                task = asyncio.ensure_future(self.publish_metadata())
+                task.add_done_callback(_log_failure("publishing the metadata"))
             elif kind == "metadata_ack":
                 async with w.acked:
                     w.acked_generation = msg["generation"]

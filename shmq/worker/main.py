@@ -364,7 +364,7 @@ async def run(args: argparse.Namespace) -> int:
     try:
         if first.get("type") != "metadata":
             raise RuntimeError(f"expected the metadata first, got {first.get('type')!r}")
-        metadata = ClusterMetadata.from_json(first["metadata"])
+        metadata = ClusterMetadata.from_dict(first["metadata"])
         manager = LogManager(config.data_dir / f"worker-{args.node_id}", config.log)
         report = manager.startup(hosted=hosted_logs(metadata, args.node_id, config.log))
         rpc = ControllerRpc(channel)
@@ -422,7 +422,15 @@ async def run(args: argparse.Namespace) -> int:
                 return
             kind = msg["type"]
             if kind == "metadata":
-                new = ClusterMetadata.from_json(msg["metadata"])
+                if "base" not in msg:
+                    new = ClusterMetadata.from_dict(msg["metadata"])
+                elif msg["base"] == ctx.metadata.generation:  # only what changed since then
+                    new = ctx.metadata.updated(msg["head"], msg["topics"], msg["removed"])
+                else:  # not the copy the change was made against: the whole, please
+                    log.warning("worker %d: metadata change against generation %s, has %d",
+                                args.node_id, msg["base"], ctx.metadata.generation)
+                    channel.send({"type": "metadata_resync"})
+                    continue
                 apply_metadata(ctx, manager, new)
                 channel.send({"type": "metadata_ack", "generation": new.generation})
             elif kind == "rpc_reply":
