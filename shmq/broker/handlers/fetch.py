@@ -69,9 +69,13 @@ def _each_partition_once(topics: list[FetchTopic]) -> list[FetchTopic]:
     """The request's topics with every partition once, at its first place with its last
     parameters (Kafka's ``fetchData`` is a LinkedHashMap keyed by topic-partition); consecutive
     partitions of one topic share a topic entry, as in Kafka's ``FetchResponse``."""
-    count = sum(len(t.partitions) for t in topics)
-    if len({(t.topic, p.partition) for t in topics for p in t.partitions}) == count:
-        return topics  # no duplicates: the usual case
+    if len({t.topic for t in topics}) == len(topics):  # each topic named once, the usual case
+        if all(len({p.partition for p in t.partitions}) == len(t.partitions) for t in topics):
+            return topics  # no duplicates: sets of ints, no (topic, partition) tuple made for
+            # each of the thousands of partitions librdkafka names in every Fetch
+    elif len({(t.topic, p.partition) for t in topics for p in t.partitions}) == sum(
+            len(t.partitions) for t in topics):
+        return topics  # a topic named twice, each time other partitions
     wanted: dict[tuple[str, int], FetchPartition] = {}
     for t in topics:
         for p in t.partitions:
@@ -229,7 +233,8 @@ async def handle(ctx: BrokerContext, request: FetchRequest, api_version: int,
         out, total, errors, diverged = _read_all(ctx, topics, request, budget)
         if unknown_at_first is None:  # Kafka answers these at once and waits for the others
             unknown_at_first = {(t, p.partition_index) for t, parts in out for p in parts
-                                if p.error_code == UNKNOWN_TOPIC_OR_PARTITION}
+                                if p.error_code == UNKNOWN_TOPIC_OR_PARTITION} \
+                if errors else set()  # no error, none unknown: no walk over every partition
             watched = len(unknown_at_first) < sum(len(t.partitions) for t in topics)
         remaining = deadline - loop.time()
         if (total >= min_bytes or diverged or remaining <= 0 or not watched
