@@ -605,3 +605,27 @@ def test_fewer_workers_keep_every_record(tmp_path: Path, how: str) -> None:
         assert p.flush(30) == 0
     finally:
         assert _stop(b) == 0, b.log_path.read_text()
+
+
+def test_what_a_worker_holds_is_frozen_out_of_the_collector(tmp_path: Path) -> None:
+    """A worker freezes its objects at start (``gc.freeze``), and again once a topic's logs
+    are created or removed (``refreeze``): the logs of a new topic join the frozen objects
+    the cyclic collector no longer walks, and those of a deleted one leave them."""
+    b = start_broker(tmp_path / "data", workers=1)
+    try:
+        (booted,) = b.worker_stats(time.time())
+        assert booted["gc_frozen"] > 0, booted
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        admin.create_topics([NewTopic("frozen", 300)], operation_timeout=30)["frozen"].result(30)
+        (grown,) = b.worker_stats(time.time())
+        assert grown["gc_frozen"] > booted["gc_frozen"] + 300 * 5, (booted, grown)
+        admin.delete_topics(["frozen"], operation_timeout=30)["frozen"].result(30)
+        deadline = time.monotonic() + 30
+        while True:
+            (shrunk,) = b.worker_stats(time.time())
+            if shrunk["gc_frozen"] < grown["gc_frozen"] - 300 * 5:
+                break
+            assert time.monotonic() < deadline, (grown, shrunk)
+            time.sleep(0.2)
+    finally:
+        assert b.stop() == 0, b.log_path.read_text()
