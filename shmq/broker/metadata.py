@@ -128,8 +128,12 @@ class ClusterMetadata:
         topics = dict(self.topics)
         for name in removed:
             topics.pop(name, None)
+        added = False
         for name, t in changed.items():
+            added |= name not in topics
             topics[name] = _topic(t)
+        if added:  # in name order, as parsed from the whole JSON (keys sorted)
+            topics = dict(sorted(topics.items()))
         return self._with_head(head, topics)
 
     def slot_directory(self) -> dict[str, int]:

@@ -59,6 +59,8 @@ def test_workers_get_only_what_changed(tmp_path: Path) -> None:
         base = store.metadata.generation
         assert worker.meta is not None
         assert worker.meta.to_json() == store.text() == _whole_json(store.metadata)
+        # the topics in the order a worker parsing the whole JSON has them (names sorted)
+        assert list(worker.meta.topics) == list(ClusterMetadata.from_json(store.text()).topics)
         assert ClusterMetadata.from_json(store.text()).to_json() == store.text()
 
     store.register_internal_topic("__consumer_offsets", 50, {"cleanup.policy": "compact"})
