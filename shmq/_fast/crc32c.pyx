@@ -10,38 +10,31 @@ from libc.stdint cimport uint32_t
 shmq_crc32c_init()
 
 
-def crc32c(const unsigned char[::1] data not None, unsigned int value=0):
-    """CRC-32C of ``data`` continuing from ``value`` (a finished CRC, 0 to start)."""
-    cdef uint32_t crc = value
+cdef uint32_t _crc(const unsigned char[::1] data, uint32_t value, int path):
+    """``shmq_crc32c_update`` of ``data`` through ``path`` (1: the best this CPU has, 0: the
+    tables, 2: the ``crc32`` instruction without folding)."""
     cdef size_t n = data.shape[0]
     if n == 0:
-        return crc
+        return value
     with nogil:
-        crc = shmq_crc32c_update(crc, &data[0], n, 1)
-    return crc
+        value = shmq_crc32c_update(value, &data[0], n, path)
+    return value
+
+
+def crc32c(const unsigned char[::1] data not None, unsigned int value=0):
+    """CRC-32C of ``data`` continuing from ``value`` (a finished CRC, 0 to start)."""
+    return _crc(data, value, 1)
 
 
 def crc32c_software(const unsigned char[::1] data not None, unsigned int value=0):
     """CRC-32C through the table path only (to test it on CPUs that have SSE4.2)."""
-    cdef uint32_t crc = value
-    cdef size_t n = data.shape[0]
-    if n == 0:
-        return crc
-    with nogil:
-        crc = shmq_crc32c_update(crc, &data[0], n, 0)
-    return crc
+    return _crc(data, value, 0)
 
 
 def crc32c_sse42(const unsigned char[::1] data not None, unsigned int value=0):
     """CRC-32C through the ``crc32`` instruction only, never the folding (to test one against
     the other); the table path on CPUs without SSE4.2."""
-    cdef uint32_t crc = value
-    cdef size_t n = data.shape[0]
-    if n == 0:
-        return crc
-    with nogil:
-        crc = shmq_crc32c_update(crc, &data[0], n, 2)
-    return crc
+    return _crc(data, value, 2)
 
 
 def have_hardware():

@@ -85,11 +85,7 @@ def test_populate_at_a_files_tail_asks_for_no_resident_chunk(tmp_path) -> None:
     path = tmp_path / "seg.log"
     size = 100_000  # the first chunk, partial
     path.write_bytes(os.urandom(size))
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        m = _fast.MappedFile(fd, 1 << 24)  # as a reader maps: far past the file's end
-    finally:
-        os.close(fd)
+    m = _map(_fast, path, 1 << 24)  # as a reader maps: far past the file's end
     try:
         assert m.populate(0, size) in (0, 1)  # resident now (just written), mapped
         assert m.populate(size - 170, 170, size) == 0
@@ -105,17 +101,23 @@ def test_twin_populate_ends_its_chunks_at_the_files_size(tmp_path) -> None:
     path = tmp_path / "seg.log"
     size = 3 * (512 << 10) + 5000
     path.write_bytes(os.urandom(size))
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        m = _reference.MappedFile(fd, size)
-    finally:
-        os.close(fd)
+    m = _map(_reference, path, size)
     try:
         assert m.populate(size - 170, 170, size) == 1
         assert m.populate(100, (512 << 10) + 10, size) == 2
         assert m.populate(100, 0, size) == 0
     finally:
         m.close()
+
+
+def _map(module, path, length: int):
+    """``module.MappedFile`` of ``path`` (read-only), the descriptor closed: the mapping keeps
+    the file."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return module.MappedFile(fd, length)
+    finally:
+        os.close(fd)
 
 
 def _mapped_kib(address: int) -> int:
@@ -139,11 +141,7 @@ def test_populate_leaves_a_resident_range_to_fault_around(tmp_path) -> None:
         pytest.skip("compiled extension not built")
     path = tmp_path / "seg.log"
     path.write_bytes(os.urandom(SIZE))
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        m = _fast.MappedFile(fd, SIZE)
-    finally:
-        os.close(fd)
+    m = _map(_fast, path, SIZE)
     try:
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         m.populate(0, SIZE)
