@@ -315,11 +315,11 @@ def test_top_in_tmux(mbroker: RunningBroker, tmp_path: Path) -> None:
     _create(mbroker.bootstrap, "toptopic", 1)
     produce(mbroker.bootstrap, "toptopic", 700)
     consumer = consume(mbroker.bootstrap, "toptopic", "top-group", 200)
-    socket_name = f"shmq-test-{os.getpid()}"
     env = {**os.environ, "TERM": "xterm-256color"}
     shmq = [sys.executable, "-m", "shmq", "top", "--data-dir", str(mbroker.data_dir),
             "--interval", "0.5"]
-    tm = [tmux, "-L", socket_name, "-f", "/dev/null"]
+    # the server's socket in the test's directory (-L would leave it in /tmp/tmux-<uid>)
+    tm = [tmux, "-S", str(tmp_path / "tmux.sock"), "-f", "/dev/null"]
     try:
         subprocess.run([*tm, "new-session", "-d", "-s", "top", "-x", "160", "-y", "50",
                         " ".join(shlex_quote(a) for a in shmq) + "; echo top-exited=$?; sleep 30"],
