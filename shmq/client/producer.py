@@ -129,6 +129,8 @@ _EMPTY = bytearray()
 def _message_failed(code: int) -> KafkaError:
     """The ``_error`` confluent-kafka's ``produce_batch`` puts in a dict it could not queue."""
     return KafkaError(code, f"Message failed: {KafkaError(code).str()}")
+
+
 _ARROW_BINARY_KINDS = ("string", "large_string", "large_binary", "fixed_size_binary",
                        "binary_view", "string_view", "null")
 
@@ -1140,6 +1142,7 @@ class ShmProducer(Producer, ProducerCore):
         if fit <= 0:
             raise BufferError("Local: Queue full")
         return fit
+
     def _produce_list(self, topic: str, values: list[Any], partition: Any, total: int,
                       longest_value: int) -> int:
         """``produce_batch`` of a keyless list of bytes or None: each batch encoded from the
