@@ -165,8 +165,7 @@ def join_json(head: str, topics: dict[str, str]) -> str:
     """``json_parts`` joined: the head object with a last key ``"topics"`` (the last of the
     sorted keys) holding the topics in name order."""
     inner = ", ".join(f"{json.dumps(name)}: {topics[name]}" for name in sorted(topics))
-    return f"{head[:-1]}, \"topics\": {{{inner}}}}}" if head != "{}" \
-        else f"{{\"topics\": {{{inner}}}}}"
+    return f"{head[:-1]}, \"topics\": {{{inner}}}}}"  # the head holds cluster_id at least
 
 
 class MetadataStore:
