@@ -11,7 +11,8 @@
 
 Every part starts its own shmq broker (``python -m shmq broker --workers N``, data dir in a
 fresh temporary directory under ``--dir``, loopback only) and stops it by PID afterwards.  Broker
-CPU is utime+stime of the broker's process tree (controller and workers) over a phase; memory
+CPU is the CPU time of the broker's process tree (controller and workers) over a phase
+(``bench_broker.cpu_seconds``: each process's CPU-time clock, in nanoseconds); memory
 is the sum over that tree of RSS and of USS (pages only that process maps: RSS counts the
 controller's pages its forked workers share, USS does not), from psutil.
 
