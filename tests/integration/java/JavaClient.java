@@ -61,6 +61,7 @@ import org.apache.kafka.clients.producer.RecordMetadata;
 import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.TopicPartitionInfo;
 import org.apache.kafka.common.config.ConfigResource;
+import org.apache.kafka.common.errors.UnknownTopicOrPartitionException;
 import org.apache.kafka.common.header.Header;
 import org.apache.kafka.common.header.internals.RecordHeaders;
 import org.apache.kafka.common.serialization.ByteArrayDeserializer;
@@ -448,12 +449,22 @@ public class JavaClient {
      * applies a CreatePartitions to its metadata shortly after the call returns (Kafka's
      * brokers learn it from the controller's log), so a describe right after may show the old
      * count. Waits at most 15 s, then returns what it sees. */
+    /** The topic once it has {@code partitions} partitions (or after 15 s): a broker may answer
+     *  for a topic it created a moment ago before its metadata knows it (Kafka under load
+     *  answered UnknownTopicOrPartition right after CreateTopics returned). */
     static TopicDescription awaitPartitions(Admin admin, String topic, int partitions) throws Exception {
         long deadline = System.nanoTime() + 15_000_000_000L;
         while (true) {
-            TopicDescription d = admin.describeTopics(List.of(topic)).allTopicNames().get().get(topic);
-            if (d.partitions().size() >= partitions || System.nanoTime() > deadline) {
-                return d;
+            try {
+                TopicDescription d = admin.describeTopics(List.of(topic)).allTopicNames().get().get(topic);
+                if (d.partitions().size() >= partitions || System.nanoTime() > deadline) {
+                    return d;
+                }
+            } catch (ExecutionException e) {
+                if (!(e.getCause() instanceof UnknownTopicOrPartitionException)
+                        || System.nanoTime() > deadline) {
+                    throw e;
+                }
             }
             Thread.sleep(50);
         }
@@ -483,8 +494,7 @@ public class JavaClient {
             step("createTopics manual assignment", () -> {
                 admin.createTopics(List.of(new NewTopic(topic + "-m",
                     Map.of(0, List.of(1), 1, List.of(1))))).all().get();
-                TopicDescription d = admin.describeTopics(List.of(topic + "-m")).allTopicNames().get()
-                    .get(topic + "-m");
+                TopicDescription d = awaitPartitions(admin, topic + "-m", 2);
                 StringBuilder sb = new StringBuilder();
                 for (TopicPartitionInfo p : d.partitions()) {
                     sb.append(" p").append(p.partition()).append(":replicas=").append(p.replicas().get(0).id());
