@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
                 broker_cpu.setdefault(name, []).append(per)
                 extra = f"  broker CPU {per:.3f} us/record"
             print(f"   {name:<44} {rate:>13,.0f} rec/s  client CPU {cpu_s / (t1 - t0):.2f}"
-                  f"{extra}", flush=True)
+                  f" ({cpu_s / n * 1e9:.1f} ns/record){extra}", flush=True)
 
         n = args.records
         nb = args.batch_records

@@ -382,17 +382,21 @@ class Batch:
                                           self.headers, strict=True)]
 
 
-def bytes_stats(values: list[Any]) -> tuple[int, int]:
-    """``(total bytes, longest)`` of a list of bytes or None, or ``(-1, index)`` of the first
-    other item (see ``shmq._fast.client.bytes_stats``)."""
+def bytes_stats(values: list[Any], stop: int = -1) -> tuple[int, int]:
+    """``(total bytes, longest)`` of ``values[:stop]`` (all when ``stop`` < 0), every item
+    checked: else ``(-1, index)`` of the first item neither bytes nor None (see
+    ``shmq._fast.client.bytes_stats``)."""
+    if stop < 0 or stop > len(values):
+        stop = len(values)
     total = longest = 0
     for i, v in enumerate(values):
         if v is None:
             continue
         if type(v) is not bytes:
             return -1, i
-        total += len(v)
-        longest = max(longest, len(v))
+        if i < stop:
+            total += len(v)
+            longest = max(longest, len(v))
     return total, longest
 
 

@@ -416,21 +416,25 @@ cdef class Batch:
                                           self.headers)]
 
 
-def bytes_stats(list values not None):
-    """``(total bytes, longest)`` of a list of bytes or None (None counts 0), or the index of
-    the first other item as ``(-1, index)``.  The objects a few rows ahead are prefetched."""
+def bytes_stats(list values not None, Py_ssize_t stop=-1):
+    """``(total bytes, longest)`` of ``values[:stop]`` (all of it when ``stop`` < 0; None
+    counts 0), every item of the whole list checked to be bytes or None: else the index of the
+    first other item as ``(-1, index)``.  One pass, no slice (``produce_batch`` queues the
+    prefix the queue has room for, and checks the rest).  The objects a few rows ahead are
+    prefetched."""
     cdef Py_ssize_t i, n, size = PyList_GET_SIZE(values), total = 0, longest = 0
+    if stop < 0 or stop > size:
+        stop = size
     for i in range(size):
         if i + PREFETCH_AHEAD < size:
             shmq_prefetch_header(PyList_GET_ITEM_PTR(values, i + PREFETCH_AHEAD))
         n = shmq_value_len(PyList_GET_ITEM_PTR(values, i))
-        if n == -1:
-            continue
         if n == -2:
             return -1, i
-        total += n
-        if n > longest:
-            longest = n
+        if n > 0 and i < stop:
+            total += n
+            if n > longest:
+                longest = n
     return total, longest
 
 

@@ -1018,15 +1018,15 @@ class ShmProducer(Producer, ProducerCore):
             # (a caller retrying after each BufferError would have them checked every time)
             raise BufferError("Local: Queue full")
         if type(values) is list and keys is None:
-            total, longest_value = _fast.bytes_stats(values)
+            # the prefix that fits by count (the whole list checked: the rest too), in one
+            # pass over the list and without a slice of it
+            room = self._max_messages - self._queued
+            total, longest_value = _fast.bytes_stats(values, room)
             if total >= 0:  # bytes and None only: encoded from the list itself
-                room = self._max_messages - self._queued
-                if len(values) > room:  # the prefix that fits (checked whole: the rest too)
-                    values = values[:room]
-                    total, longest_value = _fast.bytes_stats(values)
-                if (self._queued_bytes + RECORD_MAX_OVERHEAD * len(values) + total
-                        <= self._max_bytes):
-                    return self._produce_list(topic, values, partition, total, longest_value)
+                count = min(len(values), room)
+                if self._queued_bytes + RECORD_MAX_OVERHEAD * count + total <= self._max_bytes:
+                    return self._produce_list(topic, values, count, partition, total,
+                                              longest_value)
                 # else queue.buffering.max.kbytes cuts it shorter: found below, record by record
         vcol = binary_column(values, "values")
         kcol = None if keys is None else binary_column(keys, "keys")
@@ -1143,11 +1143,11 @@ class ShmProducer(Producer, ProducerCore):
             raise BufferError("Local: Queue full")
         return fit
 
-    def _produce_list(self, topic: str, values: list[Any], partition: Any, total: int,
-                      longest_value: int) -> int:
-        """``produce_batch`` of a keyless list of bytes or None: each batch encoded from the
-        list in one Cython pass (``Batch.extend``), no Arrow column between."""
-        count = len(values)
+    def _produce_list(self, topic: str, values: list[Any], count: int, partition: Any,
+                      total: int, longest_value: int) -> int:
+        """``produce_batch`` of ``values[:count]``, a keyless list of bytes or None (``total``
+        and ``longest_value`` their bytes): each batch encoded from the list in one Cython pass
+        (``Batch.extend``), no Arrow column between."""
         if not count:
             return 0
         longest = RECORD_MAX_OVERHEAD + longest_value

@@ -510,6 +510,23 @@ def test_tail_reads_map_each_page_once(shm_broker: RunningBroker) -> None:
         writer.close()
 
 
+def test_a_wait_for_answers_shorter_than_a_millisecond_sleeps(shm_broker: RunningBroker) -> None:
+    """A wait for answers of less than 1 ms sleeps its time out: its milliseconds were cut to
+    0 (a look, no sleep), so ``LocalBroker.poll`` with less than 1 ms left went round as a busy
+    loop of 200 us spins and looks -- produce_batch's acks=all waits (poll(0.001)) cost 45-320
+    ns of CPU a record."""
+    local = attach(shm_broker.data_dir)
+    try:
+        local.send_batch("sem-ring", 0, [b"session"], acks=1).result(5)
+        session = local.sessions[local.leader_of("sem-ring", 0)]
+        for wanted in (0.0003, 0.0008):
+            began = time.monotonic()
+            session.wait(wanted)  # nothing to answer: asleep until the time is up
+            assert time.monotonic() - began >= wanted * 0.9, wanted
+    finally:
+        local.close()
+
+
 def test_a_client_sleeps_at_once_after_a_long_wait_for_answers(
         shm_broker: RunningBroker, monkeypatch: pytest.MonkeyPatch) -> None:
     """A wait for answers looks at the completion ring for SPIN_S before it sleeps, unless the

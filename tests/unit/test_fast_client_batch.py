@@ -172,6 +172,22 @@ def test_extend_writes_what_append_writes(values, data) -> None:
         assert impl.bytes_stats(values) == (sum(lengths), max(lengths, default=0))
 
 
+@PROPS
+@given(st.lists(st.one_of(blob, st.sampled_from(["str", 3, bytearray(b"b")])), max_size=40),
+       st.integers(-1, 45))
+def test_bytes_stats_of_a_prefix_checks_the_whole_list(values, stop) -> None:
+    """``bytes_stats(values, stop)``: the bytes and the longest value of ``values[:stop]`` (all
+    of it for a negative ``stop``), but every item of the list checked (produce_batch queues the
+    prefix its queue has room for and refuses a call with a bad item anywhere), in one pass
+    without a slice."""
+    bad = [i for i, v in enumerate(values) if v is not None and type(v) is not bytes]
+    head = values if stop < 0 else values[:stop]
+    lengths = [len(v) for v in head if type(v) is bytes]
+    want = (-1, bad[0]) if bad else (sum(lengths), max(lengths, default=0))
+    for impl in IMPLS:
+        assert impl.bytes_stats(values, stop) == want, impl.__name__
+
+
 @pytest.mark.parametrize("impl", IMPLS, ids=lambda m: m.__name__)
 def test_extend_and_bytes_stats_refuse_other_items(impl) -> None:
     assert impl.bytes_stats([b"a", None, "str", 3]) == (-1, 2)
