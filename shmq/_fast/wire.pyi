@@ -21,6 +21,11 @@ def encode_fetch_response(
     session_id: int = 0,
 ) -> list[Any]: ...
 
+POOL_MAX: int
+POOL_BYTES: int
+
+def pooled_buffers() -> int: ...
+
 class ReceiveBuffer:
     size: int
     exports: int

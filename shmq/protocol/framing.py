@@ -21,10 +21,13 @@ memoryviews of the receive buffer (zero copy; kio needs read-only buffers)::
   its last view dies.  Without the compiled leaf (``SHMQ_PURE=1``) there is no count, so every
   renewal takes a new buffer.
 * **Buffers are anonymous private mappings** (``mmap``): a page costs memory only once bytes are
-  received into it, and the whole mapping goes back to the kernel when its last view dies.  So
+  received into it, and the mapping goes back to the kernel when its last view dies.  So
   a frame's buffer is sized from its size prefix, once the prefix is checked against
   ``max_frame_bytes``, without a hostile prefix costing resident memory: a 100 MiB prefix
-  followed by silence maps 100 MiB of address space and touches one page.
+  followed by silence maps 100 MiB of address space and touches one page.  A dead buffer of
+  at most 1 MiB (the usual size) is kept instead, ``MADV_FREE``d, in a pool of 8 per process
+  for the next one (``ReceiveBuffer``): a new connection, or a renewal while queued frames hold
+  the old buffer, then writes pages already mapped instead of faulting in fresh ones.
 * **Little is ever copied.**  While a frame is pending, reads stop at most ``READ_AHEAD`` bytes
   past its end, and with no frame pending a read takes at most ``READ_AHEAD``; so when the next
   frame turns out not to fit, at most ``READ_AHEAD`` bytes of it move to the new buffer.  (The

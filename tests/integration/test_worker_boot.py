@@ -615,6 +615,12 @@ def test_what_a_worker_holds_is_frozen_out_of_the_collector(tmp_path: Path) -> N
     try:
         (booted,) = b.worker_stats(time.time())
         assert booted["gc_frozen"] > 0, booted
+        # an idle worker's stats do not change: the file is touched each second, not written
+        # again (a new inode and a rename each second, see ``write_stats``)
+        stats = b.data_dir / "run" / f"worker-{booted['node_id']}.stats.json"
+        inode = stats.stat().st_ino
+        assert b.worker_stats(time.time()) == [booted]
+        assert stats.stat().st_ino == inode
         admin = AdminClient({"bootstrap.servers": b.bootstrap})
         admin.create_topics([NewTopic("frozen", 300)], operation_timeout=30)["frozen"].result(30)
         (grown,) = b.worker_stats(time.time())

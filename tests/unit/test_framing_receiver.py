@@ -162,3 +162,54 @@ def test_a_buffer_made_for_a_huge_frame_is_not_kept():
     for frame in _receive(receiver, data, [65536]):
         assert bytes(frame) == b"t" * 5000
     assert len(receiver.get_buffer(-1).obj) <= MAX_REUSED_BYTES
+
+
+def _minor_faults() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+@pytest.mark.skipif(not fast.HAVE_FAST, reason="the pool is the compiled ReceiveBuffer's")
+def test_a_dead_buffer_is_pooled_and_the_next_one_writes_no_fresh_page():
+    """A receiver's buffer that dies (its connection closed, or renewed while frames held it)
+    leaves its mapping in the process's pool: the next connection's receiver fills pages
+    already there (no page fault each), and its frames are what was sent, never stale bytes."""
+    from shmq._fast import wire
+
+    payload = bytes(range(256)) * 1024  # 256 KiB
+    data = _stream([payload] * 3)
+    for _ in range(wire.POOL_MAX + 1):  # fill the pool
+        frames = _receive(FrameReceiver(), data, [65536])
+        assert [bytes(f) for f in frames] == [payload] * 3
+        del frames
+    assert wire.pooled_buffers() >= 1
+    other = bytes(reversed(payload))
+    again = _stream([other] * 3)
+    faults = _minor_faults()
+    receiver = FrameReceiver()
+    frames = _receive(receiver, again, [65536])
+    faults = _minor_faults() - faults
+    assert [bytes(f) for f in frames] == [other] * 3
+    assert faults < len(again) // 4096 // 4, faults  # ~190 fresh pages without the pool
+    assert receiver.renewed == 1
+
+
+@pytest.mark.skipif(not fast.HAVE_FAST, reason="the pool is the compiled ReceiveBuffer's")
+def test_the_pool_is_bounded_and_keeps_no_big_buffer():
+    from shmq._fast import wire
+
+    buffers = [wire.ReceiveBuffer(wire.POOL_BYTES) for _ in range(wire.POOL_MAX + 3)]
+    big = wire.ReceiveBuffer(wire.POOL_BYTES + 4096)
+    del buffers
+    assert wire.pooled_buffers() == wire.POOL_MAX
+    del big  # unmapped: the pool is full, and it was too big anyway
+    assert wire.pooled_buffers() == wire.POOL_MAX
+    taken = [wire.ReceiveBuffer(wire.POOL_BYTES) for _ in range(wire.POOL_MAX)]
+    assert wire.pooled_buffers() == 0
+    view = memoryview(taken[0])
+    assert len(view) == wire.POOL_BYTES and not view.readonly and taken[0].exports == 1
+    view[-1] = 7
+    assert view[-1] == 7
+    del view
+    assert taken[0].exports == 0

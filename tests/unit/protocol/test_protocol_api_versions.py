@@ -138,3 +138,22 @@ def test_unsupported_answer_matches_kio_v0_encoding():
     expected = struct.pack(">i", 7) + kio_encode(body)
     assert encode_api_versions_unsupported(7) == struct.pack(">i", len(expected)) + expected
     assert encode_api_versions_unsupported(7) == encode_response(18, 0, 7, body)
+
+
+@pytest.mark.parametrize("version", range(5))
+def test_the_handlers_answer_is_encoded_once_per_version_with_each_correlation_id(version):
+    """The ApiVersions handler keeps each version's encoded answer and patches the correlation
+    id in: the bytes are kio's encoding of the same body, for any id."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from shmq.broker.handlers import api_versions as handler
+
+    handler._ANSWERS.pop(version, None)
+    for cid in (0, 7, -5, 2**31 - 1):
+        (got,) = asyncio.run(handler.handle(
+            None, SimpleNamespace(api_version=version, correlation_id=cid), None))
+        assert got == encode_response(18, version, cid, api_versions_response(version))
+        assert version in handler._ANSWERS  # kept after the first
+    framed = handler._ANSWERS[version]
+    assert handler.answer(version, 3) is not framed and framed[4:8] == b"\x00" * 4
