@@ -252,21 +252,30 @@ class RingSession:
         durable: list[tuple[list, int, PartitionResult, Durable]] = []
         taken = 0
         more = False
+        trace, ctx, pending = self.trace, self.ctx, self.pending
+        peek, unpack = submit.peek, rings.PRODUCE_HEADER.unpack_from
+        # The completion ring's free space, read once a drain: the client only ever frees more,
+        # so it is re-read only when this count (less what this drain's answers took) says
+        # the next entry's answer might not fit (``_completion_full``, without a load an entry)
+        free = completion.free_space()
+        released = -1  # the end of the last entry answered while none waited before it
         while True:
             if taken == limit:
                 more = True
                 break
-            if self._completion_full():
-                break
-            entry = submit.peek()
+            if free < (self.unanswered + 1) * COMPLETION_ROOM:
+                free = completion.free_space()
+                if free < (self.unanswered + 1) * COMPLETION_ROOM:
+                    break
+            entry = peek()
             if entry is None:
                 break
-            if self.trace is not None:
+            if trace is not None:
                 taken_ns = time.monotonic_ns()
-            at, length, kind, flags = entry
+            at, length, kind, _ = entry
             if kind != rings.PRODUCE or length < rings.PRODUCE_HEADER_SIZE:
                 raise rings.RingCorruptError(f"entry kind {kind} of {length} bytes")
-            _, _, _, corr, partition, tlen, acks, _, _ = rings.PRODUCE_HEADER.unpack_from(view, at)
+            _, _, _, corr, partition, tlen, acks, _, _ = unpack(view, at)
             body = at + rings.PRODUCE_HEADER_SIZE
             if tlen > length - rings.PRODUCE_HEADER_SIZE or acks not in (0, 1, -1):
                 raise rings.RingCorruptError(f"entry topic length {tlen}, acks {acks}")
@@ -279,36 +288,47 @@ class RingSession:
                 result = PartitionResult(partition, UNKNOWN_TOPIC_OR_PARTITION, -1, -1, -1, None)
                 done = None
             else:
-                result, done = produce_partition(self.ctx, topic, partition, records, acks)
-            if self.trace is not None:
-                self.trace.append((partition, result.base_offset, taken_ns, time.monotonic_ns()))
+                result, done = produce_partition(ctx, topic, partition, records, acks)
+            if trace is not None:
+                trace.append((partition, result.base_offset, taken_ns, time.monotonic_ns()))
             del records
             submit.advance(length)
             taken += 1
+            if done is None and not pending:
+                # answered now (acks=0: nothing to answer) with no earlier entry waiting for its
+                # answer: its space goes back at the end of this drain, without a pending slot
+                released = submit.head
+                if acks:
+                    self.unanswered += 1
+                    free -= self._answer(None, corr, result)
+                continue
             slot = [submit.head, acks == 0]
-            self.pending.append(slot)
+            pending.append(slot)
             if acks == 0:
                 continue
             self.unanswered += 1
             if done is None:
-                self._answer(slot, corr, result)
+                free -= self._answer(slot, corr, result)
             else:
                 durable.append((slot, corr, result, done))
         self.stats["ring_entries"] += taken
         if durable:
             self.answering = asyncio.ensure_future(
                 self._answer_when_durable(durable, self.answering))
-        self._release()
+        self._release(released)
         return taken, more
 
-    def _answer(self, slot: list, corr: int, result: PartitionResult) -> None:
+    def _answer(self, slot: list | None, corr: int, result: PartitionResult) -> int:
+        """Write one completion; returns the bytes of the completion ring it took."""
         completion, view = self.completion, self.view
         assert completion is not None and view is not None
-        message = (result.error_message or "").encode("utf-8", "replace")[:MAX_MESSAGE_BYTES]
+        error = result.error_message
+        message = error.encode("utf-8", "replace")[:MAX_MESSAGE_BYTES] if error else b""
         size = rings.COMPLETION_HEADER_SIZE + len(message)
         at = completion.reserve(size)
-        if at < 0:  # cannot happen: _completion_full kept room for every unanswered entry
+        if at < 0:  # cannot happen: the drain kept room for every unanswered entry
             raise rings.RingCorruptError("completion ring full despite the reservation")
+        before = completion.tail
         rings.COMPLETION_HEADER.pack_into(view, at, size, rings.COMPLETION, 0, corr,
                                           result.error_code, 0, result.base_offset,
                                           result.log_append_time, result.log_start_offset)
@@ -316,8 +336,10 @@ class RingSession:
             view[at + rings.COMPLETION_HEADER_SIZE : at + size] = message
         if completion.commit(size, at):
             self._kick_client()
-        slot[1] = True
+        if slot is not None:
+            slot[1] = True
         self.unanswered -= 1
+        return completion.tail - before  # a PAD entry at the ring's end included
 
     async def _answer_when_durable(self, durable: list, before: asyncio.Future | None) -> None:
         _, failed = await flush_for_acks(self.ctx, (d for _, _, _, d in durable))
@@ -337,14 +359,15 @@ class RingSession:
             self._answer(slot, corr, result)
         self._release()
 
-    def _release(self) -> None:
-        """Give back the ring space of the answered entries at the front, in ring order."""
+    def _release(self, end: int = -1) -> None:
+        """Give back the ring space of the answered entries at the front, in ring order (and
+        up to ``end``, the end of entries answered without a pending slot)."""
         submit = self.submit
         assert submit is not None
-        end = None
-        while self.pending and self.pending[0][1]:
-            end = self.pending.popleft()[0]
-        if end is None:
+        pending = self.pending
+        while pending and pending[0][1]:
+            end = pending.popleft()[0]
+        if end < 0:
             return
         if submit.release(end):
             self._kick_client()
