@@ -32,7 +32,7 @@ extensions = [
         extra_link_args=link_args,
         define_macros=[("CYTHON_TRACE_NOGIL", "1")] if DEBUG else [],
     )
-    for name in ("crc32c", "batch", "index", "mapping", "seqlock", "wire", "metrics", "ring", "producers", "client")
+    for name in ("crc32c", "batch", "index", "mapping", "seqlock", "wire", "metrics", "ring", "producers", "client", "worker_ring")
 ]
 
 setup(

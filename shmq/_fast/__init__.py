@@ -15,6 +15,7 @@ from shmq._fast import (
     _reference,
     _ring_reference,
     _seqlock_reference,
+    _worker_ring_reference,
 )
 
 HAVE_FAST = False
@@ -30,6 +31,7 @@ if not os.environ.get("SHMQ_PURE"):
         from shmq._fast import ring as _ring
         from shmq._fast import seqlock as _seqlock
         from shmq._fast import wire as _wire  # noqa: F401  (used by shmq.protocol)
+        from shmq._fast import worker_ring as _worker_ring
 
         HAVE_FAST = True
     except ImportError:  # not built: fall back to the twin
@@ -69,6 +71,7 @@ if HAVE_FAST:
     ProducerCore = _client.ProducerCore
     ConsumerCore = _client.ConsumerCore
     bytes_stats = _client.bytes_stats
+    WorkerRings = _worker_ring.WorkerRings
 else:
     crc32c = _reference.crc32c
     crc32c_software = _reference.crc32c_software
@@ -103,6 +106,7 @@ else:
     ProducerCore = _client_reference.ProducerCore  # type: ignore[misc,assignment]
     ConsumerCore = _client_reference.ConsumerCore  # type: ignore[misc,assignment]
     bytes_stats = _client_reference.bytes_stats
+    WorkerRings = _worker_ring_reference.WorkerRings  # type: ignore[misc,assignment]
 
 from shmq._fast._reference import (  # noqa: E402  (constants are shared)
     COL_ATTRIBUTES,
@@ -128,7 +132,7 @@ from shmq._fast._reference import (  # noqa: E402  (constants are shared)
 from shmq._fast._seqlock_reference import DEFAULT_MAX_SPINS, SLOT_SIZE  # noqa: E402
 
 __all__ = [
-    "MetricsWriter",
+    "MetricsWriter", "WorkerRings",
     "DEFAULT_MAX_SPINS", "SLOT_SIZE", "read_slot", "ring", "slot_seq", "wait_slot", "write_slot",
     "COL_ATTRIBUTES", "COL_BASE_OFFSET", "COL_BASE_SEQUENCE", "COL_BASE_TIMESTAMP",
     "COL_LAST_OFFSET", "COL_LEADER_EPOCH", "COL_MAX_TIMESTAMP", "COL_POSITION",

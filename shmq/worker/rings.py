@@ -102,8 +102,8 @@ class RingSession:
         self.loop = server.loop
         self.mapping: Any = None
         self.view: memoryview | None = None
-        self.submit: rings.Ring | None = None
-        self.completion: rings.Ring | None = None
+        # the worker's half of both rings (``_fast.WorkerRings``: one call a step), once attached
+        self.rings: Any = None
         self.worker_efd = -1
         self.client_efd = -1
         # entries taken from the submit ring and not released yet: [end position, answered]
@@ -178,7 +178,9 @@ class RingSession:
         finally:
             os.close(fd)
         self.view = memoryview(self.mapping)
-        self.submit, self.completion = rings.session_rings(self.view, layout)
+        self.rings = _fast.WorkerRings(
+            self.view, rings.SUBMIT_CONTROL, rings.DATA, submit, rings.COMPLETION_CONTROL,
+            rings.DATA + submit, completion, rings.RingCorruptError)
         self.loop.add_reader(self.worker_efd, self._on_kick)
         self.stats["ring_sessions"] += 1
         self.stats["ring_sessions_open"] += 1
@@ -214,7 +216,7 @@ class RingSession:
 
     def _drain(self) -> None:
         self.scheduled = False
-        if self.closed or self.submit is None:
+        if self.closed or self.rings is None:
             return
         began = time.monotonic()
         try:
@@ -234,42 +236,45 @@ class RingSession:
             # idle CPUs than spinners, a spin that keeps its CPU makes them wait a slice)
             os.sched_yield()
             self._schedule()
-        elif self.completion is not None and self._completion_full():
-            self.completion.set_waiting()  # the client's completion reads will kick us
+        elif self._completion_full():
+            self.rings.set_waiting()  # the client's completion reads will kick us
             if not self._completion_full():
                 self._schedule()
-        elif not self.submit.set_sleeping():
+        elif not self.rings.set_sleeping():
             self._schedule()
 
     def _completion_full(self) -> bool:
-        assert self.completion is not None
-        return self.completion.free_space() < (self.unanswered + 1) * COMPLETION_ROOM
+        return bool(self.rings.free_space() < (self.unanswered + 1) * COMPLETION_ROOM)
 
     def drain(self, limit: int = DRAIN_BATCH) -> tuple[int, bool]:
         """Take up to ``limit`` entries; (entries taken, whether more may be waiting)."""
-        submit, completion, view = self.submit, self.completion, self.view
-        assert submit is not None and completion is not None and view is not None
+        ring, view = self.rings, self.view
+        assert ring is not None and view is not None
         durable: list[tuple[list, int, PartitionResult, Durable]] = []
         taken = 0
         more = False
+        trace, ctx, pending = self.trace, self.ctx, self.pending
+        take = ring.next_produce
+        # The completion ring's free space, read once a drain: the client only ever frees more,
+        # so it is re-read only when this count (less what this drain's answers took) says
+        # the next entry's answer might not fit (``_completion_full``, without a load an entry)
+        free = ring.free_space()
+        released = -1  # the end of the last entry answered while none waited before it
         while True:
             if taken == limit:
                 more = True
                 break
-            if self._completion_full():
-                break
-            entry = submit.peek()
+            if free < (self.unanswered + 1) * COMPLETION_ROOM:
+                free = ring.free_space()
+                if free < (self.unanswered + 1) * COMPLETION_ROOM:
+                    break
+            entry = take()  # every bound checked (RingCorruptError), PAD entries skipped
             if entry is None:
                 break
-            if self.trace is not None:
+            if trace is not None:
                 taken_ns = time.monotonic_ns()
-            at, length, kind, flags = entry
-            if kind != rings.PRODUCE or length < rings.PRODUCE_HEADER_SIZE:
-                raise rings.RingCorruptError(f"entry kind {kind} of {length} bytes")
-            _, _, _, corr, partition, tlen, acks, _, _ = rings.PRODUCE_HEADER.unpack_from(view, at)
+            at, length, corr, partition, tlen, acks = entry
             body = at + rings.PRODUCE_HEADER_SIZE
-            if tlen > length - rings.PRODUCE_HEADER_SIZE or acks not in (0, 1, -1):
-                raise rings.RingCorruptError(f"entry topic length {tlen}, acks {acks}")
             try:
                 topic = str(view[body : body + tlen], "utf-8")
             except UnicodeDecodeError:
@@ -279,45 +284,52 @@ class RingSession:
                 result = PartitionResult(partition, UNKNOWN_TOPIC_OR_PARTITION, -1, -1, -1, None)
                 done = None
             else:
-                result, done = produce_partition(self.ctx, topic, partition, records, acks)
-            if self.trace is not None:
-                self.trace.append((partition, result.base_offset, taken_ns, time.monotonic_ns()))
+                result, done = produce_partition(ctx, topic, partition, records, acks)
+            if trace is not None:
+                trace.append((partition, result.base_offset, taken_ns, time.monotonic_ns()))
             del records
-            submit.advance(length)
+            ring.advance(length)
             taken += 1
-            slot = [submit.head, acks == 0]
-            self.pending.append(slot)
+            if done is None and not pending:
+                # answered now (acks=0: nothing to answer) with no earlier entry waiting for its
+                # answer: its space goes back at the end of this drain, without a pending slot
+                released = ring.head
+                if acks:
+                    self.unanswered += 1
+                    free -= self._answer(None, corr, result)
+                continue
+            slot = [ring.head, acks == 0]
+            pending.append(slot)
             if acks == 0:
                 continue
             self.unanswered += 1
             if done is None:
-                self._answer(slot, corr, result)
+                free -= self._answer(slot, corr, result)
             else:
                 durable.append((slot, corr, result, done))
         self.stats["ring_entries"] += taken
         if durable:
             self.answering = asyncio.ensure_future(
                 self._answer_when_durable(durable, self.answering))
-        self._release()
+        self._release(released)
         return taken, more
 
-    def _answer(self, slot: list, corr: int, result: PartitionResult) -> None:
-        completion, view = self.completion, self.view
-        assert completion is not None and view is not None
-        message = (result.error_message or "").encode("utf-8", "replace")[:MAX_MESSAGE_BYTES]
-        size = rings.COMPLETION_HEADER_SIZE + len(message)
-        at = completion.reserve(size)
-        if at < 0:  # cannot happen: _completion_full kept room for every unanswered entry
+    def _answer(self, slot: list | None, corr: int, result: PartitionResult) -> int:
+        """Write one completion; returns the bytes of the completion ring it took."""
+        ring = self.rings
+        error = result.error_message
+        message = error.encode("utf-8", "replace")[:MAX_MESSAGE_BYTES] if error else b""
+        before = ring.completion_tail
+        kick = ring.answer(corr, result.error_code, result.base_offset, result.log_append_time,
+                           result.log_start_offset, message)
+        if kick < 0:  # cannot happen: the drain kept room for every unanswered entry
             raise rings.RingCorruptError("completion ring full despite the reservation")
-        rings.COMPLETION_HEADER.pack_into(view, at, size, rings.COMPLETION, 0, corr,
-                                          result.error_code, 0, result.base_offset,
-                                          result.log_append_time, result.log_start_offset)
-        if message:
-            view[at + rings.COMPLETION_HEADER_SIZE : at + size] = message
-        if completion.commit(size, at):
+        if kick:
             self._kick_client()
-        slot[1] = True
+        if slot is not None:
+            slot[1] = True
         self.unanswered -= 1
+        return int(ring.completion_tail - before)  # a PAD entry at the ring's end included
 
     async def _answer_when_durable(self, durable: list, before: asyncio.Future | None) -> None:
         _, failed = await flush_for_acks(self.ctx, (d for _, _, _, d in durable))
@@ -337,16 +349,17 @@ class RingSession:
             self._answer(slot, corr, result)
         self._release()
 
-    def _release(self) -> None:
-        """Give back the ring space of the answered entries at the front, in ring order."""
-        submit = self.submit
-        assert submit is not None
-        end = None
-        while self.pending and self.pending[0][1]:
-            end = self.pending.popleft()[0]
-        if end is None:
+    def _release(self, end: int = -1) -> None:
+        """Give back the ring space of the answered entries at the front, in ring order (and
+        up to ``end``, the end of entries answered without a pending slot)."""
+        ring = self.rings
+        assert ring is not None
+        pending = self.pending
+        while pending and pending[0][1]:
+            end = pending.popleft()[0]
+        if end < 0:
             return
-        if submit.release(end):
+        if ring.release(end):
             self._kick_client()
 
     def _kick_client(self) -> None:
@@ -361,7 +374,7 @@ class RingSession:
     def close(self) -> None:
         if self.closed:
             return
-        if self.submit is not None:
+        if self.rings is not None:
             try:  # what the client published before it went is whole: append it
                 while self.drain()[1]:
                     pass
@@ -381,7 +394,9 @@ class RingSession:
             if fd >= 0:
                 os.close(fd)
         self.worker_efd = self.client_efd = -1
-        self.submit = self.completion = None
+        if self.rings is not None:
+            self.rings.close()  # lets go of the view
+            self.rings = None
         if self.view is not None:
             self.view.release()
             self.view = None
