@@ -48,6 +48,28 @@ API_NAMES[api_versions.API_VERSIONS] = "ApiVersions"
 API_NAMES[api_versions.INIT_PRODUCER_ID] = "InitProducerId"
 
 
+# a partition's counters in the metrics table: snapshot key -> word of its row
+PARTITION_COUNTERS = {"messages_in": L.P_MESSAGES_IN, "bytes_in": L.P_BYTES_IN,
+                      "messages_out": L.P_MESSAGES_OUT, "bytes_out": L.P_BYTES_OUT,
+                      "produce_requests": L.P_PRODUCE_REQUESTS,
+                      "fetch_requests": L.P_FETCH_REQUESTS,
+                      "failed_produce": L.P_FAILED_PRODUCE, "failed_fetch": L.P_FAILED_FETCH,
+                      "size_bytes": L.P_SIZE_BYTES, "segments": L.P_SEGMENTS}
+_COUNTER_WORDS = list(PARTITION_COUNTERS.values())
+
+
+def _partition_counters(parts: np.ndarray | None, slots: list[int]) -> list[list[int] | None]:
+    """Each slot's ``PARTITION_COUNTERS`` values (None for a slot outside the table), taken
+    from the table in one numpy step: element by element, a sample of 1,000 partitions cost the
+    controller ~5 ms of CPU a second (20 numpy scalar reads a partition)."""
+    if parts is None:
+        return [None] * len(slots)
+    at = np.asarray(slots, dtype=np.int64)
+    inside = (at >= 0) & (at < len(parts))
+    values = iter(parts[at[inside]][:, _COUNTER_WORDS].tolist())
+    return [next(values) if ok else None for ok in inside.tolist()]
+
+
 def api_name(key: int) -> str:
     return API_NAMES.get(key, f"Api{key}")
 
@@ -240,28 +262,17 @@ class Collector:
         hw_of: dict[tuple[str, int], int] = {}
         for t in view.get("topics", []):
             plist = []
-            sums = {"messages_in": 0, "bytes_in": 0, "messages_out": 0, "bytes_out": 0,
-                    "produce_requests": 0, "fetch_requests": 0, "failed_produce": 0,
-                    "failed_fetch": 0, "size_bytes": 0, "segments": 0}
-            for p in t["partitions"]:
+            sums = dict.fromkeys(PARTITION_COUNTERS, 0)
+            counters = _partition_counters(parts, [p["slot"] for p in t["partitions"]])
+            for p, values in zip(t["partitions"], counters, strict=True):
                 row: dict[str, Any] = {"partition": p["partition"], "leader": p["leader"],
                                        "leader_epoch": p["leader_epoch"],
                                        "replicas": p["replicas"], "isr": p["isr"]}
                 row.update(self._offsets(p["slot"]))
-                if parts is not None and 0 <= p["slot"] < len(parts):
-                    s = parts[p["slot"]]
-                    for key, word in (("messages_in", L.P_MESSAGES_IN),
-                                      ("bytes_in", L.P_BYTES_IN),
-                                      ("messages_out", L.P_MESSAGES_OUT),
-                                      ("bytes_out", L.P_BYTES_OUT),
-                                      ("produce_requests", L.P_PRODUCE_REQUESTS),
-                                      ("fetch_requests", L.P_FETCH_REQUESTS),
-                                      ("failed_produce", L.P_FAILED_PRODUCE),
-                                      ("failed_fetch", L.P_FAILED_FETCH),
-                                      ("size_bytes", L.P_SIZE_BYTES),
-                                      ("segments", L.P_SEGMENTS)):
-                        row[key] = int(s[word])
-                        sums[key] += int(s[word])
+                if values is not None:
+                    for key, value in zip(PARTITION_COUNTERS, values, strict=True):
+                        row[key] = value
+                        sums[key] += value
                 if "high_watermark" in row:
                     hw_of[(t["name"], p["partition"])] = row["high_watermark"]
                 plist.append(row)

@@ -221,3 +221,32 @@ def test_exposition_is_valid_text_format(table: MetricsTable) -> None:
     assert samples[("shmq_request_time_seconds_bucket",
                     (("le", "0.00025"), ("phase", "total"), ("request", "Produce")))] == 1
     assert samples[("shmq_process_restarts_total", (("process", "worker-1"),))] == 2
+
+
+def test_snapshot_partition_counters_are_the_tables_words(table: MetricsTable) -> None:
+    """Each partition row of a snapshot, and its topic's sums, hold the slot's words of the
+    table (read element by element here: the collector takes them in one numpy step); a slot
+    outside the table has no counters."""
+    from shmq.monitor.collector import PARTITION_COUNTERS
+
+    w = table.writer(1)
+    rng = random.Random(7)
+    slots = [0, 3, 1, 2]
+    for slot in slots:
+        for _ in range(rng.randrange(1, 5)):
+            w.produced(slot, rng.randrange(1, 1000), rng.randrange(1, 10**6))
+            w.fetched(slot, rng.randrange(1, 1000), rng.randrange(1, 10**6))
+    parts = [{"partition": i, "slot": slot, "leader": 1, "leader_epoch": 0, "replicas": [1],
+              "isr": [1]} for i, slot in enumerate(slots + [10**9])]
+    view = {"processes": [], "groups": [], "topics": [
+        {"name": "t", "internal": False, "partitions": parts}]}
+    snap = Collector(table, None).build(view)
+    _, words = table.snapshot()
+    (topic,) = snap["topics"]
+    for row, slot in zip(topic["partition_list"], slots, strict=False):
+        assert {k: row[k] for k in PARTITION_COUNTERS} == \
+            {k: int(words[slot][word]) for k, word in PARTITION_COUNTERS.items()}
+    assert not set(PARTITION_COUNTERS) & set(topic["partition_list"][-1])
+    for k, word in PARTITION_COUNTERS.items():
+        assert topic[k] == sum(int(words[slot][word]) for slot in slots)
+    assert topic["messages_in"] > 0 and topic["bytes_out"] > 0
