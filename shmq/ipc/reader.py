@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from shmq import _fast
-from shmq.errors import OffsetOutOfRangeError, ShmqError
+from shmq.errors import CorruptRecordError, OffsetOutOfRangeError, ShmqError
 from shmq.ipc.buffers import BufferPool
 from shmq.ipc.state_table import HEADER_SIZE, SLOT_SIZE, PartitionState, StateTable
 from shmq.protocol import records as rec
@@ -228,6 +228,9 @@ class ReadResult:
     def records(self) -> list[rec.Record]:
         if not len(self.buffer):
             return []
+        one = _one_batch_records(self.buffer)
+        if one is not None:
+            return [r for r in one if self.offset <= r.offset < self.next_offset]
         bodies, meta = rec._records_sections(
             self.buffer, verify_crc=True, max_decompressed=rec.codecs.DEFAULT_MAX_DECOMPRESSED_BYTES,
             skip_control=True)
@@ -246,6 +249,29 @@ class ReadResult:
                                       alloc=pool.take if pool is not None else None,
                                       constants=pool.constants if pool is not None else None,
                                       verify_crc=verify_crc)
+
+
+def _one_batch_records(buf: memoryview) -> list[rec.Record] | None:
+    """The records of ``buf`` when it holds exactly one uncompressed data batch (a waiting
+    reader's usual read), checked as ``_records_sections`` checks it (size, magic, CRC; a
+    count that cannot fit raises ``CorruptRecordError``); None for anything else (several
+    batches, compressed, control), which takes the general path.  No numpy table and no
+    sections lists: ~1 us against ~5 for one 100 B record (``timeit``, warm)."""
+    if len(buf) < rec.HEADER_SIZE:
+        return None
+    size = _fast.validate_batch(buf, 0, len(buf), True, False)
+    if size != len(buf):
+        return None
+    (base, _, _, _, _, attr, _, base_ts, max_ts, _, _, _,
+     count) = _fast.batch_header(buf, 0)
+    if attr & (rec.CONTROL_FLAG | rec.COMPRESSION_MASK):
+        return None
+    if count < 0 or 7 * count > size - rec.HEADER_SIZE:
+        raise CorruptRecordError(f"record count {count} cannot fit in "
+                                 f"{size - rec.HEADER_SIZE} bytes")
+    lat = max_ts if attr & rec.TIMESTAMP_TYPE_MASK else _fast.NO_LOG_APPEND_TIME
+    return _fast.decode_records(buf[rec.HEADER_SIZE : size], count, base, base_ts, lat,
+                                rec.Record)
 
 
 def drop_aborted(buffer: memoryview, aborted: Any) -> memoryview:
