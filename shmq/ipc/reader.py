@@ -427,7 +427,7 @@ class PartitionReader:
         at = HEADER_SIZE + SLOT_SIZE * self.slot
         began = 0.0
         while True:
-            seq = self.table.seq(self.slot)
+            seq = _fast.slot_seq(buf, at)  # StateTable.seq without its two method calls
             st = self.state()
             bound = st.last_stable if isolation == READ_COMMITTED else st.high_watermark
             now = time.monotonic()
