@@ -339,8 +339,8 @@ class PartitionReader:
         # scan_batches' tables: an array.array, whose items Python reads without numpy's
         # per-call costs (a slice and a tolist a batch: ~0.7 us a tail read), and a small one
         # for the first window (a memoryview slice of the large one costs a slice each read)
-        self._out = array.array("q", bytes(8 * _COLS * _SCAN_ROWS))
-        self._first = array.array("q", bytes(8 * _COLS * _FIRST_SCAN_ROWS))
+        self._out = array.array("q", [0]) * (_COLS * _SCAN_ROWS)
+        self._first = array.array("q", [0]) * (_COLS * _FIRST_SCAN_ROWS)
         self._txn: dict[int, tuple[int, list[Any]]] = {}  # segment base -> (file size, entries)
         self._last_wait = 0.0  # how long the last wait that waited lasted (see SPIN_GAP_S)
         self.populates = 0  # reads that asked the kernel to map their range (_Segment.populate)
