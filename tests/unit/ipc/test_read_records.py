@@ -77,3 +77,26 @@ def test_corrupt_one_batch_raises(where: str) -> None:
         ReadResult(mv, 7, 9, STATE).records()
     with pytest.raises(CorruptRecordError):
         _general(mv, 7, 9)
+
+
+@pytest.mark.parametrize("impl", ["reference"] + (["fast"] if _fast.HAVE_FAST else []))
+def test_scan_batches_fills_an_array_table_as_a_numpy_one(impl: str) -> None:
+    """``PartitionReader._scan`` hands ``scan_batches`` an ``array.array("q")`` (read without
+    numpy's per-call costs): both implementations fill it as they fill a numpy table."""
+    import array
+
+    import numpy as np
+
+    from shmq._fast import _reference
+
+    scan = _reference.scan_batches if impl == "reference" else _fast.scan_batches
+    buf = b"".join(bytes(rec.encode_batch([(None, b"v%d" % i, 5)] * (i + 1), base_offset=10 * i))
+                   for i in range(3))
+    cols = _fast.SCAN_COLUMNS
+    table = array.array("q", [0]) * (cols * 2)
+    want = np.zeros(cols * 2, np.int64)
+    got = scan(memoryview(buf), 0, len(buf), table, False, False)
+    assert got[:3] == scan(memoryview(buf), 0, len(buf), want, False, False)[:3]
+    assert got[0] == 2 and got[2] == _fast.SCAN_FULL
+    assert table.tolist() == want.tolist()
+    assert table[_fast.COL_BASE_OFFSET + cols] == 10
