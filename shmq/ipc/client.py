@@ -1180,10 +1180,8 @@ class LocalBroker:
                 session.kick()
         # acks=0 entries are done once the worker took them (its head passed them)
         queue = session.inflight
-        if not queue:
-            return handled
         head = _fast.ring.load_u64(view, session.submit.control + rings.HEAD) \
-            if queue[0].future.acks == 0 or len(queue) > 1 else 0
+            if queue and (queue[0].future.acks == 0 or len(queue) > 1) else 0
         while queue and (queue[0].future.value is not None or
                          (queue[0].future.acks == 0 and queue[0].end <= head)):
             e = queue.popleft()
