@@ -745,7 +745,8 @@ class ShmProducer(Producer, ProducerCore):
             if (time.monotonic() - self._last_send.get(k, 0.0) >= self._gap.get(k, EAGER_GAP_S)
                     and k not in self._backlog and self._io.acquire(blocking=False)):
                 try:
-                    self._pump(0)
+                    if not self._broker.can_send(topic, partition):
+                        self._pump(0)  # answers make room in flight (else poll reads them)
                     if self._broker.can_send(topic, partition):
                         self._send(k, batch)  # room in flight: a lone record does not linger
                         return
