@@ -178,7 +178,8 @@ def scan_batches(
             return n, pos, status, _REASONS[reason]
         h = _HEADER.unpack_from(data, pos)
         row = [pos, h[0], h[0] + h[6], h[8], size, h[2], h[9], h[10], h[11], h[5], h[12], h[7]]
-        out[n * SCAN_COLUMNS : (n + 1) * SCAN_COLUMNS] = row
+        for j, v in enumerate(row):  # any int64 table: numpy, array.array("q"), memoryview
+            out[n * SCAN_COLUMNS + j] = v
         n += 1
         pos += size
 

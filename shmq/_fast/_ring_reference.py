@@ -52,6 +52,16 @@ def full_fence() -> None:
     """No fence in Python (see the module docstring)."""
 
 
+def publish_u64(buf: Any, off: int, value: int, flag: int) -> bool:
+    """``store_u64`` of ``value`` at ``off``, then the wake-up flag at ``flag`` taken if set."""
+    _word(buf, flag, 4)  # both checked before anything is stored
+    store_u64(buf, off, value)
+    full_fence()
+    if load_u32(buf, flag):
+        return exchange_u32(buf, flag, 0) != 0
+    return False
+
+
 def _as_bytes(obj: Any) -> bytes | None:
     if obj is None or isinstance(obj, bytes):
         return obj

@@ -222,12 +222,8 @@ class Ring:
         if where != at:
             raise ValueError("commit of an entry that was not reserved")
         self.tail = start + align8(size)
-        ring = _fast.ring
-        ring.store_u64(self.view, self.control + TAIL, self.tail)
-        ring.full_fence()
-        if ring.load_u32(self.view, self.control + CONSUMER_SLEEPING):
-            return bool(ring.exchange_u32(self.view, self.control + CONSUMER_SLEEPING, 0))
-        return False
+        return _fast.ring.publish_u64(self.view, self.control + TAIL, self.tail,
+                                      self.control + CONSUMER_SLEEPING)
 
     def set_waiting(self) -> None:
         """The producer is about to sleep until the consumer frees space."""
@@ -267,12 +263,9 @@ class Ring:
     def release(self, upto: int | None = None) -> bool:
         """Give the space below ``upto`` (default: every entry read) back to the producer;
         True when the producer waits for space and must be woken."""
-        ring = _fast.ring
-        ring.store_u64(self.view, self.control + HEAD, self.head if upto is None else upto)
-        ring.full_fence()
-        if ring.load_u32(self.view, self.control + PRODUCER_WAITING):
-            return bool(ring.exchange_u32(self.view, self.control + PRODUCER_WAITING, 0))
-        return False
+        return _fast.ring.publish_u64(self.view, self.control + HEAD,
+                                      self.head if upto is None else upto,
+                                      self.control + PRODUCER_WAITING)
 
     def set_sleeping(self) -> bool:
         """Announce that the consumer sleeps; False if entries arrived meanwhile (do not sleep)."""

@@ -375,6 +375,39 @@ def test_a_failed_batch_does_not_wedge_the_idempotent_producer(shm_broker: Runni
         assert local.producer_id == pid
 
 
+def test_a_send_with_nothing_to_wait_for_goes_in_one_call(shm_broker: RunningBroker,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A send to a ready partition with room in flight and in the ring (the common case) goes
+    through ``_send_now``, not the general path's layers (``_stamp_and_enqueue`` /
+    ``_enqueue``, made to fail here); a send that must wait (``max_in_flight`` batches
+    unanswered) still takes the general path, which waits for an answer, and every record is
+    stored in order with its sequence."""
+    with attach(shm_broker.data_dir, max_in_flight=1) as local:
+        first = local.send_batch("sem-ring", 0, [b"warm"]).result(10)  # session, producer id
+        general = LocalBroker._stamp_and_enqueue
+        calls: list[int] = []
+
+        def refuse(*args: object, **kwargs: object) -> None:
+            raise AssertionError("the general path")
+
+        monkeypatch.setattr(LocalBroker, "_stamp_and_enqueue", refuse)
+        fut = local.send_batch("sem-ring", 0, [b"one", b"two"], acks=1)
+        assert fut.result(10).base_offset == first.base_offset + 1
+        fut = local.send_batch("sem-ring", 0, [(b"k", b"three")])
+
+        def counted(self: LocalBroker, *args: object, **kwargs: object) -> object:
+            calls.append(1)
+            return general(self, *args, **kwargs)
+
+        monkeypatch.setattr(LocalBroker, "_stamp_and_enqueue", counted)
+        waited = local.send_batch("sem-ring", 0, [b"four"])  # one unanswered: it waits
+        assert calls == [1]
+        assert fut.result(10).base_offset == first.base_offset + 3
+        assert waited.result(10).base_offset == first.base_offset + 4
+        got = _read_all(local, "sem-ring", 0)
+        assert [r[3] for r in got][-5:] == [b"warm", b"one", b"two", b"three", b"four"]
+
+
 def test_batches_in_flight_behind_a_refused_one_are_renumbered(shm_broker: RunningBroker) -> None:
     """Batches sent behind a refused one (still unanswered when it failed) come back
     OUT_OF_ORDER_SEQUENCE_NUMBER from the broker; the client sends them again with their

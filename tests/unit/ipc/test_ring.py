@@ -173,6 +173,23 @@ def test_atomics(impl) -> None:
             impl.load_u64(buf, bad)
 
 
+@pytest.mark.parametrize("impl", IMPLS, ids=lambda m: m.__name__)
+def test_publish_u64_stores_then_takes_the_flag(impl) -> None:
+    buf = bytearray(64)
+    assert impl.publish_u64(buf, 8, 12345, 16) is False  # no sleeper: the flag stays 0
+    assert struct.unpack_from("=Q", buf, 8)[0] == 12345 and impl.load_u32(buf, 16) == 0
+    impl.exchange_u32(buf, 16, 1)  # the peer announced its sleep
+    assert impl.publish_u64(buf, 8, 2**64 - 8, 16) is True
+    assert impl.load_u64(buf, 8) == 2**64 - 8 and impl.load_u32(buf, 16) == 0  # taken
+    assert impl.publish_u64(buf, 8, 9, 16) is False  # once
+    for off, flag in ((60, 16), (8, 62), (12, 16), (8, 18)):  # outside, or misaligned
+        with pytest.raises(IndexError):
+            impl.publish_u64(buf, off, 1, flag)
+    assert impl.load_u64(buf, 8) == 9  # a refused call stored nothing
+    with pytest.raises((BufferError, TypeError, ValueError)):
+        impl.publish_u64(bytes(64), 8, 1, 16)
+
+
 @pytest.fixture
 def region():
     layout = rings.Layout(4096, 4096)
@@ -368,9 +385,9 @@ def test_reader_waits_out_a_preempted_writer_and_gives_up_on_a_dead_one() -> Non
             fast.ring.store_u64(view, at, seq + 2)
 
         th = threading.Thread(target=finish)
-        th.start()
         reader = PartitionReader(table, 1, lambda node: "/nonexistent")
-        t0 = time.monotonic()
+        t0 = time.monotonic()  # before the thread starts: a preemption after it cannot shorten
+        th.start()             # the 50 ms seen (it failed at 0.032 s on a box at load 12)
         assert reader.state().high_watermark == 7
         assert 0.04 < time.monotonic() - t0 < 0.5
         th.join()
