@@ -93,14 +93,6 @@ SPARES = 12
 # records/s at acks=1, 20 us CPU a record); records produced within the gap gather in one
 # batch, which the linger thread sends when the gap is over.
 EAGER_GAP_S = 0.0002
-# ... unless the partition's records come slowly: when its last batch held one record, or its
-# records came at least this far apart on average (the time from its first record to its send
-# over its count), the next batch goes once this long has passed since the last send.  A
-# producer paced at 10,000 records/s (bench_client's latency row) sent every other record
-# alone and left the next one in the open batch until the 200 us gap was over: up to 200 us in
-# the batch and a wake-up of the linger thread (the GIL handed over and back) every 200 us.
-# Records produced faster than this gather as before (a loop's batches keep their hundreds).
-EAGER_LONE_S = 0.00005
 EAGER_CHECK_S = 0.001      # how often the linger thread looks for room in flight (linger.ms unset):
 #                            often enough for latency, seldom enough that batches amortise a send
 UNKNOWN_RETRY_S = 1.0      # how often metadata of an unknown topic is asked for again
@@ -602,7 +594,6 @@ class ShmProducer(Producer, ProducerCore):
         self._reported = 0        # records of batches without callbacks answered since poll
         self._spares: list[bytearray] = []  # sent batches' buffers, for the next batches
         self._last_send: dict[tuple[str, int], float] = {}  # when each partition's last batch went
-        self._gap: dict[tuple[str, int], float] = {}  # EAGER_LONE_S or _GAP_S, by partition
         # The two locks (see "Never blocking" in the module docstring): ``_lock`` (the C lock
         # ProducerCore.produce takes) guards the open batches, the backlogs, the counts and the
         # reports, and is never held while waiting for anything; ``_io`` guards the LocalBroker
@@ -742,7 +733,7 @@ class ShmProducer(Producer, ProducerCore):
         if batch.count() >= self._batch_records or batch.size() >= self._batch_bytes:
             self._send(k, batch)
         elif fresh and self._eager:
-            if (time.monotonic() - self._last_send.get(k, 0.0) >= self._gap.get(k, EAGER_GAP_S)
+            if (time.monotonic() - self._last_send.get(k, 0.0) >= EAGER_GAP_S
                     and k not in self._backlog and self._io.acquire(blocking=False)):
                 try:
                     if not self._broker.can_send(topic, partition):
@@ -874,10 +865,7 @@ class ShmProducer(Producer, ProducerCore):
             return True
         if sent is None:
             return False  # not ready, no room in flight or in the ring: it goes later
-        now = self._last_send[k] = time.monotonic()
-        # records that come slowly go at once (EAGER_LONE_S), fast ones gather (EAGER_GAP_S)
-        self._gap[k] = EAGER_LONE_S if count == 1 or now - batch.opened >= count * EAGER_LONE_S \
-            else EAGER_GAP_S
+        self._last_send[k] = time.monotonic()
         if len(self._spares) < SPARES and batch.size() <= SPARE_MAX:
             spare = batch.release()  # its bytes are in the ring: a next batch's buffer
             if spare is not None:
@@ -1339,7 +1327,7 @@ class ShmProducer(Producer, ProducerCore):
         due = now + EAGER_CHECK_S if self._backlog else None
         for k, batch in self._open_items():
             if self._eager:
-                gap = self._last_send.get(k, 0.0) + self._gap.get(k, EAGER_GAP_S)
+                gap = self._last_send.get(k, 0.0) + EAGER_GAP_S
                 if now >= gap and self._broker.can_send(*k):
                     self._send(k, batch)
                     continue

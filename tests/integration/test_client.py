@@ -994,7 +994,6 @@ def test_poll_sends_an_open_batch_that_may_go(kafka: RunningBroker) -> None:
         assert not p._thread.is_alive()
         k = (topic, 0)
         p._last_send[k] = time.monotonic()  # within the gap: the record stays in its batch
-        p._gap.pop(k, None)  # the 200 us gap of records that come fast (not EAGER_LONE_S)
         reports: list[Any] = []
         p.produce(topic, b"v", partition=0, on_delivery=lambda e, m: reports.append((e, m)))
         assert p._open_get(k) is not None
@@ -1005,46 +1004,6 @@ def test_poll_sends_an_open_batch_that_may_go(kafka: RunningBroker) -> None:
         while not reports and time.monotonic() < deadline:
             p.poll(0.1)
         assert [(e, m.offset()) for e, m in reports] == [(None, 1)]
-    finally:
-        clients.close()
-
-
-def test_records_that_come_slowly_go_at_once(kafka: RunningBroker,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """linger.ms unset: a partition whose last batch held one record (or whose records came
-    ``EAGER_LONE_S`` apart) sends its next record at once, not after the 200 us gap
-    (``EAGER_GAP_S``, made 10 s here): a producer paced at 10,000 records/s left every other
-    record in its batch for up to 200 us and woke the linger thread for it.  Records that come
-    fast still gather (the gap applies again after a batch of many).  The linger thread is
-    stopped, so only ``produce`` and ``poll`` send."""
-    from shmq.client import producer as producer_mod
-
-    monkeypatch.setattr(producer_mod, "EAGER_GAP_S", 10.0)
-    clients = Clients("shm", kafka.bootstrap)
-    try:
-        topic = new_topic(clients, 1)
-        p = clients.producer()
-        p.produce(topic, b"warm-up", partition=0)
-        assert p.flush(10) == 0  # a batch of one record
-        p._stop = True
-        p._wake.set()
-        p._thread.join(5)
-        assert not p._thread.is_alive()
-        k = (topic, 0)
-        time.sleep(0.002)  # longer than EAGER_LONE_S since the last send
-        p.produce(topic, b"slow", partition=0)
-        assert p._open_get(k) is None  # into the ring at once
-        for i in range(200):  # back to back: they gather
-            p.produce(topic, b"fast %d" % i, partition=0)
-        time.sleep(0.002)
-        deadline = time.monotonic() + 10
-        while p._open_get(k) is not None and time.monotonic() < deadline:
-            p.poll(0.01)  # sends it: the gap after a batch of one is EAGER_LONE_S
-        assert p._open_get(k) is None
-        assert p._gap[k] == 10.0  # many records within a few us: the gap again
-        p.produce(topic, b"held", partition=0)
-        assert p._open_get(k) is not None  # within the gap: it waits in its batch
-        assert p.flush(10) == 0
     finally:
         clients.close()
 
