@@ -30,12 +30,8 @@ cdef extern from "_batch_header.h":
                                  int32_t n, int64_t base_ts, int64_t max_ts, int64_t producer_id,
                                  int16_t producer_epoch, int32_t base_sequence) noexcept nogil
 
-cdef extern from "_atomics.h":
-    uint64_t shmq_load_acquire_u64(const unsigned char *p) noexcept nogil
-    void shmq_store_release_u64(unsigned char *p, uint64_t v) noexcept nogil
-    uint32_t shmq_load_acquire_u32(const unsigned char *p) noexcept nogil
-    uint32_t shmq_exchange_u32(unsigned char *p, uint32_t v) noexcept nogil
-    void shmq_full_fence() noexcept nogil
+from shmq._fast.atomics cimport (shmq_exchange_u32, shmq_full_fence, shmq_load_acquire_u32,
+                                  shmq_load_acquire_u64, shmq_store_release_u64)
 
 shmq_crc32c_init()
 

@@ -20,12 +20,8 @@ from libc.string cimport memcpy
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_WRITABLE
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 
-cdef extern from "_atomics.h":
-    uint64_t shmq_load_acquire_u64(const unsigned char *p) noexcept nogil
-    void shmq_store_release_u64(unsigned char *p, uint64_t v) noexcept nogil
-    uint32_t shmq_load_acquire_u32(const unsigned char *p) noexcept nogil
-    uint32_t shmq_exchange_u32(unsigned char *p, uint32_t v) noexcept nogil
-    void shmq_full_fence() noexcept nogil
+from shmq._fast.atomics cimport (shmq_exchange_u32, shmq_full_fence, shmq_load_acquire_u32,
+                                  shmq_load_acquire_u64, shmq_store_release_u64)
 
 cdef enum:
     TAIL = 0
@@ -37,6 +33,15 @@ cdef enum:
     COMPLETION = 2
     PRODUCE_HEADER_SIZE = 24
     COMPLETION_HEADER_SIZE = 40
+
+
+cdef inline void _entry_header(unsigned char *p, uint64_t size, uint16_t kind) noexcept nogil:
+    """An entry's 8-byte header: its size (u32), its kind (u16) and a zero u16."""
+    cdef uint32_t u32 = <uint32_t>size
+    cdef uint16_t zero = 0
+    memcpy(p, &u32, 4)
+    memcpy(p + 4, &kind, 2)
+    memcpy(p + 6, &zero, 2)
 
 
 cdef inline uint64_t _align8(uint64_t n) noexcept nogil:
@@ -223,7 +228,6 @@ cdef class WorkerRings:
         cdef uint64_t n = _align8(size), mask = self.c_cap - 1
         cdef uint64_t idx, room, need, start
         cdef unsigned char *p
-        cdef uint32_t u32
         cdef uint16_t u16
         self._live()
         if n > self.c_cap:
@@ -237,22 +241,12 @@ cdef class WorkerRings:
                 return -1
         start = self.c_tail
         if n > room:  # a PAD entry fills the ring's end
-            p = self.c_data + idx
-            u32 = <uint32_t>room
-            memcpy(p, &u32, 4)
-            u16 = PAD
-            memcpy(p + 4, &u16, 2)
-            u16 = 0
-            memcpy(p + 6, &u16, 2)
+            _entry_header(self.c_data + idx, room, PAD)
             start += room
             idx = 0
         p = self.c_data + idx
-        u32 = <uint32_t>size
-        memcpy(p, &u32, 4)
-        u16 = COMPLETION
-        memcpy(p + 4, &u16, 2)
+        _entry_header(p, size, COMPLETION)
         u16 = 0
-        memcpy(p + 6, &u16, 2)
         memcpy(p + 8, &correlation, 4)
         memcpy(p + 12, &error_code, 2)
         memcpy(p + 14, &u16, 2)
