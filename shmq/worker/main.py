@@ -370,6 +370,9 @@ def preload() -> None:
     import shmq.storage
     import shmq.supervisor.control
     import shmq.worker.rings  # noqa: F401
+    from shmq.protocol import codec
+
+    codec.preload()
 
 
 async def run(args: argparse.Namespace) -> int:
