@@ -95,18 +95,21 @@ def _writer(cls: type) -> Any:
 
 # What a client's first requests need besides the hand-parsed Produce, Fetch and ListOffsets:
 # Metadata, OffsetCommit, OffsetFetch, FindCoordinator, JoinGroup, Heartbeat, LeaveGroup,
-# SyncGroup, ApiVersions, InitProducerId, OffsetForLeaderEpoch.
+# SyncGroup, ApiVersions, InitProducerId, OffsetForLeaderEpoch at their newest version (the Java
+# client's), and the older versions librdkafka 2.x sends (FindCoordinator v2, ApiVersions v3).
 CLIENT_APIS = (3, 8, 9, 10, 11, 12, 13, 14, 18, 22, 23)
+CLIENT_OLDER_VERSIONS = ((10, 2), (18, 3))
 
 
-def preload(apis: tuple[int, ...] = CLIENT_APIS) -> None:
-    """Load the kio schemas, reader and writer of ``apis`` at their newest version (what
-    current clients send) before the process serves: loaded on its first request, each cost
-    1.5-4.5 ms of CPU in every process, and a fresh broker's first consumer paid 10-15 ms of
-    worker CPU for them (perf/README "Consume: what a cell's broker CPU holds").  The
-    controller calls it before forking the fork server, so every worker inherits them."""
-    for api in apis:
-        version = api_versions.SUPPORTED[api][1]
+def preload(apis: tuple[int, ...] = CLIENT_APIS,
+            older: tuple[tuple[int, int], ...] = CLIENT_OLDER_VERSIONS) -> None:
+    """Load the kio schemas, reader and writer of ``apis`` (newest version) and ``older``
+    before the process serves: loaded at its first such request, each cost a process 1.5-4.5 ms
+    of CPU (a worker's first contact with a librdkafka consumer: ApiVersions, Metadata,
+    FindCoordinator, 11-14 ms).  The controller calls it before forking the fork server, so
+    every worker inherits them."""
+    wanted = [(api, api_versions.SUPPORTED[api][1]) for api in apis] + list(older)
+    for api, version in wanted:
         request, response = request_class(api, version), response_class(api, version)
         kio_guard.plan_for(request)
         kio_guard._reader(request)
