@@ -101,27 +101,6 @@ _MAX_PIPELINED = 32
 WRITE_BUFFER_HIGH = 1 << 20
 
 
-# Corked while an answer with bytes after a file slice is written (see ``_bytes_after_slice``)
-_CORK = getattr(socket, "TCP_CORK", 0)
-
-
-def _bytes_after_slice(pieces: list[Any]) -> bool:
-    """Whether bytes follow a file slice in ``pieces`` (a Fetch answer: a partition's records,
-    then the next partition's fields or the closing tagged fields).  ``sendfile`` pushes what
-    it sent at its end, so each such run of bytes left as a segment of its own (v12 answers of
-    librdkafka: 3 bytes after the last partition's records), which the client read with a
-    wake-up and a ``recv`` of its own; corked (``TCP_CORK``) around the answer, the kernel cuts
-    it into full segments and sends the rest when it is uncorked: ~10 % less sender CPU for a
-    one-partition 770 KB answer on loopback (a standalone sendfile loop, 5 interleaved runs)."""
-    seen = False
-    for piece in pieces:
-        if type(piece) is FileSlice:
-            seen = True
-        elif seen and len(piece):
-            return True
-    return False
-
-
 def _produce(frame: memoryview) -> bool:
     return len(frame) >= 2 and frame[0] == 0 and frame[1] == 0
 
@@ -501,21 +480,11 @@ class KafkaConnection(asyncio.BufferedProtocol):
                     return
                 pieces = [memoryview(piece)[sent:]]
             else:
-                corked = _CORK and _bytes_after_slice(pieces)
-                if corked:
-                    sock.setsockopt(socket.IPPROTO_TCP, _CORK, 1)
-                try:
-                    first = self._send_direct(sock, pieces)
-                    if first < len(pieces) and hasattr(loop, "_add_writer"):
-                        first = await self._send_rest(loop, sock, pieces, first)
-                        if self.closed or transport.is_closing():
-                            return  # dropped, as any answer of a closed connection
-                finally:
-                    if corked and sock.fileno() >= 0:
-                        try:
-                            sock.setsockopt(socket.IPPROTO_TCP, _CORK, 0)  # sends what it held
-                        except OSError:
-                            pass  # closed meanwhile: nothing left to send
+                first = self._send_direct(sock, pieces)
+                if first < len(pieces) and hasattr(loop, "_add_writer"):
+                    first = await self._send_rest(loop, sock, pieces, first)
+                    if self.closed or transport.is_closing():
+                        return  # dropped, as any answer of a closed connection
         for piece in pieces[first:]:
             if isinstance(piece, FileSlice):
                 if piece.length:
