@@ -37,8 +37,7 @@ from kio.serial import entity_writer
 from kio.serial.errors import SerialError
 
 from shmq.errors import LocalProtocolError, RemoteProtocolError, ShmqError
-from shmq.protocol import api_versions, legacy
-from shmq.protocol import kio_guard
+from shmq.protocol import api_versions, kio_guard, legacy
 from shmq.protocol.kio_guard import read_entity, skip_tagged_fields
 
 _HEADER_FIXED = struct.Struct(">hhi")  # api_key, api_version, correlation_id
