@@ -17,7 +17,11 @@ settings: ``-Xmx1G -Xms1G`` (``--kafka-heap``) and ``-XX:+UseG1GC -XX:MaxGCPause
 its log dir in the work directory (page cache: Kafka's defaults never fsync).  Every case runs on
 every broker back to back, in an order drawn at random from case to case, on a fresh topic that
 is deleted afterwards.  Broker CPU is utime+stime of the broker's process tree (shmq: controller
-and workers; Kafka: its JVM) over each phase, shown per million records.
+and workers; Kafka: its JVM) over each phase, shown per million records; the JSON also has it per
+process (``broker_cpu_split_s``, by process name; shmq's controller is ``root``).  Before the
+first cell each broker is asked for the coordinator of the suite's consumer groups and left to
+go idle (``warm_groups``): a broker's first group creates ``__consumer_offsets``, once, which
+is no cell's work.
 
 The matrix (``--scale`` multiplies the record counts; the whole matrix runs ``--repeat`` times,
 3 by default, and the tables show medians):
