@@ -48,6 +48,8 @@ if HAVE_FAST:
     scan_batches = _batch.scan_batches
     decode_records = _batch.decode_records
     check_timestamps = _batch.check_timestamps
+    check_batch = _batch.check_batch
+    TIMESTAMPS_UNCHECKED = _batch.TIMESTAMPS_UNCHECKED
     decode_sections = _batch.decode_sections
     encode_records = _batch.encode_records
     build_batch = _batch.build_batch
@@ -83,6 +85,8 @@ else:
     scan_batches = _reference.scan_batches
     decode_records = _reference.decode_records
     check_timestamps = _reference.check_timestamps
+    check_batch = _reference.check_batch
+    TIMESTAMPS_UNCHECKED = _reference.TIMESTAMPS_UNCHECKED
     decode_sections = _reference.decode_sections
     encode_records = _reference.encode_records
     build_batch = _reference.build_batch
@@ -138,7 +142,7 @@ __all__ = [
     "COL_LAST_OFFSET", "COL_LEADER_EPOCH", "COL_MAX_TIMESTAMP", "COL_POSITION",
     "COL_PRODUCER_EPOCH", "COL_PRODUCER_ID", "COL_RECORDS_COUNT", "COL_SIZE", "HAVE_FAST",
     "HEADER_SIZE", "MappedFile", "ProducerTable", "NO_LOG_APPEND_TIME", "SCAN_COLUMNS", "SCAN_CORRUPT", "SCAN_END", "SCAN_FULL", "SCAN_PARTIAL",
-    "batch_header", "build_batch", "check_timestamps", "crc32c", "crc32c_software",
+    "batch_header", "build_batch", "check_batch", "check_timestamps", "TIMESTAMPS_UNCHECKED", "crc32c", "crc32c_software",
     "decode_records", "decode_sections", "encode_records", "fill_columns", "fill_headers", "murmur2_partitions", "encode_arrow_batch_into", "have_hardware", "have_folding", "largest_lower_bound",
     "Batch", "ConsumerCore", "ProducerCore", "bytes_stats", "murmur2", "murmur2_partition",
     "scan_batches", "smallest_upper_bound", "stamp_batch", "validate_batch",

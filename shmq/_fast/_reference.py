@@ -273,6 +273,44 @@ def check_timestamps(
     return max_ts, errors or None
 
 
+
+TIMESTAMPS_UNCHECKED = -2
+
+
+def check_batch(
+    buf: Any,
+    pos: int,
+    limit: int,
+    validate: bool,
+    create_time: bool,
+    now: int,
+    before_max_ms: int,
+    after_max_ms: int,
+) -> tuple[int, int, int, int, int, int, int, int,
+           list[tuple[int, int, int, int, int, int]] | None]:
+    """Pass 1 of ``PartitionLog.append`` for one batch (see batch.pyx): validate_batch, the
+    header's fields, and Kafka's timestamp rules when ``validate`` and the size is in ``limit``."""
+    size = validate_batch(buf, pos, -1, True, validate)
+    data = bytes(buf)
+    (base_offset, _, _, _, _, attributes, delta, base_ts, header_max, pid, pepoch, seq,
+     _) = _HEADER.unpack_from(data, pos)
+    batch_max, rewrite, errors = header_max, -1, None
+    if validate and size <= limit:
+        if attributes & 0x07:
+            rewrite = TIMESTAMPS_UNCHECKED
+        else:
+            derived, errors = check_timestamps(
+                data[pos + HEADER_SIZE : pos + size], delta + 1, base_offset, base_ts,
+                header_max if attributes & 0x08 else NO_LOG_APPEND_TIME, create_time, now,
+                before_max_ms, after_max_ms)
+            if not create_time:
+                batch_max = now
+            else:
+                batch_max = derived
+                if attributes & 0x08 or batch_max != header_max:
+                    rewrite = attributes & 0x77
+    return size, attributes, delta, batch_max, rewrite, pid, pepoch, seq, errors
+
 def decode_records(
     body: Any,
     count: int,

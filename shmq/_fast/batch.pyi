@@ -30,6 +30,18 @@ def check_timestamps(
     before_max_ms: int,
     after_max_ms: int,
 ) -> tuple[int, list[tuple[int, int, int, int, int, int]] | None]: ...
+TIMESTAMPS_UNCHECKED: int
+
+def check_batch(
+    buf: Buffer,
+    pos: int,
+    limit: int,
+    validate: bool,
+    create_time: bool,
+    now: int,
+    before_max_ms: int,
+    after_max_ms: int,
+) -> tuple[int, int, int, int, int, int, int, int, list[tuple[int, int, int, int, int, int]] | None]: ...
 def decode_records(
     body: Buffer,
     count: int,

@@ -555,7 +555,16 @@ def check_timestamps(const unsigned char[::1] body not None, int64_t count, int6
     key length, value length), kind 0 for a timestamp out of range and 1 for the attribute.
     ``max`` is Kafka's derived maxTimestamp: the largest record timestamp, -1 if none is larger.
     """
-    cdef Py_ssize_t end = body.shape[0]
+    return _timestamps(&body[0] if body.shape[0] else NULL, body.shape[0], count, base_offset,
+                       base_timestamp, log_append_time, create_time, now, before_max_ms,
+                       after_max_ms)
+
+
+cdef tuple _timestamps(const unsigned char *start, Py_ssize_t end, int64_t count,
+                       int64_t base_offset, int64_t base_timestamp, int64_t log_append_time,
+                       bint create_time, int64_t now, int64_t before_max_ms,
+                       int64_t after_max_ms):
+    """``check_timestamps`` over the ``end`` bytes at ``start``."""
     if count < 0 or count > end:
         raise InvalidRecordError(f"record count {count} cannot fit in {end} bytes")
     # the allowed range, saturated at the int64 limits (Kafka compares now - ts with the limits)
@@ -563,7 +572,6 @@ def check_timestamps(const unsigned char[::1] body not None, int64_t count, int6
     hi_py = <object>now + <object>after_max_ms
     cdef int64_t lo = INT64_MIN if lo_py < INT64_MIN else lo_py
     cdef int64_t hi = INT64_MAX if hi_py > INT64_MAX else hi_py
-    cdef const unsigned char *start = &body[0] if end else NULL
     cdef const unsigned char *stop = start + end
     cdef const unsigned char *q = start
     cdef RecordView rv
@@ -602,6 +610,60 @@ def check_timestamps(const unsigned char[::1] body not None, int64_t count, int6
             errors.append((i, 1, ts, _record_ts(base_offset, rv.offset_delta, NO_LAT),
                            rv.key_len, rv.value_len))
     return max_ts, errors
+
+
+# check_batch's ``rewrite`` for a compressed batch whose timestamps it left to the caller
+TIMESTAMPS_UNCHECKED = -2
+
+
+def check_batch(const unsigned char[::1] buf not None, Py_ssize_t pos, Py_ssize_t limit,
+                bint validate, bint create_time, int64_t now, int64_t before_max_ms,
+                int64_t after_max_ms):
+    """Pass 1 of ``PartitionLog.append`` for the batch at ``buf[pos:]``, in one call:
+    ``validate_batch(buf, pos, -1, True, validate)``, its header fields and, with ``validate``
+    and a size within ``limit`` (max.message.bytes; a larger one is the caller's
+    MESSAGE_TOO_LARGE, checked first), Kafka's timestamp rules (``check_timestamps``) and what
+    the log stores for them.
+
+    Returns (size, attributes, lastOffsetDelta, max timestamp to store, rewrite, producer id,
+    producer epoch, base sequence, errors).  ``rewrite``: -1 the header stays as sent, else the
+    attributes to rewrite it with (maxTimestamp and CRC redone: a CreateTime batch whose
+    maxTimestamp is not its records', or that claims LogAppendTime), or TIMESTAMPS_UNCHECKED
+    for a compressed batch (the caller decompresses and checks it).  ``errors``: None, or
+    ``check_timestamps``' list (the caller raises INVALID_TIMESTAMP).  On a LogAppendTime topic
+    (not ``create_time``) the max timestamp is ``now``.  Without ``validate`` the header's
+    maxTimestamp is kept.  Raises as validate_batch and check_timestamps do."""
+    cdef Py_ssize_t end = buf.shape[0], size = 0
+    cdef int r
+    if pos < 0 or pos > end:
+        raise CorruptRecordError(f"batch position {pos} outside the buffer")
+    cdef const unsigned char *p = &buf[0] + pos if end else NULL
+    with nogil:
+        r = _check(p, end - pos, True, validate, &size)
+    if r != OK:
+        raise _corrupt(r, pos, buf[pos + 16] if end - pos > 16 else 2)
+    cdef int16_t attributes = shmq_load_i16(p + 21)
+    cdef int32_t delta = shmq_load_i32(p + 23)
+    cdef int64_t header_max = shmq_load_i64(p + 35)
+    cdef int64_t batch_max = header_max
+    cdef int rewrite = -1
+    cdef object errors = None
+    if validate and size <= limit:
+        if attributes & 0x07:
+            rewrite = TIMESTAMPS_UNCHECKED
+        else:
+            derived, errors = _timestamps(
+                p + HEADER, size - HEADER, <int64_t>delta + 1, shmq_load_i64(p),
+                shmq_load_i64(p + 27), header_max if attributes & 0x08 else NO_LAT, create_time,
+                now, before_max_ms, after_max_ms)
+            if not create_time:
+                batch_max = now
+            else:
+                batch_max = derived
+                if attributes & 0x08 or batch_max != header_max:
+                    rewrite = attributes & 0x77
+    return (size, attributes, delta, batch_max, rewrite, shmq_load_i64(p + 43),
+            shmq_load_i16(p + 51), shmq_load_i32(p + 53), errors)
 
 
 def decode_sections(list bodies not None, const int64_t[::1] meta not None,

@@ -640,19 +640,34 @@ class PartitionLog:
         spans: list[tuple[int, int, int, int, int]] = []
         producers: list[tuple[int, int, int, int, int, bool]] = []
         pos, end, n_records, incoming_max_ts = 0, len(mv), 0, -1
-        validate_batch, unpack_fields = _fast.validate_batch, _FIELDS.unpack_from
         compacted = validate and "compact" in config.cleanup_policy
+        check_batch = _fast.check_batch
+        before_max = config.message_timestamp_before_max_ms
+        after_max = config.message_timestamp_after_max_ms
         while pos < end:
-            size = validate_batch(mv, pos, -1, True, validate)
-            if size > limit:
-                raise RecordTooLargeError(size, limit)
-            if compacted:
+            if compacted:  # the key check comes before the timestamps' (LogValidator)
+                size = _fast.validate_batch(mv, pos, -1, True, validate)
+                if size > limit:
+                    raise RecordTooLargeError(size, limit)
                 self._check_keys(mv[pos:pos + size])
-            attributes, delta, base_ts, batch_max, pid, pepoch, seq = unpack_fields(mv, pos + 21)
-            rewrite = -1  # attributes to rewrite the header with (and maxTimestamp, CRC)
-            if validate:
+                attributes, delta, base_ts, batch_max, pid, pepoch, seq = _FIELDS.unpack_from(
+                    mv, pos + 21)
                 batch_max, rewrite = self._validate_timestamps(
                     mv, pos, size, attributes, delta + 1, base_ts, batch_max, now)
+            else:
+                # validation, the header's fields and (uncompressed) the timestamps in one call;
+                # ``rewrite``: attributes to rewrite the header with (and maxTimestamp, CRC)
+                size, attributes, delta, batch_max, rewrite, pid, pepoch, seq, errors = \
+                    check_batch(mv, pos, limit, validate, not log_append, now, before_max,
+                                after_max)
+                if size > limit:
+                    raise RecordTooLargeError(size, limit)
+                if errors:
+                    raise InvalidTimestampError(errors, now, before_max, after_max)
+                if rewrite == _fast.TIMESTAMPS_UNCHECKED:  # compressed: decompressed here
+                    batch_max, rewrite = self._validate_timestamps(
+                        mv, pos, size, attributes, delta + 1, _I64.unpack_from(mv, pos + 27)[0],
+                        _I64.unpack_from(mv, pos + 35)[0], now)
             if pid >= 0 and not attributes & 0x20:  # markers: ``append_control``
                 producers.append((len(spans), pid, pepoch, seq, delta, bool(attributes & 0x10)))
             spans.append((pos, size, delta, batch_max, rewrite))
@@ -708,13 +723,15 @@ class PartitionLog:
                 meta.append((position, last, batch_max, size))
                 offset = last + 1
                 position += size
-            segment.append(iov, meta)
+            segment.append(iov, meta, end)
             self.unflushed_messages += n_records
             self._bytes_since_checkpoint += end
-            for i, pid, pepoch, seq, delta, txn in producers:
-                position, last, batch_max, _ = meta[i]
-                self.producer_state.update(pid, pepoch, seq, _add_seq(seq, delta),
-                                           last - delta, last, batch_max, txn)
+            if producers:
+                update = self.producer_state.update
+                for i, pid, pepoch, seq, delta, txn in producers:
+                    position, last, batch_max, _ = meta[i]
+                    update(pid, pepoch, seq, _add_seq(seq, delta), last - delta, last, batch_max,
+                           txn)
             self._bytes_since_snapshot += end
             if self._bytes_since_snapshot >= PRODUCER_SNAPSHOT_BYTES:
                 try:

@@ -453,8 +453,10 @@ class LogSegment:
             return True
         return last_offset - self.base_offset > 0x7FFFFFFF
 
-    def append(self, iov: list, batches: list[tuple[int, int, int, int]]) -> None:
-        """Write ``iov`` at the end of the log; ``batches`` = (position, last, max ts, size).
+    def append(self, iov: list, batches: list[tuple[int, int, int, int]],
+               total: int = -1) -> None:
+        """Write ``iov`` at the end of the log; ``batches`` = (position, last, max ts, size);
+        ``total``: the sum of their sizes, if the caller knows it.
 
         ``iov`` must hold exactly the batches' bytes.  Up to ``_IOV_MAX`` buffers (every produce)
         go out in one ``pwritev`` whose expected length is the batches' total, so the buffers'
@@ -462,9 +464,10 @@ class LogSegment:
         start = self.size
         handle = self.handle  # held while its descriptor is in use
         fd = handle.fd
-        total = 0
-        for b in batches:
-            total += b[3]
+        if total < 0:
+            total = 0
+            for b in batches:
+                total += b[3]
         # room for the index entries first: a full disk is ENOSPC here, before any byte is
         # written, never SIGBUS from a store into the mapped index (index_file.py)
         self.offset_index.reserve(len(batches))

@@ -114,7 +114,15 @@ def produce_partition(ctx: BrokerContext, topic: str, index: int, records: Any,
     # the partition's metadata, looked up once (leader, epoch, state and metrics slots)
     part = info.partitions[index] if info is not None and 0 <= index < len(info.partitions) \
         else None
-    log = ctx.log_for(topic, index) if part is not None else None
+    log = None
+    if part is not None:
+        # ``ctx.log_for`` with the partition looked up once: an open log is taken from the log
+        # manager here, a log not open yet (or created at first use) comes from ``log_for``
+        logs = ctx.logs
+        if logs is not None and part.leader == ctx.node_id:
+            log = logs.get_log(topic, index)
+            if log is None:
+                log = ctx.log_for(topic, index)
     if acks not in (-1, 0, 1):
         code = INVALID_REQUIRED_ACKS
     elif topic in INTERNAL_TOPICS:
@@ -147,7 +155,8 @@ def produce_partition(ctx: BrokerContext, topic: str, index: int, records: Any,
             base = appended.first_offset
             append_time = appended.log_append_time
             start = log.log_start_offset
-            log.update_high_watermark(log.log_end_offset)
+            log.update_high_watermark(appended.last_offset + 1 if appended.batch_count
+                                      else log.log_end_offset)
             ctx.publish_partition(part, log)
             ctx.notify_data(topic, index)
             if (acks == -1 and ctx.config.flush_on_ack) or log.flush_requested:
