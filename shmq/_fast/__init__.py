@@ -49,6 +49,7 @@ if HAVE_FAST:
     decode_records = _batch.decode_records
     check_timestamps = _batch.check_timestamps
     check_batch = _batch.check_batch
+    write_stamped = _batch.write_stamped
     TIMESTAMPS_UNCHECKED = _batch.TIMESTAMPS_UNCHECKED
     decode_sections = _batch.decode_sections
     encode_records = _batch.encode_records
@@ -86,6 +87,7 @@ else:
     decode_records = _reference.decode_records
     check_timestamps = _reference.check_timestamps
     check_batch = _reference.check_batch
+    write_stamped = _reference.write_stamped
     TIMESTAMPS_UNCHECKED = _reference.TIMESTAMPS_UNCHECKED
     decode_sections = _reference.decode_sections
     encode_records = _reference.encode_records
@@ -145,5 +147,5 @@ __all__ = [
     "batch_header", "build_batch", "check_batch", "check_timestamps", "TIMESTAMPS_UNCHECKED", "crc32c", "crc32c_software",
     "decode_records", "decode_sections", "encode_records", "fill_columns", "fill_headers", "murmur2_partitions", "encode_arrow_batch_into", "have_hardware", "have_folding", "largest_lower_bound",
     "Batch", "ConsumerCore", "ProducerCore", "bytes_stats", "murmur2", "murmur2_partition",
-    "scan_batches", "smallest_upper_bound", "stamp_batch", "validate_batch",
+    "scan_batches", "smallest_upper_bound", "stamp_batch", "validate_batch", "write_stamped",
 ]

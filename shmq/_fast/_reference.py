@@ -6,7 +6,9 @@ compiled code against, so it is written for obviousness, not speed.
 
 from __future__ import annotations
 
+import errno
 import mmap
+import os
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -142,6 +144,24 @@ def validate_batch(
         raise CorruptRecordError(message)
     return size
 
+
+
+def write_stamped(fd: int, at: int, buf: Any, pos: int, size: int, base_offset: int,
+                  leader_epoch: int) -> int:
+    """The batch at ``buf[pos:pos + size]`` written at ``at`` with baseOffset, batchLength and
+    partitionLeaderEpoch stamped (see batch.pyx); short writes finished."""
+    view = memoryview(buf).cast("B")
+    if pos < 0 or size < HEADER_SIZE or size > len(view) - pos:
+        raise ValueError(f"no batch of {size} bytes at {pos} in a buffer of {len(view)}")
+    data = struct.pack(">qii", base_offset, size - 12, leader_epoch) + bytes(
+        view[pos + 16 : pos + size])
+    done = 0
+    while done < size:
+        n = os.pwrite(fd, data[done:], at + done)
+        if n == 0:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        done += n
+    return size
 
 def batch_header(buf: Any, pos: int = 0) -> tuple[int, ...]:
     data = bytes(buf)

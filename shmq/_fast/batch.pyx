@@ -39,6 +39,9 @@ from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.ref cimport Py_INCREF, Py_XINCREF, Py_XDECREF
 from cpython.object cimport PyObject, PyTypeObject
+from cpython.exc cimport PyErr_SetFromErrno, PyErr_CheckSignals
+from libc cimport errno as c_errno
+from posix.uio cimport iovec, pwritev
 
 cdef extern from "Python.h":
     # A decoded record holds only ints, bytes, str, None and tuples of those: it can never be
@@ -229,6 +232,55 @@ def validate_batch(const unsigned char[::1] buf not None, Py_ssize_t pos=0, Py_s
         r = _check(&buf[0] + pos if buf.shape[0] else NULL, end - pos, verify_crc, strict, &size)
     if r != OK:
         raise _corrupt(r, pos, buf[pos + 16] if end - pos > 16 else 2)
+    return size
+
+
+def write_stamped(int fd, int64_t at, const unsigned char[::1] buf not None, Py_ssize_t pos,
+                  Py_ssize_t size, int64_t base_offset, int32_t leader_epoch):
+    """Write the batch at ``buf[pos:pos + size]`` to ``fd`` at byte ``at`` as the log stores it:
+    its first 16 bytes replaced by baseOffset, batchLength (``size`` - 12) and
+    partitionLeaderEpoch (all outside the CRC), the client's bytes from the magic byte on.
+    ``PartitionLog.append``'s iovec [prefix, body] for one batch, in one ``pwritev`` from C: no
+    prefix bytes object, body view or iovec list.  A short write is finished; EINTR is retried
+    (after the signal handlers ran); another error raises OSError, part of the batch possibly
+    written (the caller truncates).  Returns ``size``."""
+    if pos < 0 or size < HEADER or size > buf.shape[0] - pos:
+        raise ValueError(f"no batch of {size} bytes at {pos} in a buffer of {buf.shape[0]}")
+    cdef unsigned char prefix[16]
+    shmq_store_u64(prefix, <uint64_t>base_offset)
+    shmq_store_u32(prefix + 8, <uint32_t>(size - 12))
+    shmq_store_u32(prefix + 12, <uint32_t>leader_epoch)
+    cdef iovec iov[2]
+    iov[0].iov_base = prefix
+    iov[0].iov_len = 16
+    iov[1].iov_base = <void *>(&buf[0] + pos + 16)
+    iov[1].iov_len = size - 16
+    cdef Py_ssize_t done = 0
+    cdef ssize_t n
+    cdef int first = 0, err = 0
+    while done < size:
+        with nogil:
+            n = pwritev(fd, &iov[first], 2 - first, at + done)
+            if n < 0:
+                err = c_errno.errno
+        if n < 0:
+            if err == c_errno.EINTR:
+                PyErr_CheckSignals()
+                continue
+            c_errno.errno = err
+            PyErr_SetFromErrno(OSError)
+        if n == 0:  # a regular file never does this; never loop on it
+            c_errno.errno = c_errno.EIO
+            PyErr_SetFromErrno(OSError)
+        done += n
+        while n > 0:  # past what was written (only after a short write)
+            if <size_t>n >= iov[first].iov_len:
+                n -= iov[first].iov_len
+                first += 1
+            else:
+                iov[first].iov_base = <unsigned char *>iov[first].iov_base + n
+                iov[first].iov_len -= n
+                n = 0
     return size
 
 

@@ -696,34 +696,45 @@ class PartitionLog:
             # the client's bytes follow from the magic byte on; LogAppendTime, or a CreateTime
             # batch whose maxTimestamp is not its records' (``_validate_timestamps``), also
             # rewrites attributes, maxTimestamp and CRC, so it copies the whole header.
-            iov: list[Any] = []
             meta = []
             offset, position = first, segment.size
             max_ts, offset_of_max = -1, first
-            pack_prefix = _PREFIX.pack
-            for pos, size, delta, batch_max, rewrite in spans:
-                if log_append or rewrite >= 0:
-                    header = bytearray(mv[pos : pos + 61])
-                    _PREFIX.pack_into(header, 0, offset, size - 12, epoch)
-                    body = mv[pos + 61 : pos + size]
-                    if log_append:
-                        attributes = _I16.unpack_from(header, 21)[0] & _KEPT_ATTRIBUTES | 0x08
-                        batch_max = now
-                    else:
-                        attributes = rewrite
-                    self._set_max_timestamp(header, body, attributes, batch_max)
-                    iov.append(header)
-                else:
-                    iov.append(pack_prefix(offset, size - 12, epoch))
-                    body = mv[pos + 16 : pos + size]
-                iov.append(body)
-                last = offset + delta
+            if len(spans) == 1 and not log_append and spans[0][4] < 0:
+                # one batch stored as sent (every produce request, mostly): stamped as it is
+                # written, from C (``LogSegment.append_one``), no iovec
+                pos, size, delta, batch_max, _ = spans[0]
+                last = first + delta
+                segment.append_one(mv, pos, size, first, epoch, last, batch_max)
                 if batch_max > max_ts:
                     max_ts, offset_of_max = batch_max, last
                 meta.append((position, last, batch_max, size))
                 offset = last + 1
-                position += size
-            segment.append(iov, meta, end)
+            else:
+                iov: list[Any] = []
+                pack_prefix = _PREFIX.pack
+                for pos, size, delta, batch_max, rewrite in spans:
+                    if log_append or rewrite >= 0:
+                        header = bytearray(mv[pos : pos + 61])
+                        _PREFIX.pack_into(header, 0, offset, size - 12, epoch)
+                        body = mv[pos + 61 : pos + size]
+                        if log_append:
+                            attributes = _I16.unpack_from(header, 21)[0] & _KEPT_ATTRIBUTES | 0x08
+                            batch_max = now
+                        else:
+                            attributes = rewrite
+                        self._set_max_timestamp(header, body, attributes, batch_max)
+                        iov.append(header)
+                    else:
+                        iov.append(pack_prefix(offset, size - 12, epoch))
+                        body = mv[pos + 16 : pos + size]
+                    iov.append(body)
+                    last = offset + delta
+                    if batch_max > max_ts:
+                        max_ts, offset_of_max = batch_max, last
+                    meta.append((position, last, batch_max, size))
+                    offset = last + 1
+                    position += size
+                segment.append(iov, meta, end)
             self.unflushed_messages += n_records
             self._bytes_since_checkpoint += end
             if producers:
@@ -741,7 +752,7 @@ class PartitionLog:
                     _throttled(logging.WARNING, ("snapshot", str(self.directory)),
                                "%s: producer snapshot not written: %s", self.directory, exc)
         info = AppendInfo(first, offset - 1, max_ts, offset_of_max, now if log_append else -1,
-                          len(spans), end)
+                          len(meta), end)
         if (self.unflushed_messages >= config.flush_messages
                 or now - self.last_flush_ms >= config.flush_ms):
             if self.defer_flushes:

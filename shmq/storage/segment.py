@@ -39,7 +39,7 @@ import time
 from bisect import bisect_right
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -497,6 +497,27 @@ class LogSegment:
             index_batch(position, last_offset, max_ts, size)
         self.size = start + total
         self.next_offset = batches[-1][1] + 1
+
+    def append_one(self, buf: Any, pos: int, size: int, base_offset: int, leader_epoch: int,
+                   last_offset: int, max_ts: int) -> None:
+        """``append`` of one batch as the client sent it (``buf[pos:pos + size]``), stamped
+        with ``base_offset`` and ``leader_epoch`` as it is written (``_fast.write_stamped``):
+        the produce path's usual case, without the iovec and per-batch lists."""
+        start = self.size
+        handle = self.handle  # held while its descriptor is in use
+        fd = handle.fd
+        self.offset_index.reserve(1)  # room for the index entries first, as ``append``
+        self.time_index.reserve(2)
+        try:
+            _fast.write_stamped(fd, start, buf, pos, size, base_offset, leader_epoch)
+        except OSError:
+            os.ftruncate(fd, start)  # never leave half a batch behind
+            raise
+        if self.rolling_base_timestamp is None:
+            self.rolling_base_timestamp = max_ts
+        self._index_batch(start, last_offset, max_ts, size)
+        self.size = start + size
+        self.next_offset = last_offset + 1
 
     def _finish_write(self, iov: list, n: int, position: int, want: int) -> None:
         """A short ``pwritev`` of ``iov`` at ``position``: write the rest byte-exactly."""

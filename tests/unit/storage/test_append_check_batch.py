@@ -1,5 +1,6 @@
-"""``_fast.check_batch`` (pass 1 of ``PartitionLog.append`` in one compiled call) against its
-pure-Python twin, and the log it writes against the log the twin writes.
+"""``_fast.check_batch`` (pass 1 of ``PartitionLog.append`` in one compiled call) and
+``_fast.write_stamped`` (one batch written from C) against their pure-Python twins, and the log
+they write against the log the twins write.
 
 Batches come from kafka-python's builder (``kbatch``), then are mutated at random, with the CRC
 redone for half of them so the checks behind the CRC (counts, sequence, control, records,
@@ -9,6 +10,8 @@ whole appends must give the same answers and the same bytes on disk.
 
 from __future__ import annotations
 
+import errno
+import os
 import random
 import struct
 import time
@@ -117,6 +120,7 @@ def _append_all(tmp_path, name: str, batches: list[bytes], config: LogConfig,
     with monkeypatch.context() as m:
         if twin:
             m.setattr(fast, "check_batch", ref.check_batch)
+            m.setattr(fast, "write_stamped", ref.write_stamped)
         log = PartitionLog.open(tmp_path / name, config)
         answers = []
         try:
@@ -174,3 +178,36 @@ def test_timestamp_rejections_keep_kafkas_answer(tmp_path) -> None:
         assert log.log_end_offset == 0
     finally:
         log.close()
+
+
+def test_write_stamped_matches_its_twin(tmp_path) -> None:
+    rng = random.Random(3)
+    valid = _valid_batches(rng)
+    files = {}
+    for name, write in (("c", compiled.write_stamped), ("py", ref.write_stamped)):
+        fd = os.open(tmp_path / name, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            at = 0
+            for i, data in enumerate(valid):
+                pad = b"\xff" * (i % 3)
+                assert write(fd, at, pad + data + pad, len(pad), len(data), 1000 + i * 7,
+                             i - 1) == len(data)
+                at += len(data)
+            for args in ((at, b"\0" * 60, 0, 60), (at, valid[0], 1, len(valid[0])),
+                         (at, valid[0], -1, len(valid[0]))):
+                with pytest.raises(ValueError):
+                    write(fd, *args, 0, 0)
+        finally:
+            os.close(fd)
+        with pytest.raises(OSError) as bad:
+            write(fd, 0, valid[0], 0, len(valid[0]), 0, 0)  # closed
+        assert bad.value.errno == errno.EBADF
+        files[name] = (tmp_path / name).read_bytes()
+    assert files["c"] == files["py"]
+    at = 0
+    for i, data in enumerate(valid):  # the client's bytes, offset and epoch stamped
+        stored = files["c"][at : at + len(data)]
+        assert struct.unpack_from(">qii", stored) == (1000 + i * 7, len(data) - 12, i - 1)
+        assert stored[16:] == data[16:]
+        at += len(data)
+    assert at == len(files["c"])
