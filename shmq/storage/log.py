@@ -606,8 +606,12 @@ class PartitionLog:
 
     def update_high_watermark(self, offset: int) -> int:
         """Set the HW, clamped to [log start, LEO]; returns the new value."""
-        self.high_watermark = max(self.log_start_offset, min(offset, self.log_end_offset))
-        return self.high_watermark
+        leo = self.segments[-1].next_offset
+        if offset > leo:
+            offset = leo
+        start = self.log_start_offset
+        self.high_watermark = hw = offset if offset > start else start
+        return hw
 
     def _segment_for(self, offset: int) -> int:
         """Index of the segment whose range holds ``offset`` (the last one at or below it)."""
