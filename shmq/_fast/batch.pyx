@@ -235,8 +235,8 @@ def validate_batch(const unsigned char[::1] buf not None, Py_ssize_t pos=0, Py_s
     return size
 
 
-def write_stamped(int fd, int64_t at, const unsigned char[::1] buf not None, Py_ssize_t pos,
-                  Py_ssize_t size, int64_t base_offset, int32_t leader_epoch):
+def write_stamped(int fd, int64_t at, object buf not None, Py_ssize_t pos, Py_ssize_t size,
+                  int64_t base_offset, int32_t leader_epoch):
     """Write the batch at ``buf[pos:pos + size]`` to ``fd`` at byte ``at`` as the log stores it:
     its first 16 bytes replaced by baseOffset, batchLength (``size`` - 12) and
     partitionLeaderEpoch (all outside the CRC), the client's bytes from the magic byte on.
@@ -244,8 +244,20 @@ def write_stamped(int fd, int64_t at, const unsigned char[::1] buf not None, Py_
     prefix bytes object, body view or iovec list.  A short write is finished; EINTR is retried
     (after the signal handlers ran); another error raises OSError, part of the batch possibly
     written (the caller truncates).  Returns ``size``."""
-    if pos < 0 or size < HEADER or size > buf.shape[0] - pos:
-        raise ValueError(f"no batch of {size} bytes at {pos} in a buffer of {buf.shape[0]}")
+    # the plain buffer protocol: a typed memoryview cost ~0.2 us to set up, per batch
+    cdef Py_buffer view
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    try:
+        if pos < 0 or size < HEADER or size > view.len - pos:
+            raise ValueError(f"no batch of {size} bytes at {pos} in a buffer of {view.len}")
+        return _write_stamped(fd, at, <const unsigned char *>view.buf + pos, size, base_offset,
+                              leader_epoch)
+    finally:
+        PyBuffer_Release(&view)
+
+
+cdef Py_ssize_t _write_stamped(int fd, int64_t at, const unsigned char *p, Py_ssize_t size,
+                               int64_t base_offset, int32_t leader_epoch) except -1:
     cdef unsigned char prefix[16]
     shmq_store_u64(prefix, <uint64_t>base_offset)
     shmq_store_u32(prefix + 8, <uint32_t>(size - 12))
@@ -253,7 +265,7 @@ def write_stamped(int fd, int64_t at, const unsigned char[::1] buf not None, Py_
     cdef iovec iov[2]
     iov[0].iov_base = prefix
     iov[0].iov_len = 16
-    iov[1].iov_base = <void *>(&buf[0] + pos + 16)
+    iov[1].iov_base = <void *>(p + 16)
     iov[1].iov_len = size - 16
     cdef Py_ssize_t done = 0
     cdef ssize_t n
@@ -668,9 +680,8 @@ cdef tuple _timestamps(const unsigned char *start, Py_ssize_t end, int64_t count
 TIMESTAMPS_UNCHECKED = -2
 
 
-def check_batch(const unsigned char[::1] buf not None, Py_ssize_t pos, Py_ssize_t limit,
-                bint validate, bint create_time, int64_t now, int64_t before_max_ms,
-                int64_t after_max_ms):
+def check_batch(object buf not None, Py_ssize_t pos, Py_ssize_t limit, bint validate,
+                bint create_time, int64_t now, int64_t before_max_ms, int64_t after_max_ms):
     """Pass 1 of ``PartitionLog.append`` for the batch at ``buf[pos:]``, in one call:
     ``validate_batch(buf, pos, -1, True, validate)``, its header fields and, with ``validate``
     and a size within ``limit`` (max.message.bytes; a larger one is the caller's
@@ -685,11 +696,24 @@ def check_batch(const unsigned char[::1] buf not None, Py_ssize_t pos, Py_ssize_
     ``check_timestamps``' list (the caller raises INVALID_TIMESTAMP).  On a LogAppendTime topic
     (not ``create_time``) the max timestamp is ``now``.  Without ``validate`` the header's
     maxTimestamp is kept.  Raises as validate_batch and check_timestamps do."""
-    cdef Py_ssize_t end = buf.shape[0], size = 0
+    # the plain buffer protocol: a typed memoryview cost ~0.2 us to set up, per batch
+    cdef Py_buffer view
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    try:
+        return _check_batch(<const unsigned char *>view.buf, view.len, pos, limit, validate,
+                            create_time, now, before_max_ms, after_max_ms)
+    finally:
+        PyBuffer_Release(&view)
+
+
+cdef tuple _check_batch(const unsigned char *buf, Py_ssize_t end, Py_ssize_t pos,
+                        Py_ssize_t limit, bint validate, bint create_time, int64_t now,
+                        int64_t before_max_ms, int64_t after_max_ms):
+    cdef Py_ssize_t size = 0
     cdef int r
     if pos < 0 or pos > end:
         raise CorruptRecordError(f"batch position {pos} outside the buffer")
-    cdef const unsigned char *p = &buf[0] + pos if end else NULL
+    cdef const unsigned char *p = buf + pos if end else NULL
     with nogil:
         r = _check(p, end - pos, True, validate, &size)
     if r != OK:

@@ -642,7 +642,7 @@ class PartitionLog:
         limit = config.max_message_bytes
         # pass 1: validate everything before touching the file
         spans: list[tuple[int, int, int, int, int]] = []
-        producers: list[tuple[int, int, int, int, int, bool]] = []
+        producers: list[tuple[int, int, int, int, int, int, bool]] = []
         pos, end, n_records, incoming_max_ts = 0, len(mv), 0, -1
         compacted = validate and "compact" in config.cleanup_policy
         check_batch = _fast.check_batch
@@ -673,7 +673,8 @@ class PartitionLog:
                         mv, pos, size, attributes, delta + 1, _I64.unpack_from(mv, pos + 27)[0],
                         _I64.unpack_from(mv, pos + 35)[0], now)
             if pid >= 0 and not attributes & 0x20:  # markers: ``append_control``
-                producers.append((len(spans), pid, pepoch, seq, delta, bool(attributes & 0x10)))
+                producers.append((len(spans), pid, pepoch, seq, _add_seq(seq, delta), delta,
+                                  bool(attributes & 0x10)))
             spans.append((pos, size, delta, batch_max, rewrite))
             n_records += delta + 1
             if batch_max > incoming_max_ts:
@@ -743,10 +744,9 @@ class PartitionLog:
             self._bytes_since_checkpoint += end
             if producers:
                 update = self.producer_state.update
-                for i, pid, pepoch, seq, delta, txn in producers:
+                for i, pid, pepoch, seq, last_seq, delta, txn in producers:
                     position, last, batch_max, _ = meta[i]
-                    update(pid, pepoch, seq, _add_seq(seq, delta), last - delta, last, batch_max,
-                           txn)
+                    update(pid, pepoch, seq, last_seq, last - delta, last, batch_max, txn)
             self._bytes_since_snapshot += end
             if self._bytes_since_snapshot >= PRODUCER_SNAPSHOT_BYTES:
                 try:
@@ -795,9 +795,9 @@ class PartitionLog:
         """Idempotence (``ProducerAppendInfo``): a batch the producer already wrote is answered
         with its original offsets and nothing is appended; sequence and epoch errors raise
         KafkaApiError (45 OUT_OF_ORDER_SEQUENCE_NUMBER, 47 INVALID_PRODUCER_EPOCH, ...)."""
-        for _, pid, pepoch, seq, delta, txn in producers:
-            dup = self.producer_state.check_append(pid, pepoch, seq, _add_seq(seq, delta), txn,
-                                                   origin_client=validate)
+        check = self.producer_state.check_append
+        for _, pid, pepoch, seq, last_seq, _, txn in producers:
+            dup = check(pid, pepoch, seq, last_seq, txn, validate)
             if dup is not None:
                 if len(producers) == 1:
                     # Kafka answers a duplicate with the original batch's offsets and its
