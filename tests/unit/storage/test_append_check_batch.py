@@ -211,3 +211,38 @@ def test_write_stamped_matches_its_twin(tmp_path) -> None:
         assert stored[16:] == data[16:]
         at += len(data)
     assert at == len(files["c"])
+
+
+_SHORT_WRITE = """
+import resource, signal, sys
+from shmq._fast import _reference as ref
+from shmq._fast import batch
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past RLIMIT_FSIZE: a short write, then EFBIG
+path, limit, impl = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+data = bytes(range(256)) * 2
+fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+try:
+    (batch if impl == "c" else ref).write_stamped(fd, 100, data, 0, len(data), 5, 6)
+except OSError as exc:
+    print(exc.errno)
+"""
+
+
+@pytest.mark.parametrize("limit", [108, 116, 117, 400])
+def test_write_stamped_short_writes_end_as_the_twins(tmp_path, limit: int) -> None:
+    """A write cut short by RLIMIT_FSIZE (in the prefix, at its end, in the body) goes on from
+    where it stopped, then raises the OSError that stopped it: the same bytes and errno as the
+    twin's (``append_one`` then truncates)."""
+    import subprocess
+    import sys
+
+    out = {}
+    for impl in ("c", "py"):
+        path = tmp_path / impl
+        run = subprocess.run([sys.executable, "-c", "import os\n" + _SHORT_WRITE, str(path),
+                              str(limit), impl], capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stderr
+        out[impl] = (run.stdout.strip(), path.read_bytes())
+    assert out["c"] == out["py"]
+    assert out["c"][0] == str(errno.EFBIG) and len(out["c"][1]) == limit
