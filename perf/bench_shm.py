@@ -311,6 +311,9 @@ def lat_ring_producer(data_dir: str, topic: str, rate: int, per_call: int, secon
                       ready, go, out) -> None:
     from shmq.ipc.client import attach
 
+    from shmq.ipc import sched
+
+    sched.from_env("producer")
     broker = attach(data_dir)
     broker.send_batch(topic, 0, [b"w" * SIZE], acks=1).result(30)
     ready.set()
@@ -320,16 +323,21 @@ def lat_ring_producer(data_dir: str, topic: str, rate: int, per_call: int, secon
     calls = int(seconds / interval)
     warm = int(WARMUP_S / interval)
     pad = b"x" * (SIZE - 8)
+    stages = bool(os.environ.get("SHMQ_RING_TRACE_STAGES"))
+    marks: list[int] = []  # --stages: per measured call, its stamp, the send's end, kicks so far
     cpu = _cpu()
     start = time.monotonic()
     for i in range(warm + calls):
         _pace(start + i * interval)
-        now = (time.monotonic_ns() if i >= warm else 0).to_bytes(8, "little")
-        broker.send_batch(topic, 0, [now + pad] * per_call, acks=1)
+        stamp = time.monotonic_ns() if i >= warm else 0
+        broker.send_batch(topic, 0, [stamp.to_bytes(8, "little") + pad] * per_call, acks=1)
+        if stages and stamp:
+            marks.extend((stamp, time.monotonic_ns(),
+                          sum(s.kicks for s in broker.sessions.values())))
         broker.poll(0)
     broker.flush(60)
     out.put(("producer", start, time.monotonic(), calls * per_call,
-             (_cpu() - cpu, (warm + calls) * per_call)))
+             (_cpu() - cpu, (warm + calls) * per_call), marks))
     broker.close()
 
 
@@ -338,6 +346,9 @@ def lat_ring_reader(data_dir: str, topic: str, expect: int, ready, go, out) -> N
 
     from shmq.ipc.client import attach
 
+    from shmq.ipc import sched
+
+    sched.from_env("reader")
     broker = attach(data_dir)
     offset = broker.reader(topic, 0).state().high_watermark
     broker.read_arrow(topic, 0, max(0, offset - 1), 1)  # imports and buffers before the clock
@@ -354,11 +365,25 @@ def lat_ring_reader(data_dir: str, topic: str, expect: int, ready, go, out) -> N
     got = 0
     read = 0  # records read, the warm-up ones too (the CPU below is for all of them)
     reads = 0  # the reads that returned records (a loaded box batches them: CPU a read)
+    # --stages: per read that returned records, its first offset, when its wait ended, the run
+    # queue time during the wait and the CPU the wait took (spin), from schedstat
+    stages = sched >= 0 and bool(os.environ.get("SHMQ_RING_TRACE_STAGES"))
+    reader = broker.reader(topic, 0)
+    woke: list[int] = []
     go.wait()
     cpu = _cpu()
     deadline = time.monotonic() + 300
     while got < expect and time.monotonic() < deadline:
-        r = broker.read(topic, 0, offset, 1 << 16, timeout=1.0)
+        if stages:
+            q0, c0 = int(os.pread(sched, 64, 0).split()[1]), time.thread_time_ns()
+            reader.wait(offset, 1.0)
+            w = time.monotonic_ns()
+            c1, q1 = time.thread_time_ns(), int(os.pread(sched, 64, 0).split()[1])
+            r = broker.read(topic, 0, offset, 1 << 16)
+            if len(r):
+                woke.extend((offset, w, q1 - q0, c1 - c0))
+        else:
+            r = broker.read(topic, 0, offset, 1 << 16, timeout=1.0)
         now = time.monotonic_ns()
         if sched >= 0:
             was, queued = queued, int(os.pread(sched, 64, 0).split()[1])
@@ -411,7 +436,7 @@ def lat_ring_reader(data_dir: str, topic: str, expect: int, ready, go, out) -> N
     if len(waited_) == len(order):               # arrays, back in read order
         waited_ = waited_[order]
     out.put(("reader", 0, 0, got, (sent_[order], seen_[order], offsets_[order], waited_,
-                                   (cpu, read, reads))))
+                                   (cpu, read, reads)), woke))
     broker.close()
 
 
@@ -492,6 +517,91 @@ def trace_breakdown(trace_dir: Path, sent: Any, seen: Any, offsets: Any,
            ("publish -> reader has it", seen[ok] - published)]
     if waited is not None and len(waited) == len(offsets):
         out.append(("  reader on the run queue meanwhile", waited[ok]))
+    return out
+
+
+def stage_breakdown(trace_dir: Path, sent: Any, seen: Any, offsets: Any, marks: list[int],
+                    woke: list[int]) -> list[str]:
+    """``--stages``: each record's path in six stages, joined by stamp (the producer's marks),
+    by offset (the worker's trace, the reader's wake-ups), and what the slowest 1 % spent in
+    each against the median record; then which stage was the largest for each of them, and
+    how many overlapped a gc collection or a housekeeping turn of the worker."""
+    import numpy as np
+
+    rows = []
+    for f in sorted(trace_dir.glob("ring-trace-*.txt")):
+        rows.extend(tuple(int(x) for x in line.split()) for line in f.read_text().splitlines())
+        f.unlink()
+    events = []
+    for f in sorted(trace_dir.glob("ring-events-*.txt")):
+        events.extend(tuple(int(x) for x in line.split()) for line in f.read_text().splitlines())
+        f.unlink()
+    rows = [r for r in rows if len(r) >= 12 and r[1] >= 0]
+    if not rows or not marks or not woke:
+        return ["stages: no stage trace (SHMQ_RING_TRACE_STAGES)"]
+    t = np.array(rows, dtype=np.int64)
+    t = t[np.argsort(t[:, 1], kind="stable")]
+    at = np.searchsorted(t[:, 1], offsets, side="right") - 1
+    ok = at >= 0
+    t = t[at[ok]]
+    sent, seen, offsets = sent[ok], seen[ok], offsets[ok]
+    m = np.array(marks, dtype=np.int64).reshape(-1, 3)
+    m = m[np.argsort(m[:, 0], kind="stable")]
+    j = np.clip(np.searchsorted(m[:, 0], sent), 0, len(m) - 1)
+    sent_end = np.where(m[j, 0] == sent, m[j, 1], sent)
+    kicked = np.diff(np.concatenate(([m[0, 2]], m[:, 2])))[j] > 0
+    w = np.array(woke, dtype=np.int64).reshape(-1, 4)
+    k = np.clip(np.searchsorted(w[:, 0], offsets, side="right") - 1, 0, len(w) - 1)
+    woke_at, r_queued, r_cpu = w[k, 1], w[k, 2], w[k, 3]
+    # worker columns: part, base, taken, published, began, kicked, prev end, prev cpu,
+    # prev queued, cpu, queued, index in the drain
+    began, wkick = t[:, 4], t[:, 5] > 0
+    prev_end, prev_cpu, prev_q, cpu_now, q_now = t[:, 6], t[:, 7], t[:, 8], t[:, 9], t[:, 10]
+    stages = [
+        ("a client: stamp -> send_batch returned", sent_end - sent),
+        ("b send returned -> worker's drain began", began - sent_end),
+        ("b'  worker run queue, last drain -> this one", np.where(prev_end > 0, q_now - prev_q, 0)),
+        ("b'' worker CPU, last drain -> this one", np.where(prev_end > 0, cpu_now - prev_cpu, 0)),
+        ("c drain began -> entry taken", t[:, 2] - began),
+        ("d append + publish", t[:, 3] - t[:, 2]),
+        ("e published -> reader's wait returned", woke_at - t[:, 3]),
+        ("e'  reader run queue during its wait", r_queued),
+        ("e'' reader CPU during its wait (spin)", r_cpu),
+        ("f wait returned -> reader has it", seen - woke_at),
+    ]
+    total = seen - sent
+    order = np.argsort(total)
+    slow = order[int(len(order) * 0.99):]
+    mid = order[int(len(order) * 0.45): int(len(order) * 0.55)]
+    out = [f"stages ({len(total):,} records; slowest 1 %: {len(slow):,}, total >= "
+           f"{total[slow[0]] / 1000:.1f} us)       median rec  slow: median    mean     p90"]
+    for name, v in stages:
+        out.append(f"  {name:<48} {np.median(v[mid]) / 1000:9.1f} {np.median(v[slow]) / 1000:9.1f}"
+                   f" {v[slow].mean() / 1000:8.1f} {np.percentile(v[slow], 90) / 1000:8.1f}")
+    main = np.stack([s for n, s in stages if "'" not in n.split()[0]])
+    names = [n.split()[0] for n, _ in stages if "'" not in n.split()[0]]
+    largest = np.bincount(main[:, slow].argmax(axis=0), minlength=len(names))
+    out.append("  largest stage of each slow record: " + ", ".join(
+        f"{n} {c}" for n, c in zip(names, largest, strict=True) if c))
+    out.append(f"  slow records kicked the worker: {kicked[slow].mean():.0%} (all: "
+               f"{kicked.mean():.0%}); drain began by a kick: {wkick[slow].mean():.0%} (all: "
+               f"{wkick.mean():.0%}); index in the drain, slow median {np.median(t[slow, 11]):.0f}, "
+               f"max {t[slow, 11].max()}")
+    if events:
+        ev = np.array(events, dtype=np.int64)
+        for kind, label in ((1, "housekeeping turn"), (10, "gc gen 0"), (11, "gc gen 1"),
+                            (12, "gc gen 2")):
+            e = ev[ev[:, 0] == kind]
+            if not len(e):
+                continue
+            e = e[np.argsort(e[:, 1])]
+            # a record overlaps an event when the event began before it was seen and ended after
+            # it was sent
+            i = np.searchsorted(e[:, 1], seen[slow], side="right") - 1
+            hit = (i >= 0) & (e[np.maximum(i, 0), 2] > sent[slow])
+            dur = (e[:, 2] - e[:, 1]) / 1000
+            out.append(f"  {label}: {len(e)} events (median {np.median(dur):.0f} us, max "
+                       f"{dur.max():.0f}); slow records overlapping one: {hit.mean():.0%}")
     return out
 
 
@@ -631,6 +741,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trace", action="store_true",
                    help="latency rows: where records wait, from the worker's ring trace, and "
                         "the CPU per record of each process")
+    p.add_argument("--stages", action="store_true",
+                   help="with --trace: each record's six stages (client send, drain start, "
+                        "append, publish, reader wake, read) and what the slowest 1 %% spent "
+                        "in each (costs the worker two preads a drain, the reader four)")
     p.add_argument("--kafka", action="store_true",
                    help="latency: the confluent-kafka row against Apache Kafka too "
                         "(tools/apache_kafka.py, fetched from Maven Central on first use)")
@@ -648,6 +762,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-shm-", dir=args.dir))
     if args.trace:
         os.environ["SHMQ_RING_TRACE"] = str(work)  # inherited by the broker's workers
+        if args.stages:
+            os.environ["SHMQ_RING_TRACE_STAGES"] = "1"
     broker = start_shmq(args.workers, work / "data", work)
     kafka = None
     data_dir = str(work / "data")
@@ -747,7 +863,7 @@ def main(argv: list[str] | None = None) -> int:
                     rate_, per_call = (int(x) for x in pair.split(":"))
                     t = topic()
                     expect = int(args.latency_seconds * rate_ / per_call) * per_call
-                    for f in work.glob("ring-trace-*.txt"):  # earlier sessions' (other topics)
+                    for f in work.glob("ring-*.txt"):  # earlier sessions' (other topics)
                         f.unlink()
                     steal0 = _steal()
                     w0 = _worker_cpu(data_dir)
@@ -762,6 +878,11 @@ def main(argv: list[str] | None = None) -> int:
                         extra.extend(_cpu_rows(f"latency ring {rate_:,}/s", r["producer"][4],
                                                worker, reader_cpu))
                         time.sleep(0.5)  # the session's trace is written when it ends
+                        if args.stages:
+                            extra.append(f"latency ring {rate_:,}/s, repeat {rep + 1}:")
+                            extra.extend(stage_breakdown(work, sent, seen, offsets,
+                                                         r["producer"][5], r["reader"][5]))
+                            continue
                         for part, values in trace_breakdown(work, sent, seen, offsets, waited):
                             rows.append((f"  {rate_:,}/s: {part}", values.tolist(), "ns"))
                         extra.append(f"latency ring {rate_:,}/s: CPU time stolen by the "

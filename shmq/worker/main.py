@@ -509,8 +509,11 @@ async def run(args: argparse.Namespace) -> int:
     async def housekeeping() -> None:
         last_retention = last_checkpoint = time.monotonic()
         stats_text = ""
+        from shmq.worker.rings import note_event
+
         while True:
             await asyncio.sleep(1.0)
+            turn_ns = time.monotonic_ns()
             now_ms = int(time.time() * 1000)
             # flush.messages / flush.ms, and the periodic checkpoint of logs whose recovery
             # point trails their durable offset (PartitionLog.flush_due)
@@ -538,6 +541,7 @@ async def run(args: argparse.Namespace) -> int:
                 await loop.run_in_executor(None, manager.write_checkpoint,
                                            manager.checkpoint_offsets())
                 last_checkpoint = now
+            note_event(1, turn_ns, time.monotonic_ns())
 
     async def expire_producers() -> None:
         """Kafka's PeriodicProducerExpirationCheck: producer ids idle for

@@ -88,6 +88,33 @@ UNKNOWN_TOPIC_OR_PARTITION = 3
 # the append and the state table's publish), with the partition and the base offset, and writes
 # them to ``<dir>/ring-trace-<worker pid>-<session>.txt`` when it ends.
 TRACE_DIR = os.environ.get("SHMQ_RING_TRACE") or None
+# With ``SHMQ_RING_TRACE_STAGES=1`` too (``bench_shm --stages``), each entry's line also says
+# when its drain began, whether a kick (the eventfd) began it, its place in the drain, and the
+# worker thread's CPU (``thread_time``) and run-queue time (``/proc/thread-self/schedstat``;
+# its CPU field lags: it moves at context switches and ticks) at the drain's start
+# and at the previous drain's end: where a late drain's time went.  Two preads a drain.
+TRACE_STAGES = bool(TRACE_DIR and os.environ.get("SHMQ_RING_TRACE_STAGES"))
+# ... and the worker's other work on the loop, (kind, start ns, end ns): 0 a gc collection
+# (its generation + 10 as the kind), 1 a housekeeping turn (``worker.main``)
+EVENTS: list[tuple[int, int, int]] = []
+
+
+def note_event(kind: int, start_ns: int, end_ns: int) -> None:
+    if TRACE_STAGES and len(EVENTS) < 1_000_000:
+        EVENTS.append((kind, start_ns, end_ns))
+
+
+def _gc_event(phase: str, info: dict[str, Any], _began: list[int] = [0]) -> None:  # noqa: B006
+    if phase == "start":
+        _began[0] = time.monotonic_ns()
+    else:
+        note_event(10 + int(info.get("generation", 0)), _began[0], time.monotonic_ns())
+
+
+if TRACE_STAGES:
+    import gc
+
+    gc.callbacks.append(_gc_event)
 
 
 class RingSession:
@@ -114,7 +141,12 @@ class RingSession:
         self.last_entry = 0.0
         self.gap = 0.0  # idle time between the last two drains that took entries
         self.stats = server.stats
-        self.trace: list[tuple[int, int, int, int]] | None = [] if TRACE_DIR else None
+        self.trace: list[tuple[int, ...]] | None = [] if TRACE_DIR else None
+        self._sched = -1
+        if TRACE_STAGES:
+            self._sched = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        self._kicked = 0
+        self._ended = (0, 0, 0)  # the previous drain's end: monotonic ns, CPU ns, run-queue ns
         # the last drain's acks=all answers, which the next drain's wait for: answers go out in
         # ring order, as a Kafka connection's responses do (a later fsync can finish first)
         self.answering: asyncio.Future | None = None
@@ -207,6 +239,7 @@ class RingSession:
             pass
         self.stats["ring_wakeups"] += 1
         if not self.scheduled and not self.closed:
+            self._kicked = 1
             self._drain()  # now: a scheduled drain would wait for the loop's next turn
 
     def _schedule(self) -> None:
@@ -254,6 +287,13 @@ class RingSession:
         taken = 0
         more = False
         trace, ctx, pending = self.trace, self.ctx, self.pending
+        if trace is not None and self._sched >= 0:
+            began_ns = time.monotonic_ns()
+            cpu_ns, queued_ns = time.thread_time_ns(), int(os.pread(self._sched, 80, 0).split()[1])
+            stages = (began_ns, self._kicked, *self._ended, cpu_ns, queued_ns)
+        else:
+            stages = ()
+        self._kicked = 0
         take = ring.next_produce
         # The completion ring's free space, read once a drain: the client only ever frees more,
         # so it is re-read only when this count (less what this drain's answers took) says
@@ -286,7 +326,8 @@ class RingSession:
             else:
                 result, done = produce_partition(ctx, topic, partition, records, acks)
             if trace is not None:
-                trace.append((partition, result.base_offset, taken_ns, time.monotonic_ns()))
+                trace.append((partition, result.base_offset, taken_ns, time.monotonic_ns(),
+                              *stages, taken))
             del records
             ring.advance(length)
             taken += 1
@@ -308,6 +349,9 @@ class RingSession:
             else:
                 durable.append((slot, corr, result, done))
         self.stats["ring_entries"] += taken
+        if trace is not None and self._sched >= 0:
+            queued_ns = int(os.pread(self._sched, 80, 0).split()[1])
+            self._ended = (time.monotonic_ns(), time.thread_time_ns(), queued_ns)
         if durable:
             self.answering = asyncio.ensure_future(
                 self._answer_when_durable(durable, self.answering))
@@ -412,11 +456,17 @@ class RingSession:
         path = Path(TRACE_DIR) / f"ring-trace-{os.getpid()}-{self.id}.txt"
         try:
             with open(path.with_suffix(".tmp"), "w") as f:
-                f.writelines(f"{p} {b} {t0} {t1}\n" for p, b, t0, t1 in self.trace)
+                f.writelines(" ".join(map(str, t)) + "\n" for t in self.trace)
             os.replace(path.with_suffix(".tmp"), path)
+            if TRACE_STAGES:
+                events = Path(TRACE_DIR) / f"ring-events-{os.getpid()}-{self.id}.txt"
+                events.write_text("".join(f"{k} {a} {b}\n" for k, a, b in EVENTS))
         except OSError as exc:
             log.warning("ring trace not written: %s", exc)
         self.trace = []
+        if self._sched >= 0:
+            os.close(self._sched)
+            self._sched = -1
 
 
 class RingServer:
@@ -429,6 +479,9 @@ class RingServer:
         for key in ("ring_sessions", "ring_sessions_open", "ring_entries", "ring_wakeups", "ring_kicks", "ring_refused"):
             stats.setdefault(key, 0)
         self.loop = asyncio.get_running_loop()
+        from shmq.ipc import sched
+
+        sched.from_env("worker")
         self.sessions: dict[int, RingSession] = {}
         self.next_id = 1
         self.sock: socket.socket | None = None

@@ -1,0 +1,72 @@
+"""Asking the kernel for short time slices: a latency hint for threads that mostly sleep.
+
+Linux 6.6's EEVDF scheduler gives each task a virtual deadline of its vruntime plus its slice
+(``sched_runtime`` of ``sched_setattr`` for SCHED_OTHER since 6.12, 0.1-100 ms; the default is
+the base slice, 0.7-3 ms), and since 6.12 a waking task with a shorter slice than the one
+running may preempt it (``PREEMPT_SHORT``) instead of waiting for the running task's slice to
+end.  A thread that wakes for tens of microseconds of work (the worker's drain, a waiting
+reader) then runs when woken rather than behind a compile's whole slice.  It is not a priority:
+the task's share of the CPU (its weight, from nice) is the same; it only runs in shorter turns,
+sooner.  Older kernels ignore the field (``sched_runtime`` is zero-checked only for
+SCHED_DEADLINE) or refuse the call: then nothing changes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import struct
+
+# x86-64 and arm64 / generic syscall numbers
+_SETATTR = {"x86_64": 314, "aarch64": 274}.get(platform.machine())
+_GETATTR = {"x86_64": 315, "aarch64": 275}.get(platform.machine())
+_ATTR = struct.Struct("IIQiIQQQII")  # size, policy, flags, nice, priority, runtime, deadline,
+#                                      period, util_min, util_max (sched_attr, 56 bytes)
+_libc: ctypes.CDLL | None = None
+
+
+def _syscall() -> ctypes.CDLL | None:
+    global _libc
+    if _libc is None and _SETATTR is not None:
+        try:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        except OSError:
+            return None
+    return _libc
+
+
+def slice_ns(tid: int = 0) -> int | None:
+    """The thread's requested slice (0: the default), None where it cannot be read."""
+    libc = _syscall()
+    if libc is None or _GETATTR is None:
+        return None
+    buf = ctypes.create_string_buffer(_ATTR.size)
+    if libc.syscall(_GETATTR, tid, buf, _ATTR.size, 0) != 0:
+        return None
+    return int(_ATTR.unpack(buf.raw)[5])
+
+
+def request_slice(us: float, tid: int = 0) -> bool:
+    """Ask for ``us`` microsecond slices for the calling thread (``tid`` 0), keeping its
+    policy and nice value; True when the kernel took it.  Only SCHED_OTHER / SCHED_BATCH
+    threads are changed (a real-time thread's runtime field means something else)."""
+    libc = _syscall()
+    if libc is None or _GETATTR is None:
+        return False
+    buf = ctypes.create_string_buffer(_ATTR.size)
+    if libc.syscall(_GETATTR, tid, buf, _ATTR.size, 0) != 0:
+        return False
+    _, policy, _, nice, _, _, _, _, _, _ = _ATTR.unpack(buf.raw)
+    if policy not in (0, 3):  # SCHED_OTHER, SCHED_BATCH
+        return False
+    want = _ATTR.pack(_ATTR.size, policy, 0, nice, 0, int(us * 1000), 0, 0, 0, 0)
+    return libc.syscall(_SETATTR, tid, ctypes.c_char_p(want), 0) == 0 \
+        and slice_ns(tid) == int(us * 1000)
+
+
+def from_env(role: str) -> None:
+    """Experiments: ``SHMQ_SLICE_US=<us>`` and ``SHMQ_SLICE_ROLES=worker,reader,producer``."""
+    us = os.environ.get("SHMQ_SLICE_US")
+    if us and role in os.environ.get("SHMQ_SLICE_ROLES", "").split(","):
+        request_slice(float(us))
