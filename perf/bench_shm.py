@@ -311,9 +311,6 @@ def lat_ring_producer(data_dir: str, topic: str, rate: int, per_call: int, secon
                       ready, go, out) -> None:
     from shmq.ipc.client import attach
 
-    from shmq.ipc import sched
-
-    sched.from_env("producer")
     broker = attach(data_dir)
     broker.send_batch(topic, 0, [b"w" * SIZE], acks=1).result(30)
     ready.set()
@@ -346,9 +343,6 @@ def lat_ring_reader(data_dir: str, topic: str, expect: int, ready, go, out) -> N
 
     from shmq.ipc.client import attach
 
-    from shmq.ipc import sched
-
-    sched.from_env("reader")
     broker = attach(data_dir)
     offset = broker.reader(topic, 0).state().high_watermark
     broker.read_arrow(topic, 0, max(0, offset - 1), 1)  # imports and buffers before the clock

@@ -1291,6 +1291,9 @@ class ShmProducer(Producer, ProducerCore):
         whose linger passed (by default, any as soon as its partition may send: fewer than
         max.in.flight unanswered) while the caller is busy elsewhere.  Everything that may
         block is done here, holding ``_io`` but not ``_lock``: ``produce`` goes on meanwhile."""
+        from shmq.ipc import reader, sched
+
+        sched.request_slice_once(reader.WAIT_SLICE_US)  # woken by a timer: runs when due (i14k)
         try:
             self._run_linger()
         finally:

@@ -52,7 +52,7 @@ def request_slice(us: float, tid: int = 0) -> bool:
     policy and nice value; True when the kernel took it.  Only SCHED_OTHER / SCHED_BATCH
     threads are changed (a real-time thread's runtime field means something else)."""
     libc = _syscall()
-    if libc is None or _GETATTR is None:
+    if libc is None or _GETATTR is None or us <= 0:
         return False
     buf = ctypes.create_string_buffer(_ATTR.size)
     if libc.syscall(_GETATTR, tid, buf, _ATTR.size, 0) != 0:
@@ -65,8 +65,25 @@ def request_slice(us: float, tid: int = 0) -> bool:
         and slice_ns(tid) == int(us * 1000)
 
 
-def from_env(role: str) -> None:
-    """Experiments: ``SHMQ_SLICE_US=<us>`` and ``SHMQ_SLICE_ROLES=worker,reader,producer``."""
-    us = os.environ.get("SHMQ_SLICE_US")
-    if us and role in os.environ.get("SHMQ_SLICE_ROLES", "").split(","):
-        request_slice(float(us))
+_asked: set[int] = set()  # threads (native ids) already asked for, by ``request_slice_once``
+
+
+def request_slice_once(us: float) -> None:
+    """``request_slice`` for the calling thread the first time it asks (one system call pair
+    a thread, not one a wait); ``us`` <= 0 asks nothing."""
+    import threading
+
+    tid = threading.get_native_id()
+    if tid in _asked or us <= 0:
+        return
+    _asked.add(tid)
+    request_slice(us)
+
+
+def slice_us_from_env(name: str, default: float) -> float:
+    """A slice length from the environment variable ``name`` (0 turns the request off: A/B
+    measurements), else ``default``."""
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default

@@ -479,9 +479,6 @@ class RingServer:
         for key in ("ring_sessions", "ring_sessions_open", "ring_entries", "ring_wakeups", "ring_kicks", "ring_refused"):
             stats.setdefault(key, 0)
         self.loop = asyncio.get_running_loop()
-        from shmq.ipc import sched
-
-        sched.from_env("worker")
         self.sessions: dict[int, RingSession] = {}
         self.next_id = 1
         self.sock: socket.socket | None = None

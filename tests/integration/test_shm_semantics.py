@@ -597,3 +597,49 @@ def test_a_client_sleeps_at_once_after_a_long_wait_for_answers(
         assert yields
     finally:
         local.close()
+
+
+def _short_slices_supported() -> bool:
+    """Whether this kernel takes a custom slice for a SCHED_OTHER thread (EEVDF, Linux 6.12+),
+    asked from a throwaway thread."""
+    import threading
+
+    from shmq.ipc import sched
+
+    took: list[bool] = []
+    th = threading.Thread(target=lambda: took.append(sched.request_slice(100)))
+    th.start()
+    th.join()
+    return took == [True]
+
+
+def test_a_waiting_reader_and_the_worker_ask_for_short_slices(shm_broker: RunningBroker) -> None:
+    """The worker's event loop thread and a thread that sleeps in a local read ask the kernel
+    for 100 us slices (``shmq.ipc.sched``): woken by a publish they preempt a task that has run
+    longer instead of waiting out its slice (bench_shm --stages: the waiting reader's run-queue
+    time was most of the 10,000/s p99).  A thread that never waited is left alone."""
+    import threading
+
+    from shmq.ipc import reader, sched
+
+    if not _short_slices_supported():
+        pytest.skip("this kernel takes no custom slice for SCHED_OTHER threads")
+    assert reader.WAIT_SLICE_US == 100.0
+    for pid in shm_broker.worker_pids().values():
+        assert sched.slice_ns(pid) == 100_000, pid  # a process id is its main thread's id
+    seen: dict[str, int | None] = {}
+
+    def waits(local: LocalBroker = attach(shm_broker.data_dir)) -> None:
+        try:
+            seen["before"] = sched.slice_ns()
+            hw = local.reader("sem-ring", 1).state().high_watermark
+            assert not len(local.read("sem-ring", 1, hw, 10, timeout=0.05))
+            seen["after"] = sched.slice_ns()
+        finally:
+            local.close()
+
+    th = threading.Thread(target=waits)
+    th.start()
+    th.join()
+    assert seen["before"] != 100_000 and seen["after"] == 100_000, seen
+    assert sched.slice_ns() != 100_000  # this thread did not wait
