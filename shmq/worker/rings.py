@@ -287,12 +287,11 @@ class RingSession:
         taken = 0
         more = False
         trace, ctx, pending = self.trace, self.ctx, self.pending
+        stages: tuple[int, ...] = ()
         if trace is not None and self._sched >= 0:
             began_ns = time.monotonic_ns()
             cpu_ns, queued_ns = time.thread_time_ns(), int(os.pread(self._sched, 80, 0).split()[1])
             stages = (began_ns, self._kicked, *self._ended, cpu_ns, queued_ns)
-        else:
-            stages = ()
         self._kicked = 0
         take = ring.next_produce
         # The completion ring's free space, read once a drain: the client only ever frees more,

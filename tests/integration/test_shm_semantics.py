@@ -629,7 +629,9 @@ def test_a_waiting_reader_and_the_worker_ask_for_short_slices(shm_broker: Runnin
         assert sched.slice_ns(pid) == 100_000, pid  # a process id is its main thread's id
     seen: dict[str, int | None] = {}
 
-    def waits(local: LocalBroker = attach(shm_broker.data_dir)) -> None:
+    local = attach(shm_broker.data_dir)
+
+    def waits() -> None:
         try:
             seen["before"] = sched.slice_ns()
             hw = local.reader("sem-ring", 1).state().high_watermark
