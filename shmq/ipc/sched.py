@@ -17,6 +17,7 @@ import ctypes
 import os
 import platform
 import struct
+import threading
 
 # x86-64 and arm64 / generic syscall numbers
 _SETATTR = {"x86_64": 314, "aarch64": 274}.get(platform.machine())
@@ -49,10 +50,11 @@ def slice_ns(tid: int = 0) -> int | None:
 
 def request_slice(us: float, tid: int = 0) -> bool:
     """Ask for ``us`` microsecond slices for the calling thread (``tid`` 0), keeping its
-    policy and nice value; True when the kernel took it.  Only SCHED_OTHER / SCHED_BATCH
-    threads are changed (a real-time thread's runtime field means something else)."""
+    policy and nice value (0: the kernel's default slice again); True when the kernel took it.
+    Only SCHED_OTHER / SCHED_BATCH threads are changed (a real-time thread's runtime field
+    means something else).  A thread created later inherits its creator's slice."""
     libc = _syscall()
-    if libc is None or _GETATTR is None or us <= 0:
+    if libc is None or _GETATTR is None or us < 0:
         return False
     buf = ctypes.create_string_buffer(_ATTR.size)
     if libc.syscall(_GETATTR, tid, buf, _ATTR.size, 0) != 0:
@@ -62,21 +64,18 @@ def request_slice(us: float, tid: int = 0) -> bool:
         return False
     want = _ATTR.pack(_ATTR.size, policy, 0, nice, 0, int(us * 1000), 0, 0, 0, 0)
     return libc.syscall(_SETATTR, tid, ctypes.c_char_p(want), 0) == 0 \
-        and slice_ns(tid) == int(us * 1000)
+        and (us == 0 or slice_ns(tid) == int(us * 1000))
 
 
-_asked: set[int] = set()  # threads (native ids) already asked for, by ``request_slice_once``
+_asked = threading.local()  # ``asked``: this thread asked already (``request_slice_once``)
 
 
 def request_slice_once(us: float) -> None:
     """``request_slice`` for the calling thread the first time it asks (one system call pair
     a thread, not one a wait); ``us`` <= 0 asks nothing."""
-    import threading
-
-    tid = threading.get_native_id()
-    if tid in _asked or us <= 0:
+    if us <= 0 or getattr(_asked, "asked", False):
         return
-    _asked.add(tid)
+    _asked.asked = True
     request_slice(us)
 
 
