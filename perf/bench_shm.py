@@ -2,7 +2,7 @@
 
     python perf/bench_shm.py [--records 2000000] [--per-message 200000] [--batch 1000]
                              [--repeat 3] [--latency-seconds 3] [--workers 1] [--dir /tmp]
-                             [--only ring,peers,tcp,latency,cpu] [--trace] [--kafka]
+                             [--only ring,peers,tcp,latency,cpu] [--trace [--stages]] [--kafka]
 
 Every row moves 100 B records from one producer process to one consumer process (both started
 with ``multiprocessing``'s spawn context; their start-up is not timed).  The shmq rows go
@@ -44,7 +44,14 @@ Rows (median of ``--repeat`` runs, with the spread (max - min) / median):
   time the hypervisor stole during each row (``/proc/stat``); and the CPU per record of each
   process of the row (producer and reader: ``getrusage`` over their loops, all threads; the
   partition worker: ``psutil`` over the row), the numbers to judge on a shared box, where the
-  p99 is the scheduler's.  ``--kafka`` runs the confluent-kafka row against Apache Kafka 4.3.1
+  p99 is the scheduler's.  ``--stages`` (with ``--trace``) splits each record's path in six,
+  joined by stamp and offset: the client's ``send_batch``, its return to the worker's drain
+  start (with the worker's run-queue time since its last drain), the drain's earlier entries,
+  append + publish, the publish to the reader's wait returning (with the reader's run-queue
+  and CPU time in that wait), and the read; then prints what the slowest 1 % spent in each
+  against the median record, which stage was each slow record's largest, and how many
+  overlapped a gc collection or a housekeeping turn of the worker (``SHMQ_RING_TRACE_STAGES``:
+  two ``pread`` a drain in the worker, four in the reader a read, so its CPU rows cost more).  ``--kafka`` runs the confluent-kafka row against Apache Kafka 4.3.1
   too (``tools/apache_kafka.py``), same clients, same rate.
 * ``broker CPU per record``: utime+stime of the broker's processes (controller and workers)
   during the ring produce and during the confluent-kafka produce of the same records.
