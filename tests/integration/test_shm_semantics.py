@@ -645,3 +645,38 @@ def test_a_waiting_reader_and_the_worker_ask_for_short_slices(shm_broker: Runnin
     th.start()
     th.join()
     assert seen["before"] != 100_000 and seen["after"] == 100_000, seen
+
+
+def test_the_ring_trace_stages(tmp_path: Path) -> None:
+    """``SHMQ_RING_TRACE`` + ``SHMQ_RING_TRACE_STAGES`` (bench_shm --trace --stages): a session
+    writes, per entry, the partition, base offset, when its drain took it and published it,
+    when that drain began and whether a kick began it, the worker thread's end / CPU / run
+    queue at the previous drain's end and at this one's start, and its place in the drain;
+    and the worker's gc collections and housekeeping turns beside it."""
+    import os
+
+    env = {**os.environ, "SHMQ_RING_TRACE": str(tmp_path), "SHMQ_RING_TRACE_STAGES": "1"}
+    b = start_broker(tmp_path / "data", workers=1, env=env)
+    try:
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        admin.create_topics([NewTopic("traced", 1, 1)])["traced"].result(30)
+        local = attach(b.data_dir)
+        try:
+            for i in range(5):
+                local.send_batch("traced", 0, [b"v%d" % i, b"w"], acks=1).result(10)
+                time.sleep(0.002)  # each its own drain, begun by a kick
+        finally:
+            local.close()
+        deadline = time.monotonic() + 10
+        while not list(tmp_path.glob("ring-trace-*.txt")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        rows = [[int(x) for x in line.split()]
+                for f in tmp_path.glob("ring-trace-*.txt") for line in f.read_text().splitlines()]
+        assert [r[1] for r in rows] == [0, 2, 4, 6, 8], rows  # base offsets, in order
+        for part, _, taken, published, began, _, prev_end, _, _, cpu, queued, taken_before in rows:
+            assert part == 0 and began <= taken <= published and taken_before == 0
+            assert prev_end <= began and cpu > 0 and queued >= 0
+        assert sum(r[5] for r in rows) >= 1  # at least one drain began with a kick
+        assert list(tmp_path.glob("ring-events-*.txt"))
+    finally:
+        assert b.stop() == 0
