@@ -426,6 +426,9 @@ class RingSession:
         self.closed = True
         if self.trace:
             self._write_trace()
+        if self._sched >= 0:  # the stage trace's schedstat
+            os.close(self._sched)
+            self._sched = -1
         if self.view is not None:
             self.stats["ring_sessions_open"] -= 1
         self.server.sessions.pop(self.id, None)
@@ -463,9 +466,6 @@ class RingSession:
         except OSError as exc:
             log.warning("ring trace not written: %s", exc)
         self.trace = []
-        if self._sched >= 0:
-            os.close(self._sched)
-            self._sched = -1
 
 
 class RingServer:
