@@ -449,6 +449,27 @@ def _cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+def _worker_switches(data_dir: str) -> tuple[int, int]:
+    """Voluntary and involuntary context switches of the partition workers so far (psutil):
+    the involuntary ones are preemptions (``--stages`` prints them a record)."""
+    import json
+
+    import psutil
+
+    vol = inv = 0
+    try:
+        info = json.loads((Path(data_dir) / "run" / "broker.json").read_text())
+    except (OSError, ValueError):
+        return 0, 0
+    for w in info.get("workers", []):
+        try:
+            c = psutil.Process(int(w["pid"])).num_ctx_switches()
+        except (psutil.Error, KeyError, ValueError):
+            continue
+        vol, inv = vol + c.voluntary, inv + c.involuntary
+    return vol, inv
+
+
 def _worker_cpu(data_dir: str) -> dict[int, float]:
     """CPU seconds of each partition worker (pids from ``run/broker.json``), by pid."""
     import json
@@ -867,7 +888,7 @@ def main(argv: list[str] | None = None) -> int:
                     for f in work.glob("ring-*.txt"):  # earlier sessions' (other topics)
                         f.unlink()
                     steal0 = _steal()
-                    w0 = _worker_cpu(data_dir)
+                    w0, sw0 = _worker_cpu(data_dir), _worker_switches(data_dir)
                     r = h.run_pair(lat_ring_producer, (data_dir, t, rate_, per_call,
                                                        args.latency_seconds),
                                    lat_ring_reader, (data_dir, t, expect), args.phase_timeout)
@@ -880,7 +901,12 @@ def main(argv: list[str] | None = None) -> int:
                                                worker, reader_cpu))
                         time.sleep(0.5)  # the session's trace is written when it ends
                         if args.stages:
-                            extra.append(f"latency ring {rate_:,}/s, repeat {rep + 1}:")
+                            sw1 = _worker_switches(data_dir)
+                            n_ = r["producer"][4][1]
+                            extra.append(f"latency ring {rate_:,}/s, repeat {rep + 1}: worker "
+                                         f"context switches a record: voluntary "
+                                         f"{(sw1[0] - sw0[0]) / n_:.2f}, involuntary "
+                                         f"{(sw1[1] - sw0[1]) / n_:.3f}")
                             extra.extend(stage_breakdown(work, sent, seen, offsets,
                                                          r["producer"][5], r["reader"][5]))
                             continue
