@@ -64,11 +64,12 @@ STUCK_SLOT_S = 1.0
 # 200 us, not 50: at 10,000 records/s (bench_shm's latency row, shared box, load 5-6) p50 / p99
 # were 1.35 / 7.5 ms with 200 us against 1.5-2.1 / 91-443 ms with 50 us, in alternating runs.
 WAIT_SPIN_S = 0.0002
-# A thread that waits here asks the kernel for time slices this long (``shmq.ipc.sched``; once
-# a thread): woken by the worker's publish, it then preempts a task that has run longer rather
-# than waiting for that task's slice to end (1.4 ms here, up to a 4 ms tick): the waiting
-# reader's run-queue time was most of bench_shm's p99 at 10,000 records/s.  Its share of the
-# CPU is unchanged.  ``SHMQ_READER_SLICE_US=0`` leaves the thread's slice alone.
+# While a thread waits here it has time slices this long (``shmq.ipc.sched``; its own slice is
+# put back when the wait returns, since the thread is the caller's): woken by the worker's
+# publish, it then preempts a task that has run longer rather than waiting for that task's
+# slice to end (1.4 ms here, up to a 4 ms tick): the waiting reader's run-queue time was most
+# of bench_shm's p99 at 10,000 records/s.  Its share of the CPU is unchanged.
+# ``SHMQ_READER_SLICE_US=0`` leaves the thread's slice alone.
 WAIT_SLICE_US = sched.slice_us_from_env("SHMQ_READER_SLICE_US", 100.0)
 # ... but only while the waits are short: after a wait that lasted longer than this the next
 # one sleeps at once.  At 10,000 records/s every wait lasts most of the 100 us gap, and a
@@ -433,20 +434,25 @@ class PartitionReader:
         buf = self.table._buffer()
         at = HEADER_SIZE + SLOT_SIZE * self.slot
         began = 0.0
-        while True:
-            seq = _fast.slot_seq(buf, at)  # StateTable.seq without its two method calls
-            st = self.state()
-            bound = st.last_stable if isolation == READ_COMMITTED else st.high_watermark
-            now = time.monotonic()
-            left = deadline - now
-            if bound > offset or left <= 0 or offset < st.log_start:
-                if began:
-                    self._last_wait = now - began
-                return st
-            if not began:
-                began = now
-                sched.request_slice_once(WAIT_SLICE_US)
-            _fast.wait_slot(buf, at, seq, left, spin if self._last_wait < SPIN_GAP_S else 0.0)
+        saved = None
+        try:
+            while True:
+                seq = _fast.slot_seq(buf, at)  # StateTable.seq without its two method calls
+                st = self.state()
+                bound = st.last_stable if isolation == READ_COMMITTED else st.high_watermark
+                now = time.monotonic()
+                left = deadline - now
+                if bound > offset or left <= 0 or offset < st.log_start:
+                    if began:
+                        self._last_wait = now - began
+                    return st
+                if not began:
+                    began = now
+                    saved = sched.swap_slice(WAIT_SLICE_US)
+                _fast.wait_slot(buf, at, seq, left,
+                                spin if self._last_wait < SPIN_GAP_S else 0.0)
+        finally:
+            sched.restore_slice(saved)
 
     # -- reads ------------------------------------------------------------------------------
 

@@ -37,15 +37,29 @@ def _syscall() -> ctypes.CDLL | None:
     return _libc
 
 
-def slice_ns(tid: int = 0) -> int | None:
-    """The thread's requested slice (0: the default), None where it cannot be read."""
+def _get(tid: int = 0) -> tuple[int, int, int] | None:
+    """The thread's policy, nice value and requested slice (ns, 0: the default); None where
+    the kernel does not say."""
     libc = _syscall()
     if libc is None or _GETATTR is None:
         return None
     buf = ctypes.create_string_buffer(_ATTR.size)
     if libc.syscall(_GETATTR, tid, buf, _ATTR.size, 0) != 0:
         return None
-    return int(_ATTR.unpack(buf.raw)[5])
+    _, policy, _, nice, _, runtime, _, _, _, _ = _ATTR.unpack(buf.raw)
+    return policy, nice, runtime
+
+
+def _set(policy: int, nice: int, ns: int, tid: int = 0) -> bool:
+    libc = _syscall()
+    want = _ATTR.pack(_ATTR.size, policy, 0, nice, 0, ns, 0, 0, 0, 0)
+    return libc is not None and libc.syscall(_SETATTR, tid, ctypes.c_char_p(want), 0) == 0
+
+
+def slice_ns(tid: int = 0) -> int | None:
+    """The thread's requested slice (0: the default), None where it cannot be read."""
+    got = _get(tid)
+    return None if got is None else got[2]
 
 
 def request_slice(us: float, tid: int = 0) -> bool:
@@ -53,18 +67,31 @@ def request_slice(us: float, tid: int = 0) -> bool:
     policy and nice value (0: the kernel's default slice again); True when the kernel took it.
     Only SCHED_OTHER / SCHED_BATCH threads are changed (a real-time thread's runtime field
     means something else).  A thread created later inherits its creator's slice."""
-    libc = _syscall()
-    if libc is None or _GETATTR is None or us < 0:
+    got = _get(tid)
+    if got is None or us < 0 or got[0] not in (0, 3):  # SCHED_OTHER, SCHED_BATCH
         return False
-    buf = ctypes.create_string_buffer(_ATTR.size)
-    if libc.syscall(_GETATTR, tid, buf, _ATTR.size, 0) != 0:
-        return False
-    _, policy, _, nice, _, _, _, _, _, _ = _ATTR.unpack(buf.raw)
-    if policy not in (0, 3):  # SCHED_OTHER, SCHED_BATCH
-        return False
-    want = _ATTR.pack(_ATTR.size, policy, 0, nice, 0, int(us * 1000), 0, 0, 0, 0)
-    return libc.syscall(_SETATTR, tid, ctypes.c_char_p(want), 0) == 0 \
-        and (us == 0 or slice_ns(tid) == int(us * 1000))
+    ns = int(us * 1000)
+    return _set(got[0], got[1], ns, tid) and (ns == 0 or slice_ns(tid) == ns)
+
+
+def swap_slice(us: float) -> tuple[int, int, int] | None:
+    """Give the calling thread ``us`` microsecond slices for a while (a wait on the user's
+    thread); what to hand ``restore_slice`` afterwards, or None when nothing was changed (the
+    kernel takes no slice, the thread is not SCHED_OTHER / SCHED_BATCH, it has that slice
+    already, or ``us`` <= 0).  Three system calls a wait, with ``restore_slice``."""
+    if us <= 0:
+        return None
+    got = _get()
+    ns = int(us * 1000)
+    if got is None or got[0] not in (0, 3) or got[2] == ns or not _set(got[0], got[1], ns):
+        return None
+    return got
+
+
+def restore_slice(saved: tuple[int, int, int] | None) -> None:
+    """Put back the slice ``swap_slice`` found."""
+    if saved is not None:
+        _set(*saved)
 
 
 _asked = threading.local()  # ``asked``: this thread asked already (``request_slice_once``)

@@ -614,10 +614,11 @@ def _short_slices_supported() -> bool:
 
 
 def test_a_waiting_reader_and_the_worker_ask_for_short_slices(shm_broker: RunningBroker) -> None:
-    """The worker's event loop thread and a thread that sleeps in a local read ask the kernel
-    for 100 us slices (``shmq.ipc.sched``): woken by a publish they preempt a task that has run
-    longer instead of waiting out its slice (bench_shm --stages: the waiting reader's run-queue
-    time was most of the 10,000/s p99)."""
+    """The worker's event loop thread asks the kernel for 100 us slices (``shmq.ipc.sched``),
+    and a thread has them while it sleeps in a local read: woken by a publish they preempt a
+    task that has run longer instead of waiting out its slice (bench_shm --stages: the waiting
+    reader's run-queue time was most of the 10,000/s p99).  The reader's thread is the
+    caller's: its own slice is back once the read returns."""
     import threading
 
     from shmq.ipc import reader, sched
@@ -628,23 +629,34 @@ def test_a_waiting_reader_and_the_worker_ask_for_short_slices(shm_broker: Runnin
     for pid in shm_broker.worker_pids().values():
         assert sched.slice_ns(pid) == 100_000, pid  # a process id is its main thread's id
     seen: dict[str, int | None] = {}
+    during: list[int | None] = []
+    tid: list[int] = []
+    waiting = threading.Event()
 
     local = attach(shm_broker.data_dir)
 
     def waits() -> None:
         try:
-            assert sched.request_slice(0)  # the default (a thread inherits its creator's)
+            assert sched.request_slice(3000)  # the caller's own choice, kept
             seen["before"] = sched.slice_ns()
+            tid.append(threading.get_native_id())
             hw = local.reader("sem-ring", 1).state().high_watermark
-            assert not len(local.read("sem-ring", 1, hw, 10, timeout=0.05))
+            waiting.set()
+            assert not len(local.read("sem-ring", 1, hw, 10, timeout=0.6))
             seen["after"] = sched.slice_ns()
         finally:
             local.close()
 
     th = threading.Thread(target=waits)
     th.start()
+    assert waiting.wait(10)
+    deadline = time.monotonic() + 0.4
+    while time.monotonic() < deadline:
+        during.append(sched.slice_ns(tid[0]))
+        time.sleep(0.01)
     th.join()
-    assert seen["before"] != 100_000 and seen["after"] == 100_000, seen
+    assert seen["before"] == 3_000_000 and seen["after"] == 3_000_000, seen
+    assert 100_000 in during, during
 
 
 def test_the_ring_trace_stages(tmp_path: Path) -> None:
