@@ -43,6 +43,7 @@ produce_batch >= 10 M/s; consume_arrow >= 20 M/s; latency p99 <= 200 us at 10 k/
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import struct
@@ -55,6 +56,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 SIZE = 100
+# --trace: the producer's and the worker's traces of the produce_batch rows (the worker reads it
+# at start: ``shmq.worker.rings.TRACE_DIR``)
+TRACE_DIR = os.environ.get("SHMQ_RING_TRACE") or None
 # the latency rows: the client's defaults, then one changed setting, named beside the default row
 LATENCY_ROWS: list[tuple[str, dict[str, Any]]] = [("defaults (acks=all)", {}),
                                                    ("acks=1", {"acks": 1})]
@@ -86,6 +90,7 @@ def produce_role(bootstrap: str, topic: str, n: int, kind: str, ready, go, out) 
         import pyarrow as pa
 
         values = pa.array(values, pa.binary())
+    sends = _trace_sends(p) if shm and TRACE_DIR else None
     ready.set()
     go.wait()
     c0 = time.process_time()
@@ -123,7 +128,99 @@ def produce_role(bootstrap: str, topic: str, n: int, kind: str, ready, go, out) 
     if high != n + 1:  # the warm-up record and n
         raise RuntimeError(f"{kind}: {high - 1} of {n} records stored")
     out.put(("producer", t0, t1, left, cpu))
+    if sends:
+        with open(Path(TRACE_DIR) / f"client-trace-{os.getpid()}.txt", "w") as f:
+            f.writelines(f"{b} {s} {a} {c}\n" for b, s, a, c in sends)
     p.close() if shm else p.flush(1)
+
+
+def _trace_sends(p: Any) -> list[tuple[int, int, int, int]]:
+    """``--trace``: every batch the producer hands to the ring, as (base offset, handed over,
+    answer read, records) in ``time.monotonic_ns`` (the hand-over's copy into the ring counted
+    in the batch's time)."""
+    sends: list[tuple[int, int, int, int]] = []
+    broker = p._broker
+    send = broker.try_send_with
+
+    def traced(topic: str, partition: int, count: int, write: Any, *, acks: Any = -1,
+               on_delivery: Any = None) -> Any:
+        at = time.monotonic_ns()
+
+        def done(result: Any) -> None:
+            sends.append((result.base_offset, at, time.monotonic_ns(), count))
+            if on_delivery is not None:
+                on_delivery(result)
+        return send(topic, partition, count, write, acks=acks, on_delivery=done)
+
+    broker.try_send_with = traced
+    return sends
+
+
+def batch_breakdown(trace_dir: Path) -> list[tuple[str, Any]]:
+    """``--trace`` of a produce_batch row: where each batch's time from the producer's hand-over
+    to its answer went, from the producer's sends (``_trace_sends``), the worker's ring trace
+    (taken, appended) and its acks=all trace (the fsync that covered the batch: flush called,
+    flush lock taken, fsync done; the flush's return seen by the loop; the answer written),
+    joined by base offset."""
+    import numpy as np
+
+    client, ring, answers, flushes = [], [], [], []
+    for f in sorted(trace_dir.glob("*-trace-*.txt")):
+        for line in f.read_text().splitlines():
+            w = line.split()
+            if f.name.startswith("client-"):
+                client.append(tuple(int(x) for x in w))
+            elif f.name.startswith("ring-"):
+                ring.append(tuple(int(x) for x in w))
+            elif w[0] == "A":
+                answers.append(tuple(int(x) for x in w[1:]))
+            else:
+                flushes.append(tuple(int(x) for x in w[1:]))
+        f.unlink()
+    if not client:
+        return []
+    c = np.array(sorted(client), dtype=np.int64)
+    r = {row[1]: row for row in ring}
+    a = {row[0]: row for row in answers}
+    fl = np.array(sorted(flushes, key=lambda x: x[2]), dtype=np.int64).reshape(-1, 4)
+    # the flushes of this row's log only (the trace holds every log's): within its sends
+    fl = fl[(fl[:, 1] >= c[:, 1].min()) & (fl[:, 2] <= c[:, 2].max())]
+    out: dict[str, list[int]] = {}
+
+    def add(name: str, v: int) -> None:
+        out.setdefault(name, []).append(v)
+
+    for base, sent, read, _ in c:
+        add("hand-over -> answer read (ring-to-answer)", read - sent)
+        rr = r.get(base)
+        if rr is None:
+            continue
+        add("  hand-over -> worker takes it", rr[2] - sent)
+        add("  worker: validate + append", rr[3] - rr[2])
+        aa = a.get(base)
+        if aa is None:  # acks=1
+            add("  appended -> answer read", read - rr[3])
+            continue
+        if len(fl):
+            # the fsync that made it durable: the first to finish with the batch below its target
+            cover = fl[fl[:, 3] > base]
+            if len(cover):
+                f0 = cover[0]
+                add("  appended -> its fsync starts (previous fsync, thread)", f0[1] - rr[3])
+                add("  its fsync (fdatasync)", f0[2] - f0[1])
+                add("  fsync done -> the loop sees it", aa[1] - f0[2])
+        add("  loop -> answer written (earlier answers first)", aa[2] - aa[1])
+        add("  answer written -> producer reads it", read - aa[2])
+    if len(fl) > 1:
+        out["fsyncs: duration"] = list(fl[:, 2] - fl[:, 1])
+        gap = fl[1:, 1] - fl[:-1, 2]
+        waited = fl[1:, 0] < fl[:-1, 2]  # its flush was called before the previous fsync ended
+        out["fsyncs: gap after the previous one, a flush waiting"] = list(gap[waited])
+        out["fsyncs: gap after the previous one, none waiting"] = list(gap[~waited])
+        # the fsyncs' share of the row's time: the disk's busy time (as the worker sees it)
+        out["fsyncs: busy share (x 1 ms = 100 %)"] = [int(1e6 * (fl[:, 2] - fl[:, 1]).sum()
+                                                          / (fl[-1, 2] - fl[0, 1]))]
+    return [(k, np.array(v)) for k, v in out.items() if v]
 
 
 def poll_role(bootstrap: str, topic: str, n: int, kind: str, ready, go, out) -> None:
@@ -190,6 +287,16 @@ def poll_role(bootstrap: str, topic: str, n: int, kind: str, ready, go, out) -> 
     t1 = time.monotonic()
     out.put(("consumer", t0, t1, got, time.process_time() - c0))
     c.close()
+
+
+def _io_pressure() -> tuple[int, int] | None:
+    """The box's IO stall totals (``/proc/pressure/io``: some, full; microseconds)."""
+    try:
+        with open("/proc/pressure/io") as f:
+            some, full = (int(line.rsplit("total=", 1)[1]) for line in f.read().splitlines())
+    except (OSError, ValueError, IndexError):
+        return None
+    return some, full
 
 
 def _runq_ms() -> float:
@@ -270,10 +377,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", default=tempfile.gettempdir())
     ap.add_argument("--trace", action="store_true",
                     help="latency rows: the CPU per record of the producer, the worker and the "
-                         "consumer")
+                         "consumer; produce_batch rows: where each batch's time from the "
+                         "hand-over to its answer went (worker's ring trace, its fsyncs)")
     args = ap.parse_args(argv)
     only = set(args.only.split(","))
+    global TRACE_DIR
 
+    import numpy as np
     from _common import print_environment
     from bench_broker import cpu_delta, start_shmq
     from bench_shm import Harness, _cpu_rows, _worker_cpu
@@ -282,6 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  records     {args.records:,} x {SIZE} B per-record rows, {args.batch_records:,} "
           f"produce_batch, repeat {args.repeat}; wall time in the client processes\n")
     work = Path(tempfile.mkdtemp(prefix="bench-client-", dir=args.dir))
+    if args.trace and "batch" in only:  # inherited by the broker and the producers
+        TRACE_DIR = os.environ["SHMQ_RING_TRACE"] = str(work / "trace")
+        (work / "trace").mkdir()
     broker = start_shmq(1, work / "data", work)
     h = Harness(args)
     rows: dict[str, list[float]] = {}
@@ -304,7 +417,9 @@ def main(argv: list[str] | None = None) -> int:
 
         def run(name: str, role: Any, rargs: tuple, n: int, producer: bool = False) -> None:
             before = broker.cpu()
+            io0, w0 = _io_pressure(), time.monotonic()
             r = h.run_one(role, rargs, args.phase_timeout)
+            io1, w1 = _io_pressure(), time.monotonic()
             _, t0, t1, info, cpu_s = r
             rate = n / (t1 - t0)
             rows.setdefault(name, []).append(rate)
@@ -314,8 +429,17 @@ def main(argv: list[str] | None = None) -> int:
                 per = cpu_delta(before, broker.cpu()) / n * 1e6
                 broker_cpu.setdefault(name, []).append(per)
                 extra = f"  broker CPU {per:.3f} us/record"
+                if io0 is not None and io1 is not None:  # the box's IO stalls over the row
+                    extra += (f"  IO pressure some {(io1[0] - io0[0]) / 1e4 / (w1 - w0):.1f} %"
+                              f" full {(io1[1] - io0[1]) / 1e4 / (w1 - w0):.1f} %")
             print(f"   {name:<44} {rate:>13,.0f} rec/s  client CPU {cpu_s / (t1 - t0):.2f}"
                   f" ({cpu_s / n * 1e9:.1f} ns/record){extra}", flush=True)
+            if TRACE_DIR and "produce_batch" in name:
+                time.sleep(0.5)  # the worker writes its traces when the session ends
+                for label, v in batch_breakdown(Path(TRACE_DIR)):
+                    q = [float(x) / 1e6 for x in np.percentile(v, [10, 50, 90, 99])]
+                    print(f"     {label:<58} p10 {q[0]:6.2f}  p50 {q[1]:6.2f}  p90 {q[2]:6.2f}"
+                          f"  p99 {q[3]:6.2f} ms  (n {len(v)})", flush=True)
 
         n = args.records
         nb = args.batch_records

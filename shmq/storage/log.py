@@ -204,6 +204,11 @@ class PartitionLog:
     # Called with the nanoseconds of every flush that ran an fsync (Kafka's LogFlushStats), from
     # whichever thread flushed; the broker process sets it to count into its metrics.
     flush_observer: Any = None
+    # Diagnostics (``SHMQ_RING_TRACE``, the worker's ring trace): every flush that ran an fsync
+    # as (flush called, flush lock taken, fsync done, offset made durable) in
+    # ``time.monotonic_ns``; the ring session writes them out beside its own trace.
+    flush_trace: list[tuple[int, int, int, int]] | None = \
+        [] if os.environ.get("SHMQ_RING_TRACE") else None
 
     def __init__(self, directory: Path, config: LogConfig, segments: list[LogSegment],
                  log_start_offset: int, recovery_point: int, leader_epoch: int = -1,
@@ -1130,8 +1135,10 @@ class PartitionLog:
         it starts the disk writes of what is new (``_start_writeback``): the fsync it then runs
         finds them written or in flight instead of starting them itself.
         """
+        called = time.monotonic_ns() if self.flush_trace is not None else 0
         self._start_writeback(up_to)
         with self._flush_lock:
+            locked = time.monotonic_ns() if called else 0
             with self._lock:
                 leo = self.log_end_offset
                 needed = leo if up_to is None else min(up_to, leo)
@@ -1177,6 +1184,8 @@ class PartitionLog:
                 checkpoint_file.fsync_directory(self.directory)
             if self.flush_observer is not None:
                 self.flush_observer(time.perf_counter_ns() - started)
+            if called and self.flush_trace is not None:
+                self.flush_trace.append((called, locked, time.monotonic_ns(), target))
             with self._lock:
                 self.durable_offset = max(self.durable_offset, target)
                 if checkpoint:
@@ -1211,6 +1220,14 @@ class PartitionLog:
                     and (self.durable_offset > self.recovery_point
                          or (self._checkpoint_wanted
                              and self.log_end_offset > self.recovery_point))))
+
+    def start_writeback(self, up_to: int | None = None) -> None:
+        """Start the disk writes of the bytes appended since the last call, without waiting
+        for them: an acks=all append calls it at once (``RingSession.drain``), so that the disk
+        writes its bytes while the previous group commit runs, and the fsync that covers them
+        finds them written or in flight (an fdatasync of 4 MB started 2 ms after the writes
+        took 0.28 ms here, against 2.16 ms from dirty pages)."""
+        self._start_writeback(up_to)
 
     def _start_writeback(self, up_to: int | None) -> None:
         """``disk.start_writeback`` of the bytes appended since the last call (up to the LEO),

@@ -80,6 +80,7 @@ IDLE_SPIN_S = 0.0002
 # its loop turns (sched_yield + an epoll_wait a turn) were most of the worker's CPU: 57-60 us
 # a record against 43 without a spin (bench_shm --trace, shared box).
 SPIN_GAP_S = 0.00005
+EARLY_WRITEBACK = os.environ.get("SHMQ_EARLY_WRITEBACK", "1") == "1"  # A/B knob (temporary)
 MAX_MESSAGE_BYTES = 512           # an error message in a completion is cut to this
 COMPLETION_ROOM = rings.align8(rings.COMPLETION_HEADER_SIZE + MAX_MESSAGE_BYTES)
 UNKNOWN_TOPIC_OR_PARTITION = 3
@@ -147,6 +148,8 @@ class RingSession:
             self._sched = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
         self._kicked = 0
         self._ended = (0, 0, 0)  # the previous drain's end: monotonic ns, CPU ns, run-queue ns
+        # (base offset, its flush returned, its answer written) of every acks=all entry
+        self.answer_trace: list[tuple[int, int, int]] = []
         # the last drain's acks=all answers, which the next drain's wait for: answers go out in
         # ring order, as a Kafka connection's responses do (a later fsync can finish first)
         self.answering: asyncio.Future | None = None
@@ -347,6 +350,8 @@ class RingSession:
                 free -= self._answer(slot, corr, result)
             else:
                 durable.append((slot, corr, result, done))
+                if EARLY_WRITEBACK:
+                    done.log.start_writeback(done.upto)  # the disk starts on it now
         self.stats["ring_entries"] += taken
         if trace is not None and self._sched >= 0:
             queued_ns = int(os.pread(self._sched, 80, 0).split()[1])
@@ -376,6 +381,7 @@ class RingSession:
 
     async def _answer_when_durable(self, durable: list, before: asyncio.Future | None) -> None:
         _, failed = await flush_for_acks(self.ctx, (d for _, _, _, d in durable))
+        flushed = time.monotonic_ns() if self.trace is not None else 0
         if before is not None and not before.done():
             await asyncio.wait([before])  # the earlier entries' answers first
         if failed:  # the fsync failed: the answer says so (Kafka: KAFKA_STORAGE_ERROR)
@@ -390,6 +396,9 @@ class RingSession:
             return
         for slot, corr, result, _ in durable:
             self._answer(slot, corr, result)
+        if flushed:
+            answered = time.monotonic_ns()
+            self.answer_trace.extend((r.base_offset, flushed, answered) for _, _, r, _ in durable)
         self._release()
 
     def _release(self, end: int = -1) -> None:
@@ -463,9 +472,19 @@ class RingSession:
             if TRACE_STAGES:
                 events = Path(TRACE_DIR) / f"ring-events-{os.getpid()}-{self.id}.txt"
                 events.write_text("".join(f"{k} {a} {b}\n" for k, a, b in EVENTS))
+            # the acks=all answers and the fsyncs (``PartitionLog.flush_trace``), if any
+            from shmq.storage.log import PartitionLog
+
+            flushes, PartitionLog.flush_trace = PartitionLog.flush_trace or [], []
+            if self.answer_trace or flushes:
+                with open(Path(TRACE_DIR) / f"answer-trace-{os.getpid()}-{self.id}.txt",
+                          "w") as f:
+                    f.writelines(f"A {b} {t0} {t1}\n" for b, t0, t1 in self.answer_trace)
+                    f.writelines(f"F {a} {b} {c} {d}\n" for a, b, c, d in flushes)
         except OSError as exc:
             log.warning("ring trace not written: %s", exc)
         self.trace = []
+        self.answer_trace = []
 
 
 class RingServer:
