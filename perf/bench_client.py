@@ -201,20 +201,22 @@ def batch_breakdown(trace_dir: Path) -> list[tuple[str, Any]]:
         if aa is None:  # acks=1
             add("  appended -> answer read", read - rr[3])
             continue
+        add("  appended -> its flush handed to a thread", aa[1] - rr[3])
         if len(fl):
             # the fsync that made it durable: the first to finish with the batch below its target
             cover = fl[fl[:, 3] > base]
             if len(cover):
                 f0 = cover[0]
-                add("  appended -> its fsync starts (previous fsync, thread)", f0[1] - rr[3])
+                add("  handed over -> its fsync starts (thread, previous fsync)", f0[1] - aa[1])
                 add("  its fsync (fdatasync)", f0[2] - f0[1])
-                add("  fsync done -> the loop sees it", aa[1] - f0[2])
-        add("  loop -> answer written (earlier answers first)", aa[2] - aa[1])
-        add("  answer written -> producer reads it", read - aa[2])
+                add("  fsync done -> the loop sees it", aa[2] - f0[2])
+        add("  loop -> answer written (earlier answers first)", aa[3] - aa[2])
+        add("  answer written -> producer reads it", read - aa[3])
     if len(fl) > 1:
         out["fsyncs: duration"] = list(fl[:, 2] - fl[:, 1])
         gap = fl[1:, 1] - fl[:-1, 2]
         waited = fl[1:, 0] < fl[:-1, 2]  # its flush was called before the previous fsync ended
+        out["fsyncs: flush() called -> flush lock taken"] = list(fl[:, 1] - fl[:, 0])
         out["fsyncs: gap after the previous one, a flush waiting"] = list(gap[waited])
         out["fsyncs: gap after the previous one, none waiting"] = list(gap[~waited])
         # the fsyncs' share of the row's time: the disk's busy time (as the worker sees it)

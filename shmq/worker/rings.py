@@ -10,7 +10,10 @@ Theory of operation
 * **Draining** runs on the event loop, like a connection's requests: each PRODUCE entry goes
   through ``produce.produce_partition`` (the very function the wire handler calls: validation,
   idempotence, append, high watermark, state table, long-poll wake-ups), then its COMPLETION is
-  written: at once for acks=1, after ``flush_for_acks`` for acks=all, never for acks=0.  An
+  written: at once for acks=1, never for acks=0, and for acks=all after the group commit that
+  covers it: its disk writes start at its append (``PartitionLog.start_writeback``), and after
+  the drain's last entry one flush a log goes to the executor (``_flush_then_answer``; a flush
+  under way covers what it found, the next waits for it and covers the rest).  An
   entry's ring space is released when its completion is written (acks=0: when appended), in ring
   order, so an entry without an answer is still in the ring when the worker dies and the client
   can resend it exactly.  A drain handles at most ``DRAIN_BATCH`` entries, then yields to the loop.
@@ -44,14 +47,19 @@ import os
 import socket
 import time
 from collections import deque
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from shmq._fast._metrics_reference import (
+    PRODUCE_WAIT_HIST,
+    PRODUCE_WAITS_DONE,
+    PRODUCE_WAITS_STARTED,
+)
 from shmq.broker.handlers.produce import (
     KAFKA_STORAGE_ERROR,
     Durable,
     PartitionResult,
-    flush_for_acks,
     produce_partition,
 )
 from shmq.ipc import ring as rings
@@ -80,7 +88,6 @@ IDLE_SPIN_S = 0.0002
 # its loop turns (sched_yield + an epoll_wait a turn) were most of the worker's CPU: 57-60 us
 # a record against 43 without a spin (bench_shm --trace, shared box).
 SPIN_GAP_S = 0.00005
-EARLY_WRITEBACK = os.environ.get("SHMQ_EARLY_WRITEBACK", "1") == "1"  # A/B knob (temporary)
 MAX_MESSAGE_BYTES = 512           # an error message in a completion is cut to this
 COMPLETION_ROOM = rings.align8(rings.COMPLETION_HEADER_SIZE + MAX_MESSAGE_BYTES)
 UNKNOWN_TOPIC_OR_PARTITION = 3
@@ -148,8 +155,9 @@ class RingSession:
             self._sched = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
         self._kicked = 0
         self._ended = (0, 0, 0)  # the previous drain's end: monotonic ns, CPU ns, run-queue ns
-        # (base offset, its flush returned, its answer written) of every acks=all entry
-        self.answer_trace: list[tuple[int, int, int]] = []
+        # (base offset, its flush handed to the executor, its flush returned, its answer
+        # written) of every acks=all entry
+        self.answer_trace: list[tuple[int, int, int, int]] = []
         # the last drain's acks=all answers, which the next drain's wait for: answers go out in
         # ring order, as a Kafka connection's responses do (a later fsync can finish first)
         self.answering: asyncio.Future | None = None
@@ -350,17 +358,35 @@ class RingSession:
                 free -= self._answer(slot, corr, result)
             else:
                 durable.append((slot, corr, result, done))
-                if EARLY_WRITEBACK:
-                    done.log.start_writeback(done.upto)  # the disk starts on it now
+                # its disk writes start now, not when the flush thread gets to them (after
+                # this drain's last entry): the fsync that covers it then waits for less
+                done.log.start_writeback(done.upto)
         self.stats["ring_entries"] += taken
         if trace is not None and self._sched >= 0:
             queued_ns = int(os.pread(self._sched, 80, 0).split()[1])
             self._ended = (time.monotonic_ns(), time.thread_time_ns(), queued_ns)
         if durable:
-            self.answering = asyncio.ensure_future(
-                self._answer_when_durable(durable, self.answering))
+            self._flush_then_answer(durable)
         self._release(released)
         return taken, more
+
+    def _flush_then_answer(self, durable: list) -> None:
+        """Hand the group commit of these acks=all entries to the executor now (one flush a
+        log, to its highest offset: each covers the log's end as it finds it), and answer them
+        once it is done, after every earlier entry."""
+        logs: dict[int, Durable] = {}
+        for _, _, _, d in durable:
+            seen = logs.get(id(d.log))
+            if seen is None or d.upto > seen.upto:
+                logs[id(d.log)] = d
+        metrics = self.ctx.metrics
+        if metrics is not None:  # Kafka's produce purgatory: acks=all waits here (RemoteTimeMs)
+            metrics.add(PRODUCE_WAITS_STARTED)
+        loop = self.loop
+        jobs = [(d, loop.run_in_executor(None, partial(d.log.flush, d.upto, checkpoint=False)))
+                for d in logs.values()]
+        self.answering = asyncio.ensure_future(
+            self._answer_when_durable(durable, jobs, time.monotonic_ns(), self.answering))
 
     def _answer(self, slot: list | None, corr: int, result: PartitionResult) -> int:
         """Write one completion; returns the bytes of the completion ring it took."""
@@ -379,8 +405,20 @@ class RingSession:
         self.unanswered -= 1
         return int(ring.completion_tail - before)  # a PAD entry at the ring's end included
 
-    async def _answer_when_durable(self, durable: list, before: asyncio.Future | None) -> None:
-        _, failed = await flush_for_acks(self.ctx, (d for _, _, _, d in durable))
+    async def _answer_when_durable(self, durable: list, jobs: list, started: int,
+                                   before: asyncio.Future | None) -> None:
+        failed: dict[int, OSError] = {}
+        try:
+            for d, job in jobs:
+                try:
+                    await job
+                except OSError as exc:  # its answers say so, below
+                    failed[id(d.log)] = exc
+        finally:
+            metrics = self.ctx.metrics
+            if metrics is not None:
+                metrics.add(PRODUCE_WAITS_DONE)
+                metrics.observe(PRODUCE_WAIT_HIST, time.monotonic_ns() - started)
         flushed = time.monotonic_ns() if self.trace is not None else 0
         if before is not None and not before.done():
             await asyncio.wait([before])  # the earlier entries' answers first
@@ -398,7 +436,8 @@ class RingSession:
             self._answer(slot, corr, result)
         if flushed:
             answered = time.monotonic_ns()
-            self.answer_trace.extend((r.base_offset, flushed, answered) for _, _, r, _ in durable)
+            self.answer_trace.extend((r.base_offset, started, flushed, answered)
+                                     for _, _, r, _ in durable)
         self._release()
 
     def _release(self, end: int = -1) -> None:
@@ -479,7 +518,7 @@ class RingSession:
             if self.answer_trace or flushes:
                 with open(Path(TRACE_DIR) / f"answer-trace-{os.getpid()}-{self.id}.txt",
                           "w") as f:
-                    f.writelines(f"A {b} {t0} {t1}\n" for b, t0, t1 in self.answer_trace)
+                    f.writelines(f"A {b} {t0} {t1} {t2}\n" for b, t0, t1, t2 in self.answer_trace)
                     f.writelines(f"F {a} {b} {c} {d}\n" for a, b, c, d in flushes)
         except OSError as exc:
             log.warning("ring trace not written: %s", exc)
