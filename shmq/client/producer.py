@@ -1162,23 +1162,53 @@ class ShmProducer(Producer, ProducerCore):
         else:
             part = self._sticky_partition(topic, n, nbytes)
         now = time.time_ns() // 1_000_000
-        step = batch_rows(self._batch_bytes, self._batch_records, -1,
-                          longest_value if total else -1)
+        longest = longest_value if total else -1
+        step = batch_rows(self._batch_bytes, self._batch_records, -1, longest)
         k = (topic, part)
         with self._lock:
             self._queued += count
             self._queued_bytes += nbytes
+            start = 0
             open_batch = self._open_get(k)
-            if open_batch is not None:  # earlier records go first
+            if open_batch is not None:  # earlier records go first: into it, or it goes first
+                start = min(count, self._room_in(open_batch, now, longest))
+                if start:
+                    open_batch.extend(values, 0, start, now)
+                    open_batch.nbytes += nbytes * start // count
+                if start == count and self._room_in(open_batch, now, longest):
+                    return count  # the whole call went into it, which may take more still
                 self._send(k, open_batch)
-            for at in range(0, count, step):
+            for at in range(start, count, step):
                 stop = min(count, at + step)
                 batch = Batch(time.monotonic(), self._take_spare())
                 batch.extend(values, at, stop, now)
                 # the queued bytes, shared out so that they add up to nbytes exactly
                 batch.nbytes = nbytes * stop // count - nbytes * at // count
+                if stop == count and stop - at < step and k in self._backlog:
+                    # a short last batch behind batches that wait (five in flight) would not
+                    # go now anyway: it stays open, and the next call (or produce) fills it up
+                    # before it goes, instead of taking one of the five places in flight with
+                    # a few records (the rest of each call of 100,000: 8 % of the batches)
+                    self._open_set(k, batch)
+                    self._wake.set()  # the linger thread sends it once it may go
+                    continue
                 self._send(k, batch)
         return count
+
+    def _room_in(self, batch: Any, now: int, longest_value: int) -> int:
+        """How many more keyless records of at most ``longest_value`` bytes, stamped ``now``,
+        surely fit the open ``batch`` (``batch.num.messages``, ``batch.size``); 0 for a batch
+        that cannot take records from a list (delivery callbacks, an Arrow batch)."""
+        if type(batch) is not Batch or batch.cbs is not None:
+            return 0
+        n = batch.count()
+        rows = self._batch_records - n
+        if rows <= 0:
+            return 0
+        delta = _varint_size(now - batch.base_ts) if n else 1
+        body = (1 + delta + _varint_size(self._batch_records - 1) + 1
+                + _varint_size(longest_value) + max(longest_value, 0) + 1)
+        return max(0, min(rows, (self._batch_bytes - batch.size()) // (_varint_size(body) + body)))
 
     # -- reports ----------------------------------------------------------------------------
 

@@ -1477,6 +1477,49 @@ def test_produce_batch_reuses_the_buffers_of_sent_batches(kafka: RunningBroker) 
         clients.close()
 
 
+def test_produce_batch_fills_the_last_short_batch_of_a_call_from_the_next(
+        kafka: RunningBroker) -> None:
+    """The short last batch of a ``produce_batch`` call, behind batches that wait (here one in
+    flight to a stopped worker, the next in the backlog), stays open and the next call fills it
+    up before it goes: full batches, not a short one a call (each takes one of the five places
+    in flight for a whole fsync).  Every record arrives, in order; flush sends the last one."""
+    from shmq.client.producer import batch_rows
+
+    clients = Clients("shm", kafka.bootstrap)
+    workers = list(kafka.worker_pids().values())
+    try:
+        topic = new_topic(clients, partitions=1)
+        p = clients.producer(**{"batch.size": 10_000,
+                                "max.in.flight.requests.per.connection": 1})
+        rows = batch_rows(10_000, 10_000, -1, 100)
+        values = [b"%06d" % i + b"v" * 94 for i in range(2 * rows + 30)]
+        p.produce(topic, b"first", partition=0)
+        assert p.flush(30) == 0
+        for pid in workers:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            assert p.produce_batch(topic, values, partition=0) == len(values)
+            assert len(p) == len(values)
+            assert p.produce_batch(topic, values, partition=0) == len(values)
+        finally:
+            for pid in workers:
+                os.kill(pid, signal.SIGCONT)
+        assert p.flush(30) == 0
+        batches = _stored_batches(kafka.data_dir, topic, 0)
+        counts = [len(list(b)) for b in batches]
+        total = 2 * len(values)
+        # (the filled one may hold a record more than batch_rows: its bound is per record)
+        assert counts[0] == 1 and sum(counts[1:]) == total, counts
+        assert all(n >= rows for n in counts[1:-1]), counts  # was [.., 30, 89, 89, 30]
+        assert max(len(b._buffer) for b in batches) <= 10_000
+        c = clients.consumer(**{"group.id": f"g-{topic}"})
+        c.assign([TopicPartition(topic, 0, 1)])
+        assert [m.value() for m in drain(c, total)] == values + values
+        c.close()
+    finally:
+        clients.close()
+
+
 @pytest.mark.parametrize("transport", ["shm", "kafka"])
 def test_produce_batch_input_forms(kafka: RunningBroker, transport: str) -> None:
     """Every input form of produce_batch -- Arrow arrays of every binary and string type
