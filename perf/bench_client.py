@@ -185,6 +185,7 @@ def batch_breakdown(trace_dir: Path) -> list[tuple[str, Any]]:
     fl = np.array(sorted(flushes, key=lambda x: x[2]), dtype=np.int64).reshape(-1, 4)
     # the flushes of this row's log only (the trace holds every log's): within its sends
     fl = fl[(fl[:, 1] >= c[:, 1].min()) & (fl[:, 2] <= c[:, 2].max())]
+    wb, fl = fl[fl[:, 3] < 0], fl[fl[:, 3] >= 0]  # start_writeback calls, fsyncs
     out: dict[str, list[int]] = {}
 
     def add(name: str, v: int) -> None:
@@ -212,6 +213,8 @@ def batch_breakdown(trace_dir: Path) -> list[tuple[str, Any]]:
                 add("  fsync done -> the loop sees it", aa[2] - f0[2])
         add("  loop -> answer written (earlier answers first)", aa[3] - aa[2])
         add("  answer written -> producer reads it", read - aa[3])
+    if len(wb):
+        out["start_writeback on the worker's loop"] = list(wb[:, 2] - wb[:, 1])
     if len(fl) > 1:
         out["fsyncs: duration"] = list(fl[:, 2] - fl[:, 1])
         gap = fl[1:, 1] - fl[:-1, 2]
