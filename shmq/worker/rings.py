@@ -42,6 +42,7 @@ Theory of operation
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import socket
@@ -88,6 +89,7 @@ IDLE_SPIN_S = 0.0002
 # its loop turns (sched_yield + an epoll_wait a turn) were most of the worker's CPU: 57-60 us
 # a record against 43 without a spin (bench_shm --trace, shared box).
 SPIN_GAP_S = 0.00005
+COMMIT_THREADS = 8                # RingServer.committer: group commits of this many logs at once
 MAX_MESSAGE_BYTES = 512           # an error message in a completion is cut to this
 COMPLETION_ROOM = rings.align8(rings.COMPLETION_HEADER_SIZE + MAX_MESSAGE_BYTES)
 UNKNOWN_TOPIC_OR_PARTITION = 3
@@ -125,6 +127,19 @@ if TRACE_STAGES:
     gc.callbacks.append(_gc_event)
 
 
+class _Group:
+    """A drain's acks=all entries and their group commit: flushes not done yet, failures."""
+
+    __slots__ = ("durable", "left", "failed", "started", "flushed")
+
+    def __init__(self, durable: list, left: int, started: int) -> None:
+        self.durable = durable
+        self.left = left
+        self.failed: dict[int, BaseException] = {}
+        self.started = started
+        self.flushed = 0
+
+
 class RingSession:
     """One client process's rings on this worker."""
 
@@ -158,9 +173,9 @@ class RingSession:
         # (base offset, its flush handed to the executor, its flush returned, its answer
         # written) of every acks=all entry
         self.answer_trace: list[tuple[int, int, int, int]] = []
-        # the last drain's acks=all answers, which the next drain's wait for: answers go out in
-        # ring order, as a Kafka connection's responses do (a later fsync can finish first)
-        self.answering: asyncio.Future | None = None
+        # the acks=all entries waiting for their group commits, a group a drain: answered in
+        # ring order, as a Kafka connection's responses are (a later fsync can finish first)
+        self.groups: deque[_Group] = deque()
 
     # -- set-up -----------------------------------------------------------------------------
 
@@ -371,9 +386,9 @@ class RingSession:
         return taken, more
 
     def _flush_then_answer(self, durable: list) -> None:
-        """Hand the group commit of these acks=all entries to the executor now (one flush a
-        log, to its highest offset: each covers the log's end as it finds it), and answer them
-        once it is done, after every earlier entry."""
+        """Hand the group commit of these acks=all entries to the commit threads now (one
+        flush a log, to its highest offset: each covers the log's end as it finds it); they
+        are answered once it is done (``_flushed``), after every earlier entry."""
         logs: dict[int, Durable] = {}
         for _, _, _, d in durable:
             seen = logs.get(id(d.log))
@@ -382,11 +397,60 @@ class RingSession:
         metrics = self.ctx.metrics
         if metrics is not None:  # Kafka's produce purgatory: acks=all waits here (RemoteTimeMs)
             metrics.add(PRODUCE_WAITS_STARTED)
-        loop = self.loop
-        jobs = [(d, loop.run_in_executor(None, partial(d.log.flush, d.upto, checkpoint=False)))
-                for d in logs.values()]
-        self.answering = asyncio.ensure_future(
-            self._answer_when_durable(durable, jobs, time.monotonic_ns(), self.answering))
+        group = _Group(durable, len(logs), time.monotonic_ns())
+        self.groups.append(group)
+        pool = self.server.committer()
+        for key, d in logs.items():
+            job = pool.submit(d.log.flush, d.upto, checkpoint=False)
+            # straight to the loop when done: one turn of it, not an asyncio future's two
+            job.add_done_callback(partial(self._flush_done, group, key))
+
+    def _flush_done(self, group: _Group, key: int, job: concurrent.futures.Future) -> None:
+        """(the commit thread) hands a finished flush to the loop."""
+        try:
+            self.loop.call_soon_threadsafe(self._flushed, group, key, job)
+        except RuntimeError:  # the loop is closed: the worker is going away
+            pass
+
+    def _flushed(self, group: _Group, key: int, job: concurrent.futures.Future) -> None:
+        """One flush of ``group`` is done (on the loop): once all are, the groups at the front
+        whose flushes are all done are answered, in ring order."""
+        exc = job.exception()
+        if exc is not None:
+            if not isinstance(exc, OSError):
+                log.error("flush for acks=all raised", exc_info=exc)
+            group.failed[key] = exc
+        group.left -= 1
+        if group.left:
+            return
+        group.flushed = time.monotonic_ns()
+        metrics = self.ctx.metrics
+        if metrics is not None:
+            metrics.add(PRODUCE_WAITS_DONE)
+            metrics.observe(PRODUCE_WAIT_HIST, group.flushed - group.started)
+        groups = self.groups
+        while groups and not groups[0].left:
+            self._answer_group(groups.popleft())
+
+    def _answer_group(self, group: _Group) -> None:
+        durable, failed = group.durable, group.failed
+        if failed:  # the fsync failed: the answer says so (Kafka: KAFKA_STORAGE_ERROR)
+            durable = [(slot, corr, result._replace(
+                            error_code=KAFKA_STORAGE_ERROR, base_offset=-1,
+                            error_message=f"fsync failed: {failed[id(d.log)]}"), d)
+                       if id(d.log) in failed else (slot, corr, result, d)
+                       for slot, corr, result, d in durable]
+            _throttled(logging.ERROR, "flush", "flush for acks=all failed: %s; answering "
+                       "KAFKA_STORAGE_ERROR", next(iter(failed.values())))
+        if self.closed:
+            return
+        for slot, corr, result, _ in durable:
+            self._answer(slot, corr, result)
+        if self.trace is not None:
+            answered = time.monotonic_ns()
+            self.answer_trace.extend((r.base_offset, group.started, group.flushed, answered)
+                                     for _, _, r, _ in durable)
+        self._release()
 
     def _answer(self, slot: list | None, corr: int, result: PartitionResult) -> int:
         """Write one completion; returns the bytes of the completion ring it took."""
@@ -404,41 +468,6 @@ class RingSession:
             slot[1] = True
         self.unanswered -= 1
         return int(ring.completion_tail - before)  # a PAD entry at the ring's end included
-
-    async def _answer_when_durable(self, durable: list, jobs: list, started: int,
-                                   before: asyncio.Future | None) -> None:
-        failed: dict[int, OSError] = {}
-        try:
-            for d, job in jobs:
-                try:
-                    await job
-                except OSError as exc:  # its answers say so, below
-                    failed[id(d.log)] = exc
-        finally:
-            metrics = self.ctx.metrics
-            if metrics is not None:
-                metrics.add(PRODUCE_WAITS_DONE)
-                metrics.observe(PRODUCE_WAIT_HIST, time.monotonic_ns() - started)
-        flushed = time.monotonic_ns() if self.trace is not None else 0
-        if before is not None and not before.done():
-            await asyncio.wait([before])  # the earlier entries' answers first
-        if failed:  # the fsync failed: the answer says so (Kafka: KAFKA_STORAGE_ERROR)
-            durable = [(slot, corr, result._replace(
-                            error_code=KAFKA_STORAGE_ERROR, base_offset=-1,
-                            error_message=f"fsync failed: {failed[id(d.log)]}"), d)
-                       if id(d.log) in failed else (slot, corr, result, d)
-                       for slot, corr, result, d in durable]
-            _throttled(logging.ERROR, "flush", "flush for acks=all failed: %s; answering "
-                       "KAFKA_STORAGE_ERROR", next(iter(failed.values())))
-        if self.closed:
-            return
-        for slot, corr, result, _ in durable:
-            self._answer(slot, corr, result)
-        if flushed:
-            answered = time.monotonic_ns()
-            self.answer_trace.extend((r.base_offset, started, flushed, answered)
-                                     for _, _, r, _ in durable)
-        self._release()
 
     def _release(self, end: int = -1) -> None:
         """Give back the ring space of the answered entries at the front, in ring order (and
@@ -539,6 +568,15 @@ class RingServer:
         self.sessions: dict[int, RingSession] = {}
         self.next_id = 1
         self.sock: socket.socket | None = None
+        self._committer: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def committer(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The threads that run the sessions' group commits (``PartitionLog.flush``: one at a
+        time a log, any number of logs at once), made at the first."""
+        if self._committer is None:
+            self._committer = concurrent.futures.ThreadPoolExecutor(
+                COMMIT_THREADS, thread_name_prefix="shmq-commit")
+        return self._committer
 
     def start(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
@@ -615,6 +653,9 @@ class RingServer:
     def close(self) -> None:
         for session in list(self.sessions.values()):
             session.close()
+        if self._committer is not None:
+            self._committer.shutdown(wait=False)
+            self._committer = None
         if self.sock is not None:
             self.loop.remove_reader(self.sock.fileno())
             self.sock.close()
