@@ -222,32 +222,6 @@ def _column_buffers(arr: Any) -> tuple[Any, Any, Any, Any]:
     return off, body, bits, lengths
 
 
-def _joined_rows(tail: Any, head: Any, fill: int) -> tuple[Any, tuple[Any, Any, Any, Any, Any, Any]]:
-    """(rows, columns) for ``encode_arrow_batch_into`` of ``tail`` then ``head[:fill]``, two
-    binary arrays: without a copy when both are slices of the same buffers (a caller passing
-    what is left of one array, call after call), as row numbers into the whole of them; else
-    from the two joined (``pa.concat_arrays``)."""
-    import numpy as np
-    import pyarrow as pa
-
-    tb, hb = tail.buffers(), head.buffers()
-    same = (tail.type == head.type and tb[1] is not None and hb[1] is not None
-            and tb[1].address == hb[1].address and tb[2] is not None and hb[2] is not None
-            and tb[2].address == hb[2].address
-            and (tb[0].address if tb[0] is not None else 0)
-            == (hb[0].address if hb[0] is not None else 0))
-    if not same:
-        joined = pa.concat_arrays([tail, head.slice(0, fill)])
-        voff, vdata, vvalid, _ = _column_buffers(joined)
-        return np.arange(len(joined), dtype=np.int64), (None, None, None, voff, vdata, vvalid)
-    end = max(tail.offset + len(tail), head.offset + fill)
-    off = np.frombuffer(tb[1], np.int32, end + 1)
-    bits = memoryview(tb[0]).cast("B")[: (end + 7) // 8] if tb[0] is not None else None
-    rows = np.concatenate([np.arange(tail.offset, tail.offset + len(tail), dtype=np.int64),
-                           np.arange(head.offset, head.offset + fill, dtype=np.int64)])
-    return rows, (None, None, None, off, memoryview(tb[2]).cast("B"), bits)
-
-
 def _varint_size(n: int) -> int:
     """Bytes of Kafka's zigzag varint of ``n``."""
     return max(1, (((n << 1) ^ (n >> 63)).bit_length() + 6) // 7)
@@ -1173,6 +1147,9 @@ class ShmProducer(Producer, ProducerCore):
         ``vcol`` (lock held): sent with the first of them as one batch when it is the short end
         of an earlier such call (its values kept beside it), else sent as it is (or filled from
         a list's values, ``_room_in``).  Returns how many of ``vcol`` went with it."""
+        import numpy as np
+        import pyarrow as pa
+
         tail = self._arrow_tail.pop(k, None)
         if tail is None or tail[0] is not open_batch or open_batch.count() != len(tail[1]):
             self._send(k, open_batch)  # written to since (produce): as it is
@@ -1182,7 +1159,10 @@ class ShmProducer(Producer, ProducerCore):
             self._send(k, open_batch)
             return 0
         self._open_pop(k)
-        rows, cols = _joined_rows(tail[1], vcol, fill)
+        merged = pa.concat_arrays([tail[1], vcol.slice(0, fill)])
+        voff, vdata, vvalid, _ = _column_buffers(merged)
+        cols = (None, None, None, voff, vdata, vvalid)
+        rows = np.arange(len(merged), dtype=np.int64)
         size = -_fast.encode_arrow_batch_into(_EMPTY, 0, 0, rows, *cols, now)
         # (its records stamped ``now``, the time of the call that sends them, as one batch
         # of Arrow values has one timestamp)

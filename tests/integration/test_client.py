@@ -1477,15 +1477,14 @@ def test_produce_batch_reuses_the_buffers_of_sent_batches(kafka: RunningBroker) 
         clients.close()
 
 
-@pytest.mark.parametrize("form", ["list", "arrow", "arrow-two-arrays"])
+@pytest.mark.parametrize("form", ["list", "arrow"])
 def test_produce_batch_fills_the_last_short_batch_of_a_call_from_the_next(
         kafka: RunningBroker, form: str) -> None:
     """The short last batch of a ``produce_batch`` call, behind batches that wait (here one in
     flight to a stopped worker, the next in the backlog), stays open and the next call fills it
     up before it goes: full batches, not a short one a call (each takes one of the five places
     in flight for a whole fsync), from lists and from Arrow values (the short end re-encoded
-    with the next call's first values: row numbers into one array's buffers, or the two arrays
-    joined).  Every record arrives, in order; flush sends the last
+    with the next call's first values).  Every record arrives, in order; flush sends the last
     one."""
     import pyarrow as pa
 
@@ -1498,9 +1497,7 @@ def test_produce_batch_fills_the_last_short_batch_of_a_call_from_the_next(
         p = clients.producer(**{"batch.size": 10_000,
                                 "max.in.flight.requests.per.connection": 1})
         rows = batch_rows(10_000, 10_000, -1, 100)
-        values: list[bytes | None] = [b"%06d" % i + b"v" * 94 for i in range(2 * rows + 30)]
-        if form == "arrow-two-arrays":  # nulls, and a second array (joined by a copy)
-            values[2 * rows + 3] = values[5] = None
+        values = [b"%06d" % i + b"v" * 94 for i in range(2 * rows + 30)]
         p.produce(topic, b"first", partition=0)
         assert p.flush(30) == 0
         for pid in workers:
@@ -1509,8 +1506,6 @@ def test_produce_batch_fills_the_last_short_batch_of_a_call_from_the_next(
             arg = values if form == "list" else pa.array(values, pa.binary())
             assert p.produce_batch(topic, arg, partition=0) == len(values)
             assert len(p) == len(values)
-            if form == "arrow-two-arrays":
-                arg = pa.array(values, pa.binary())
             assert p.produce_batch(topic, arg, partition=0) == len(values)
         finally:
             for pid in workers:
