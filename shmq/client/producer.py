@@ -1112,8 +1112,6 @@ class ShmProducer(Producer, ProducerCore):
                         counted = start
                     else:
                         self._send(k, open_batch)
-                elif self._arrow_tail:
-                    self._arrow_tail.pop(k, None)  # its batch went (flush, linger): let go
                 for at in range(start, len(group), step):
                     chunk = np.ascontiguousarray(group[at : at + step], dtype=np.int64)
                     size = -encode(_EMPTY, 0, 0, chunk, *cols, now)
