@@ -594,10 +594,6 @@ class ShmProducer(Producer, ProducerCore):
         self._reported = 0        # records of batches without callbacks answered since poll
         self._spares: list[bytearray] = []  # sent batches' buffers, for the next batches
         self._last_send: dict[tuple[str, int], float] = {}  # when each partition's last batch went
-        # an open batch that is the short end of a produce_batch of Arrow values, with those
-        # values (a slice of the caller's column): the next such call sends them with its first
-        # values as one batch (``_produce_arrow_tail``)
-        self._arrow_tail: dict[tuple[str, int], tuple[Batch, Any]] = {}
         # The two locks (see "Never blocking" in the module docstring): ``_lock`` (the C lock
         # ProducerCore.produce takes) guards the open batches, the backlogs, the counts and the
         # reports, and is never held while waiting for anything; ``_io`` guards the LocalBroker
@@ -1094,31 +1090,20 @@ class ShmProducer(Producer, ProducerCore):
         # encoded now
         lazy = not (type(values).__module__.startswith("numpy")
                     or type(keys).__module__.startswith("numpy"))
-        # one partition, no keys, the caller's Arrow values: its short last batch may stay open
-        # for the next call to fill (see _produce_list), merged with that call's first values
-        merge = lazy and kcol is None and len(plan) == 1
         with self._lock:
             self._queued += count
             self._queued_bytes += nbytes
             counted = 0
             for p, group in plan:
                 k = (topic, p)
-                start = 0
                 open_batch = self._open_get(k)
                 if open_batch is not None:  # earlier records go first
-                    if merge:
-                        start = self._produce_arrow_tail(k, open_batch, vcol, int(vlen.max()),
-                                                         nbytes, count, now)
-                        counted = start
-                    else:
-                        self._send(k, open_batch)
-                for at in range(start, len(group), step):
+                    self._send(k, open_batch)
+                for at in range(0, len(group), step):
                     chunk = np.ascontiguousarray(group[at : at + step], dtype=np.int64)
                     size = -encode(_EMPTY, 0, 0, chunk, *cols, now)
                     batch: Any
-                    short = merge and at + step >= len(group) and len(chunk) < step \
-                        and k in self._backlog
-                    if lazy and not short:
+                    if lazy:
                         batch = ArrowBatch(time.monotonic(), chunk, cols, size, now)
                     else:
                         data = self._take_spare()
@@ -1131,46 +1116,8 @@ class ShmProducer(Producer, ProducerCore):
                     batch.nbytes = nbytes * (counted + len(chunk)) // count - \
                         nbytes * counted // count
                     counted += len(chunk)
-                    if short:  # behind batches that wait: open, for the next call to fill
-                        self._open_set(k, batch)
-                        self._arrow_tail[k] = (batch, vcol.slice(at, len(chunk)))
-                        self._wake.set()
-                        continue
                     self._send(k, batch)
         return count
-
-    def _produce_arrow_tail(self, k: tuple[str, int], open_batch: Any, vcol: Any,
-                            longest_value: int, nbytes: int, count: int, now: int) -> int:
-        """The open batch of ``k`` before a keyless ``produce_batch`` of Arrow values
-        ``vcol`` (lock held): sent with the first of them as one batch when it is the short end
-        of an earlier such call (its values kept beside it), else sent as it is (or filled from
-        a list's values, ``_room_in``).  Returns how many of ``vcol`` went with it."""
-        import numpy as np
-        import pyarrow as pa
-
-        tail = self._arrow_tail.pop(k, None)
-        if tail is None or tail[0] is not open_batch or open_batch.count() != len(tail[1]):
-            self._send(k, open_batch)  # written to since (produce): as it is
-            return 0
-        fill = min(count, self._room_in(open_batch, now, longest_value))
-        if not fill:
-            self._send(k, open_batch)
-            return 0
-        self._open_pop(k)
-        merged = pa.concat_arrays([tail[1], vcol.slice(0, fill)])
-        voff, vdata, vvalid, _ = _column_buffers(merged)
-        cols = (None, None, None, voff, vdata, vvalid)
-        rows = np.arange(len(merged), dtype=np.int64)
-        size = -_fast.encode_arrow_batch_into(_EMPTY, 0, 0, rows, *cols, now)
-        # (its records stamped ``now``, the time of the call that sends them, as one batch
-        # of Arrow values has one timestamp)
-        batch: Any = ArrowBatch(open_batch.opened, rows, cols, size, now)
-        batch.nbytes = open_batch.nbytes + nbytes * fill // count
-        spare = open_batch.release()
-        if spare is not None and len(self._spares) < SPARES:
-            self._spares.append(spare)
-        self._send(k, batch)
-        return fill
 
     def _admit(self, topic: str, longest: int) -> int:
         """The checks of a ``produce_batch`` before anything is queued (its largest record, the

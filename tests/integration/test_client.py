@@ -1477,17 +1477,12 @@ def test_produce_batch_reuses_the_buffers_of_sent_batches(kafka: RunningBroker) 
         clients.close()
 
 
-@pytest.mark.parametrize("form", ["list", "arrow"])
 def test_produce_batch_fills_the_last_short_batch_of_a_call_from_the_next(
-        kafka: RunningBroker, form: str) -> None:
+        kafka: RunningBroker) -> None:
     """The short last batch of a ``produce_batch`` call, behind batches that wait (here one in
     flight to a stopped worker, the next in the backlog), stays open and the next call fills it
     up before it goes: full batches, not a short one a call (each takes one of the five places
-    in flight for a whole fsync), from lists and from Arrow values (the short end re-encoded
-    with the next call's first values).  Every record arrives, in order; flush sends the last
-    one."""
-    import pyarrow as pa
-
+    in flight for a whole fsync).  Every record arrives, in order; flush sends the last one."""
     from shmq.client.producer import batch_rows
 
     clients = Clients("shm", kafka.bootstrap)
@@ -1503,10 +1498,9 @@ def test_produce_batch_fills_the_last_short_batch_of_a_call_from_the_next(
         for pid in workers:
             os.kill(pid, signal.SIGSTOP)
         try:
-            arg = values if form == "list" else pa.array(values, pa.binary())
-            assert p.produce_batch(topic, arg, partition=0) == len(values)
+            assert p.produce_batch(topic, values, partition=0) == len(values)
             assert len(p) == len(values)
-            assert p.produce_batch(topic, arg, partition=0) == len(values)
+            assert p.produce_batch(topic, values, partition=0) == len(values)
         finally:
             for pid in workers:
                 os.kill(pid, signal.SIGCONT)
