@@ -123,31 +123,66 @@ class ConstantColumns:
                                                       data.slice(0, len(raw) * n)])
 
 
+# the Arrow types, made once (``pa.timestamp("us", tz="UTC")`` costs ~0.25 us a call)
+_BINARY, _STRING, _INT32, _INT64 = pa.binary(), pa.string(), pa.int32(), pa.int64()
+_TIMESTAMP = pa.timestamp("us", tz="UTC")
+_NAMES = SCHEMA.names
+_NAMES_WITH_HEADERS = SCHEMA_WITH_HEADERS.names
+# Up to this many sections the meta table is read as a Python list: numpy's slicing, compares
+# and reductions cost ~1 us each on a handful of values
+_FEW_SECTIONS = 16
+
+
+def _align(n: int) -> int:
+    return (n + 63) & ~63
+
+
 def sections_to_arrow(bodies: list[Any], meta: np.ndarray, topic: str, partition: int, *,
                       min_offset: int, max_offset: int, include_headers: bool = False,
                       alloc: Callable[[int], pa.Buffer] | None = None,
                       constants: ConstantColumns | None = None) -> pa.RecordBatch:
     """The records of ``bodies`` (uncompressed records sections, ``meta`` as for
     ``_fast.fill_columns``) with offsets in [min_offset, max_offset), as one Arrow batch.
-    ``alloc(n)`` gives each column buffer (default ``pyarrow.allocate_buffer``; a local reader
+    ``alloc(n)`` gives the column buffers (default ``pyarrow.allocate_buffer``; a local reader
     passes its ``shmq.ipc.buffers.BufferPool``, whose pages it keeps); ``constants`` shares the
-    topic, partition and timestampType columns between batches (``ConstantColumns``)."""
+    topic, partition and timestampType columns between batches (``ConstantColumns``).
+
+    Its fixed cost is what a waiting reader's small reads pay each (~30 us a call on ~10
+    records before): so one ``alloc`` for the eight filled buffers, sliced at 64-byte
+    boundaries; the Arrow types made once; a short ``meta`` read as a list."""
     meta = np.ascontiguousarray(meta, dtype=np.int64).reshape(-1)
-    counts = meta[0::4]
-    rows = int(counts.sum())
-    data = sum(len(b) for b in bodies) + _SLACK
+    if len(meta) <= 4 * _FEW_SECTIONS:
+        listed = meta.tolist()
+        rows = sum(listed[0::4])
+        lats = listed[3::4]
+    else:
+        listed = None
+        rows = int(meta[0::4].sum())
+        lats = None
+    data = _align(sum(len(b) for b in bodies) + _SLACK)
     if alloc is None:
         alloc = pa.allocate_buffer
-    offsets, stamps = alloc(8 * rows), alloc(8 * rows)
-    koff, voff = alloc(4 * (rows + 1)), alloc(4 * (rows + 1))
-    kdata, vdata = alloc(data), alloc(data)
-    kvalid, vvalid = alloc(rows // 8 + 1), alloc(rows // 8 + 1)
-    mv = memoryview
+    r8 = _align(8 * rows)
+    r4 = _align(4 * (rows + 1))
+    bits = _align(rows // 8 + 1)
+    # offsets, stamps | koff, voff | kdata, vdata | kvalid, vvalid
+    block = alloc(2 * (r8 + r4 + data + bits))
+    at_koff = 2 * r8
+    at_kdata = at_koff + 2 * r4
+    at_kvalid = at_kdata + 2 * data
+    mv = memoryview(block).cast("B")
     n, klen, vlen, knulls, vnulls = _fast.fill_columns(
-        bodies, meta, mv(offsets).cast("q"), mv(stamps).cast("q"), mv(koff).cast("i"),
-        mv(kdata).cast("B"), mv(kvalid).cast("B"), mv(voff).cast("i"), mv(vdata).cast("B"),
-        mv(vvalid).cast("B"), min_offset, max_offset, 1000)
-    offset_array = pa.Array.from_buffers(pa.int64(), n, [None, offsets])
+        bodies, meta, mv[0 : 8 * rows].cast("q"), mv[r8 : r8 + 8 * rows].cast("q"),
+        mv[at_koff : at_koff + 4 * (rows + 1)].cast("i"), mv[at_kdata : at_kdata + data],
+        mv[at_kvalid : at_kvalid + rows // 8 + 1],
+        mv[at_koff + r4 : at_koff + r4 + 4 * (rows + 1)].cast("i"),
+        mv[at_kdata + data : at_kdata + 2 * data],
+        mv[at_kvalid + bits : at_kvalid + bits + rows // 8 + 1],
+        min_offset, max_offset, 1000)
+    del mv
+    sl = block.slice
+    offsets = sl(0, 8 * n)
+    offset_array = pa.Array.from_buffers(_INT64, n, [None, offsets])
     if constants is not None:
         topics = constants.string(topic, n)
         partitions = constants.int32(partition, n)
@@ -155,22 +190,27 @@ def sections_to_arrow(bodies: list[Any], meta: np.ndarray, topic: str, partition
         topics = _repeated_string(topic, n, alloc)
         partitions = _filled_int32(n, partition, alloc)
     arrays = [
-        _binary(n, koff, kdata, kvalid, knulls, klen),
-        _binary(n, voff, vdata, vvalid, vnulls, vlen),
+        _binary(n, sl(at_koff, 4 * (n + 1)), sl(at_kdata, klen),
+                sl(at_kvalid, n // 8 + 1), knulls),
+        _binary(n, sl(at_koff + r4, 4 * (n + 1)), sl(at_kdata + data, vlen),
+                sl(at_kvalid + bits, n // 8 + 1), vnulls),
         topics,
-        pa.Array.from_buffers(pa.int32(), n, [None, partitions]),
+        pa.Array.from_buffers(_INT32, n, [None, partitions]),
         offset_array,
-        pa.Array.from_buffers(pa.timestamp("us", tz="UTC"), n, [None, stamps]),
-        _timestamp_types(meta, n, offset_array, alloc, constants),
+        pa.Array.from_buffers(_TIMESTAMP, n, [None, sl(r8, 8 * n)]),
+        _timestamp_types(meta, n, offset_array, alloc, constants, lats),
     ]
     if include_headers:
         arrays.append(_headers(bodies, meta, n, min_offset, max_offset))
-    return pa.RecordBatch.from_arrays(arrays, schema=kafka_schema(include_headers))
+        return pa.RecordBatch.from_arrays(arrays, names=_NAMES_WITH_HEADERS)
+    # names, not the schema: the same schema (every field nullable, no metadata), without
+    # comparing each column's type to it (~0.7 us)
+    return pa.RecordBatch.from_arrays(arrays, names=_NAMES)
 
 
-def _binary(n: int, off: Any, data: Any, valid: Any, nulls: int, used: int) -> pa.Array:
-    return pa.Array.from_buffers(pa.binary(), n, [valid if nulls else None, off,
-                                                  data.slice(0, used)], null_count=nulls)
+def _binary(n: int, off: Any, data: Any, valid: Any, nulls: int) -> pa.Array:
+    return pa.Array.from_buffers(_BINARY, n, [valid if nulls else None, off, data],
+                                 null_count=nulls)
 
 
 def _filled_int32(n: int, value: int, alloc: Callable[[int], pa.Buffer]) -> pa.Buffer:
@@ -194,13 +234,24 @@ def _repeated_string(text: str, n: int,
 
 def _timestamp_types(meta: np.ndarray, n: int, offsets: pa.Array,
                      alloc: Callable[[int], pa.Buffer] = pa.allocate_buffer,
-                     constants: ConstantColumns | None = None) -> pa.Array:
-    lat = meta[3::4] != _fast.NO_LOG_APPEND_TIME
-    if n == 0 or not lat.any() or lat.all():
-        kind = 1 if n and lat.all() else 0
+                     constants: ConstantColumns | None = None,
+                     lats: list[int] | None = None) -> pa.Array:
+    """``lats``: ``meta[3::4]`` as a list when the caller has it (a few sections)."""
+    if lats is not None:
+        no = _fast.NO_LOG_APPEND_TIME
+        with_lat = sum(1 for t in lats if t != no)
+        same = with_lat in (0, len(lats))
+        kind = 1 if with_lat and same else 0
+    else:
+        lat = meta[3::4] != _fast.NO_LOG_APPEND_TIME
+        same = not lat.any() or bool(lat.all())
+        kind = 1 if same and lat.any() else 0
+    if n == 0 or same:
+        kind = kind if n else 0
         filled = constants.int32(kind, n) if constants is not None else \
             _filled_int32(n, kind, alloc)
-        return pa.Array.from_buffers(pa.int32(), n, [None, filled])
+        return pa.Array.from_buffers(_INT32, n, [None, filled])
+    lat = meta[3::4] != _fast.NO_LOG_APPEND_TIME
     # mixed batches (a topic whose message.timestamp.type changed): each row's batch by offset
     bases = meta[1::4]
     rows = np.frombuffer(offsets.buffers()[1], np.int64, len(offsets), 8 * offsets.offset)
@@ -222,6 +273,10 @@ def _headers(bodies: list[Any], meta: np.ndarray, n: int, lo: int, hi: int) -> p
         mv(kdata).cast("B"), mv(voff).cast("i"), mv(vdata).cast("B"), mv(vvalid).cast("B"),
         lo, hi)
     assert rows == n, (rows, n)
+    # the entries' buffers cut to the ``count`` entries: sized for ``heads``, their tails are
+    # uninitialised memory that Arrow IPC (a Spark batch) would otherwise ship
+    koff, voff = koff.slice(0, 4 * (count + 1)), voff.slice(0, 4 * (count + 1))
+    vvalid = vvalid.slice(0, count // 8 + 1)
     if bad_keys:
         raw = pa.Array.from_buffers(pa.binary(), count, [None, koff, kdata.slice(0, klen)])
         keys = pa.array([k.decode("utf-8", "replace") for k in raw.to_pylist()], pa.string())
