@@ -74,7 +74,8 @@ class BufferPool:
         return self._bytes
 
     def take(self, n: int) -> Any:
-        # ~8 takes a ``to_arrow``: its fixed cost, which a waiting reader's small reads pay
+        # one take a ``to_arrow`` (``sections_to_arrow`` slices its eight filled buffers out of
+        # one block; it took eight), part of the fixed cost a waiting reader's small reads pay
         # each (2.4 -> ~1 us a take: pyarrow looked up once, no index loop)
         pa = _pyarrow or _import_pyarrow()
         n = max(int(n), 0)
