@@ -22,8 +22,9 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "integration"))
+# the checkout the broker runs from: the current directory (an A/B runs this file from another)
+sys.path.insert(0, str(Path.cwd() / "perf"))
+sys.path.insert(0, str(Path.cwd() / "tests" / "integration"))
 
 from bench_broker import cpu_delta, create_topic, start_shmq  # noqa: E402
 from kafka_wire import Wire, produce_body, record_batch  # noqa: E402
@@ -48,6 +49,21 @@ def build_frames(topic: str, parts: list[int], n: int, records: int, size: int) 
         payload = w.frame(0, 9, produce_body(topic, parts[i % len(parts)], batch, acks=1))
         frames.append(struct.pack(">i", len(payload)) + payload)
     return frames
+
+
+def user_sys(pids: list[int]) -> tuple[float, float]:
+    """User and system CPU seconds of ``pids`` (/proc/<pid>/stat utime, stime)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    u = k = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        u += int(fields[11])
+        k += int(fields[12])
+    return u / tick, k / tick
 
 
 def drive(addr: tuple[str, int], frames: list[bytes], window: int, errors: list) -> None:
@@ -113,20 +129,23 @@ def main(argv: list[str] | None = None) -> int:
             results = []
             for _ in range(args.repeat):
                 before = broker.cpu()
+                us0 = user_sys(list(before))
                 t0 = time.perf_counter()
                 threads = [threading.Thread(target=drive, args=(a, f, args.window, errs))
-                           for a, f in zip(conns, frames)]
+                           for a, f in zip(conns, frames, strict=True)]
                 for t in threads:
                     t.start()
                 for t in threads:
                     t.join()
                 wall = time.perf_counter() - t0
                 cpu = cpu_delta(before, broker.cpu())
+                us1 = user_sys(list(before))
                 if errs:
                     raise errs[0]
                 n = per * args.connections
                 results.append(cpu / n * 1e6)
                 print(f"{n} requests: broker {cpu:.3f} s CPU, {cpu / n * 1e6:.1f} µs/request, "
+                      f"(user {(us1[0] - us0[0]) / n * 1e6:.1f}, sys {(us1[1] - us0[1]) / n * 1e6:.1f}), "
                       f"{n / wall:,.0f} req/s wall", flush=True)
             results.sort()
             print(f"median {results[len(results) // 2]:.1f} µs/request "

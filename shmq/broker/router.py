@@ -34,6 +34,9 @@ _LIST_OFFSETS_MIN = max(list_offsets.MIN_VERSION,
 _LIST_OFFSETS_MAX = min(list_offsets.MAX_VERSION,
                         api_versions.SUPPORTED[api_versions.LIST_OFFSETS][1])
 
+_PRODUCE_MIN = api_versions.implemented_min(api_versions.PRODUCE)
+_PRODUCE_MAX = api_versions.SUPPORTED[api_versions.PRODUCE][1]
+
 _HEAD = struct.Struct(">hhi")
 
 
@@ -59,7 +62,7 @@ class Router:
             pieces = await fetch_handler.handle(self.ctx, request, api_version, correlation_id)
             self.remote_ns, self.ctx.remote_ns = self.ctx.remote_ns, 0
             return pieces
-        if api_key == api_versions.PRODUCE and api_versions.is_supported(api_key, api_version):
+        if api_key == api_versions.PRODUCE and _PRODUCE_MIN <= api_version <= _PRODUCE_MAX:
             header_size = request_header_size(frame, api_version >= 9)
             out = await produce_handler.append(self.ctx, frame, header_size, api_version,
                                                correlation_id)

@@ -389,7 +389,12 @@ class KafkaConnection(asyncio.BufferedProtocol):
                                                          or _quick(self.queue[0])):
                     continue  # leaves with the quick requests behind it (top of the loop)
                 if held:
-                    await self._send(held)
+                    if held_count == 1 and len(held) == 1 and self._send_one(held[0]):
+                        # sent or handed to the transport without a coroutine (``_send_one``)
+                        if not self.writable.is_set():
+                            await self.writable.wait()
+                    else:
+                        await self._send(held)
                     held, held_count = [], 0
                 if timed:
                     self._record(timed)
@@ -455,6 +460,25 @@ class KafkaConnection(asyncio.BufferedProtocol):
             return bool(self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
         except OSError:  # BlockingIOError: nothing waiting
             return False
+
+    def _send_one(self, piece: Any) -> bool:
+        """One answer of one bytes piece (a Produce's, most requests'), sent as ``_send`` would
+        (one ``send``; what the socket does not take goes to the transport) without creating
+        and running its coroutine: ~1 us of a ~30 us small Produce request.  False, having done
+        nothing: not bytes, or the transport still holds earlier bytes; ``_send`` then."""
+        sock = self.sock
+        transport = self.transport
+        if type(piece) is not bytes or sock is None or transport is None \
+                or transport.get_write_buffer_size():
+            return False
+        self.stats["response_writes"] += 1
+        try:
+            sent = sock.send(piece)
+        except BlockingIOError:
+            sent = 0
+        if sent != len(piece):
+            transport.write(memoryview(piece)[sent:])
+        return True
 
     async def _send(self, pieces: list[Any]) -> None:
         """Bytes and file slices, in order: straight to the socket while it takes them, the rest
