@@ -646,6 +646,7 @@ class Listener:
         self.live = 0
         self.connections: set[KafkaConnection] = set()  # made and not yet lost
         self.budget: RequestBudget | None = None  # set by serve()
+        self._pending: set[asyncio.Task] = set()  # accepted, transport not made yet
         self._reserve = self._open_reserve()
         self._refused = 0           # connections refused since the last accept that worked
         self._throttled = Throttled(log)
@@ -688,13 +689,9 @@ class Listener:
                 self._throttled.reset(_REFUSED)
             conn.setblocking(False)
             self.live += 1
-            try:  # the transport at once: no Task, waiter and two loop turns, ~10 us (i17n)
-                self.loop._make_socket_transport(conn, self._make())  # type: ignore[attr-defined]
-            except OSError as exc:
-                conn.close()
-                self.live -= 1
-                self._throttled(logging.WARNING, "connect", "connection dropped at accept: %s",
-                                exc)
+            task = self.loop.create_task(self._connect(conn))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
 
     def _make(self) -> Any:
         protocol = self._factory()
@@ -705,6 +702,17 @@ class Listener:
     def _closed(self, protocol: Any) -> None:
         self.live -= 1
         self.connections.discard(protocol)
+
+    async def _connect(self, conn: socket.socket) -> None:
+        if not self._serving:  # closed meanwhile: the process is stopping
+            conn.close()
+            return
+        try:
+            await self.loop.connect_accepted_socket(self._make, conn)
+        except OSError as exc:
+            conn.close()
+            self.live -= 1
+            self._throttled(logging.WARNING, "connect", "connection dropped at accept: %s", exc)
 
     def _refuse(self, exc: OSError) -> None:
         """Out of descriptors: close every waiting connection at once (see the class)."""
@@ -759,6 +767,8 @@ class Listener:
         if not self._serving:
             return
         self._serving = False
+        for task in self._pending:
+            task.cancel()
         self.loop.remove_reader(self._sock.fileno())
         self._sock.close()
         if self._reserve >= 0:
