@@ -228,7 +228,9 @@ def _stale_extensions(src: Path) -> list[str]:
             continue
         so_time = max(p.stat().st_mtime for p in built)
         text = pyx.read_text()
-        included = [h for h in headers if f'"{h.name}"' in text or f"{h.stem} " in text]
+        included = [h for h in headers if f'"{h.name}"' in text or re.search(
+            rf"^\s*(?:from\s+(?:[\w.]*\.)?{h.stem}\s+cimport|cimport\s+(?:[\w.]*\.)?{h.stem}\b)",
+            text, re.M)]
         newer = [p.name for p in [pyx, *included] if p.stat().st_mtime > so_time]
         if pyx.name in newer:
             stale.append(pyx.name)
