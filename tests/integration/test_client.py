@@ -11,6 +11,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -933,6 +934,18 @@ def test_check_crcs(kafka: RunningBroker) -> None:
 CODECS = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 
 
+@contextmanager
+def _stopped(pids: list[int]) -> Iterator[None]:
+    """The worker processes ``pids`` stopped (SIGSTOP) for the block, continued after it."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+
+
 def _stored_batches(data_dir: Path, topic: str, partition: int) -> list[Any]:
     """The partition's batches as kafka-python's record decoder reads them from the segment
     files on disk (an independent oracle for what was written)."""
@@ -1454,18 +1467,13 @@ def test_produce_batch_reuses_the_buffers_of_sent_batches(kafka: RunningBroker) 
         assert p.flush(30) == 0  # attached, with a producer id
         peaks = []
         for _ in range(2):
-            for pid in workers:
-                os.kill(pid, signal.SIGSTOP)
-            try:
+            with _stopped(workers):
                 tracemalloc.start()
                 try:
                     assert p.produce_batch(topic, values, partition=0) == len(values)
                     peaks.append(tracemalloc.get_traced_memory()[1])
                 finally:
                     tracemalloc.stop()
-            finally:
-                for pid in workers:
-                    os.kill(pid, signal.SIGCONT)
             assert p.flush(30) == 0
         assert peaks[0] > 1_000_000, peaks  # the first call's batches: new buffers
         assert peaks[1] < 300_000, peaks
@@ -1495,15 +1503,10 @@ def test_produce_batch_fills_the_last_short_batch_of_a_call_from_the_next(
         values = [b"%06d" % i + b"v" * 94 for i in range(2 * rows + 30)]
         p.produce(topic, b"first", partition=0)
         assert p.flush(30) == 0
-        for pid in workers:
-            os.kill(pid, signal.SIGSTOP)
-        try:
+        with _stopped(workers):
             assert p.produce_batch(topic, values, partition=0) == len(values)
             assert len(p) == len(values)
             assert p.produce_batch(topic, values, partition=0) == len(values)
-        finally:
-            for pid in workers:
-                os.kill(pid, signal.SIGCONT)
         assert p.flush(30) == 0
         batches = _stored_batches(kafka.data_dir, topic, 0)
         counts = [len(list(b)) for b in batches]
