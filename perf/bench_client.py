@@ -2,7 +2,7 @@
 
     python perf/bench_client.py [--records 1000000] [--batch-records 2000000] [--repeat 3]
                                 [--latency-seconds 3] [--dir /tmp] [--only produce,batch,poll,
-                                arrow,latency] [--trace]
+                                arrow,latency] [--trace] [--stages]
 
 Every row moves 100 B records (no key) through a real ``shmq broker`` (one worker, a fresh data
 dir under ``--dir``); each client runs in its own process (spawn; start-up and connections are
@@ -35,6 +35,12 @@ settings everywhere, except the rows that name another setting beside the defaul
   between records (timer slack 1 ns), never spins.  ``--trace`` adds the CPU per record of the
   producer and the consumer (``getrusage`` over their loops) and of the partition worker
   (``psutil`` over the row): on a shared box these, not the p99, say what the path costs.
+  ``--stages`` splits each record's time, joined by offset: ``produce()`` -> its batch handed
+  to the ring (and by whom: ``produce``, ``poll`` or the linger thread) -> the worker takes
+  it -> appended and published (the worker's ring trace, ``SHMQ_RING_TRACE``) -> the
+  consumer's wait returned -> ``poll`` returned it; with the share of records produced while
+  ``max.in.flight`` batches were unanswered (they wait for an answer: at acks=all, an
+  fsync).  Its tracing costs CPU in all three processes: CPU rows come from runs without it.
 
 Targets (issue 15): produce + flush >= 2 M records/s and >= 2x confluent-kafka; poll >= 2 M/s;
 produce_batch >= 10 M/s; consume_arrow >= 20 M/s; latency p99 <= 200 us at 10 k/s.
@@ -49,6 +55,7 @@ import statistics
 import struct
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -134,20 +141,25 @@ def produce_role(bootstrap: str, topic: str, n: int, kind: str, ready, go, out) 
     p.close() if shm else p.flush(1)
 
 
-def _trace_sends(p: Any) -> list[tuple[int, int, int, int]]:
+def _trace_sends(p: Any, where: list[int] | None = None) -> list[tuple[int, ...]]:
     """``--trace``: every batch the producer hands to the ring, as (base offset, handed over,
     answer read, records) in ``time.monotonic_ns`` (the hand-over's copy into the ring counted
-    in the batch's time)."""
-    sends: list[tuple[int, int, int, int]] = []
+    in the batch's time); with ``where`` (the latency rows' ``--stages``) also who handed it
+    over (``where[0]`` then: 1 in produce, 2 in poll, 0 elsewhere: the linger thread) and the
+    batches unanswered before it."""
+    sends: list[tuple[int, ...]] = []
     broker = p._broker
     send = broker.try_send_with
+    main = threading.get_ident()
 
     def traced(topic: str, partition: int, count: int, write: Any, *, acks: Any = -1,
                on_delivery: Any = None) -> Any:
         at = time.monotonic_ns()
+        extra = () if where is None else (
+            where[0] if threading.get_ident() == main else 0, broker.unanswered(topic, partition))
 
         def done(result: Any) -> None:
-            sends.append((result.base_offset, at, time.monotonic_ns(), count))
+            sends.append((result.base_offset, at, time.monotonic_ns(), count, *extra))
             if on_delivery is not None:
                 on_delivery(result)
         return send(topic, partition, count, write, acks=acks, on_delivery=done)
@@ -326,6 +338,13 @@ def lat_producer(bootstrap: str, topic: str, rate: int, seconds: float, extra: d
     p = shmq.Producer(_conf(bootstrap, True, **extra))
     p.produce(topic, struct.pack("=d", 0.0) + b"x" * (SIZE - 8), partition=0)
     p.flush(30)
+    stages = bool(os.environ.get("SHMQ_LAT_STAGES"))
+    # --stages: who handed each batch over (1 produce, 2 poll(0), 0 the linger thread) and the
+    # batches unanswered at each produce (at max.in.flight the record waits for an answer)
+    where = [0]
+    sends = _trace_sends(p, where) if stages else None
+    busy: list[int] = []
+    broker = p._broker
     ready.set()
     go.wait()
     from bench_shm import _cpu, _fine_sleep
@@ -333,14 +352,29 @@ def lat_producer(bootstrap: str, topic: str, rate: int, seconds: float, extra: d
     _fine_sleep()
     n = int(rate * seconds)
     pad = b"x" * (SIZE - 8)
+    import resource
+
+    switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
     cpu = _cpu()
     t0 = time.monotonic()
-    for i in range(n):
-        _pace(t0 + i / rate)
-        p.produce(topic, struct.pack("=d", time.monotonic()) + pad, partition=0)
-        p.poll(0)
+    if stages:
+        for i in range(n):
+            _pace(t0 + i / rate)
+            busy.append(broker.unanswered(topic, 0))
+            where[0] = 1
+            p.produce(topic, struct.pack("=d", time.monotonic()) + pad, partition=0)
+            where[0] = 2
+            p.poll(0)
+            where[0] = 0
+    else:
+        for i in range(n):
+            _pace(t0 + i / rate)
+            p.produce(topic, struct.pack("=d", time.monotonic()) + pad, partition=0)
+            p.poll(0)
     p.flush(30)
-    out.put(("producer", t0, time.monotonic(), n, (_cpu() - cpu, n)))
+    switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - switches
+    out.put(("producer", t0, time.monotonic(), n, (_cpu() - cpu, n), sends, busy,
+             broker.max_in_flight, switches))
     p.close()
 
 
@@ -357,6 +391,18 @@ def lat_consumer(bootstrap: str, topic: str, expect: int, ready, go, out) -> Non
     from bench_shm import _cpu
 
     lat: list[float] = []
+    # --stages: per record its offset, when poll returned it and when the consumer's last wait
+    # for the log (``ShmConsumer._wait``) before it returned
+    stages = bool(os.environ.get("SHMQ_LAT_STAGES"))
+    marks: list[int] = []
+    woke = [0]
+    if stages:
+        wait = c._wait
+
+        def traced_wait(timeout: float) -> None:
+            wait(timeout)
+            woke[0] = time.monotonic_ns()
+        c._wait = traced_wait
     go.wait()
     cpu = _cpu()
     deadline = time.monotonic() + 120
@@ -366,8 +412,83 @@ def lat_consumer(bootstrap: str, topic: str, expect: int, ready, go, out) -> Non
             sent = struct.unpack_from("=d", m.value())[0]
             if sent:  # not the warm-up record
                 lat.append(time.monotonic() - sent)
-    out.put(("consumer", 0, 0, lat, (_cpu() - cpu, len(lat))))
+                if stages:
+                    marks.extend((m.offset(), int(sent * 1e9), time.monotonic_ns(), woke[0]))
+    out.put(("consumer", 0, 0, lat, (_cpu() - cpu, len(lat)), marks))
     c.close()
+
+
+def latency_stages(res: dict[str, Any], trace_dir: Path) -> list[str]:
+    """``--stages``: each record's path from ``produce()`` to the ``poll()`` that returned it,
+    joined by offset: the producer's hand-overs (``_trace_sends``: by whom, batches in flight),
+    the worker's ring trace (taken, appended and published) and the consumer's marks; the
+    median record and the slowest 1 % per stage, and how often records met a full
+    max.in.flight.  The worker stamps "published" after the state table's publish: a worker
+    preempted between the two (a loaded box) stamps it after the consumer had the record, and
+    that record's e comes out negative."""
+    import numpy as np
+
+    rows = []
+    for f in sorted(trace_dir.glob("*-trace-*.txt")):
+        if f.name.startswith("ring-"):
+            rows.extend(tuple(int(x) for x in line.split()) for line in f.read_text().splitlines())
+        f.unlink()
+    _, _, _, n, _, sends, busy, cap, switches = res["producer"]
+    marks = res["consumer"][5]
+    if not sends or not marks or not rows:
+        return ["stages: no trace"]
+    s = np.array(sorted(sends), dtype=np.int64)  # base, handed over, answer read, count, who, busy
+    m = np.array(marks, dtype=np.int64).reshape(-1, 4)  # offset, stamp, poll returned, woke
+    # this row's entries only (part, base, taken, published): a trace written late by an
+    # earlier row's session holds other partitions' base offsets
+    lo, hi = int(s[:, 1].min()), int(m[:, 2].max())
+    t = np.array(sorted(r[1:4] for r in rows if r[1] >= 0 and lo <= r[2] <= hi),
+                 dtype=np.int64).reshape(-1, 3)
+    t = np.concatenate([np.zeros((len(t), 1), np.int64), t], axis=1)
+    m = m[np.argsort(m[:, 0])]
+    i = np.searchsorted(s[:, 0], m[:, 0], side="right") - 1
+    j = np.searchsorted(t[:, 1], m[:, 0], side="right") - 1
+    ok = (i >= 0) & (j >= 0)
+    m, b, w = m[ok], s[i[ok]], t[j[ok]]
+    woke = np.maximum(m[:, 3], w[:, 3])  # a wait that returned before the publish: none waited
+    stages = [
+        ("a produce() -> batch handed over", b[:, 1] - m[:, 1]),
+        ("b handed over -> worker takes it", w[:, 2] - b[:, 1]),
+        ("c worker: append + publish", w[:, 3] - w[:, 2]),
+        ("d published -> consumer's wait returned", woke - w[:, 3]),
+        ("e wait returned -> poll returns it", m[:, 2] - woke),
+    ]
+    total = m[:, 2] - m[:, 1]
+    order = np.argsort(total)
+    slow = order[int(len(order) * 0.99):]
+    mid = order[int(len(order) * 0.45): int(len(order) * 0.55)]
+    out = [f"  stages ({len(total):,} records; slowest 1 %: {len(slow)}, >= "
+           f"{total[slow[0]] / 1000:.0f} us)           p50     p90   median rec  slow median"]
+    for name, v in stages:
+        out.append(f"    {name:<42} {np.median(v) / 1000:7.1f} {np.percentile(v, 90) / 1000:7.1f}"
+                   f" {np.median(v[mid]) / 1000:11.1f} {np.median(v[slow]) / 1000:12.1f}")
+    main = np.stack([v for _, v in stages])
+    largest = np.bincount(main[:, slow].argmax(axis=0), minlength=len(stages))
+    out.append("    largest stage of each slow record: " + ", ".join(
+        f"{n.split()[0]} {c}" for (n, _), c in zip(stages, largest, strict=True) if c))
+    who = b[:, 4]
+    recs_per = np.bincount(s[:, 4], weights=s[:, 3], minlength=3)
+    out.append(f"    batches {len(s):,} ({len(m) / max(1, len(np.unique(b[:, 0]))):.2f} records "
+               f"each); records handed over by produce {recs_per[1] / s[:, 3].sum():.0%}, "
+               f"poll {recs_per[2] / s[:, 3].sum():.0%}, the linger thread "
+               f"{recs_per[0] / s[:, 3].sum():.0%}; slow records by the linger thread "
+               f"{(who[slow] == 0).mean():.0%}; the producer's voluntary context switches "
+               f"{switches / n:.2f} a record")
+    full = np.array(busy, dtype=np.int64)
+    at = m[:, 0] - 1  # record i of the loop is offset i + 1 (the warm-up record is offset 0)
+    at_cap = full[at[at < len(full)]] >= cap
+    wait = stages[0][1]
+    out.append(f"    records produced with {cap} batches unanswered (max.in.flight): "
+               f"{at_cap.mean():.1%} (slowest 1 %: {at_cap[slow[slow < len(at_cap)]].mean():.0%})"
+               f"; their produce -> hand-over p50 {np.median(wait[:len(at_cap)][at_cap]) / 1000 if at_cap.any() else 0:.0f} us"
+               f"; hand-overs that filled the cap {(s[:, 5] >= cap - 1).mean():.0%}; "
+               f"hand-over -> answer p50 {np.median(s[:, 2] - s[:, 1]) / 1000:.0f} us")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -384,6 +505,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="latency rows: the CPU per record of the producer, the worker and the "
                          "consumer; produce_batch rows: where each batch's time from the "
                          "hand-over to its answer went (worker's ring trace, its fsyncs)")
+    ap.add_argument("--stages", action="store_true",
+                    help="latency rows: each record's path from produce() to poll() in stages "
+                         "(the producer's hand-overs, the worker's ring trace, the consumer's "
+                         "wait), and how often records met max.in.flight batches unanswered; "
+                         "the tracing costs CPU: the CPU rows of --trace are for runs without it")
     args = ap.parse_args(argv)
     only = set(args.only.split(","))
     global TRACE_DIR
@@ -397,9 +523,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  records     {args.records:,} x {SIZE} B per-record rows, {args.batch_records:,} "
           f"produce_batch, repeat {args.repeat}; wall time in the client processes\n")
     work = Path(tempfile.mkdtemp(prefix="bench-client-", dir=args.dir))
-    if args.trace and "batch" in only:  # inherited by the broker and the producers
+    if (args.trace and "batch" in only) or args.stages:  # inherited by the broker, the clients
         TRACE_DIR = os.environ["SHMQ_RING_TRACE"] = str(work / "trace")
         (work / "trace").mkdir()
+    if args.stages:
+        os.environ["SHMQ_LAT_STAGES"] = "1"
     broker = start_shmq(1, work / "data", work)
     h = Harness(args)
     rows: dict[str, list[float]] = {}
@@ -491,6 +619,10 @@ def main(argv: list[str] | None = None) -> int:
                                      lat_consumer, (broker.bootstrap, t, expect),
                                      args.phase_timeout)
                     worker = cpu_delta(w0, _worker_cpu(str(work / "data")))
+                    if args.stages:
+                        time.sleep(0.5)  # the worker writes its trace when the session ends
+                        for line in latency_stages(res, Path(TRACE_DIR or ".")):
+                            print(line, flush=True)
                     if args.trace:
                         cpu_lines.extend(_cpu_rows(f"latency 10k/s, {label}", res["producer"][4],
                                                    worker, res["consumer"][4], "consumer"))
