@@ -1021,6 +1021,77 @@ def test_poll_sends_an_open_batch_that_may_go(kafka: RunningBroker) -> None:
         clients.close()
 
 
+def test_linger_thread_wakes_when_due_without_timer_slack(kafka: RunningBroker) -> None:
+    """The linger thread's timed waits (EAGER_GAP_S, linger.ms) end within 1 us of their due
+    time, not the default 50 us timer slack later: records waited that much longer in their
+    open batch (bench_client --stages, produce() -> hand-over)."""
+    clients = Clients("shm", kafka.bootstrap)
+    try:
+        p = clients.producer()
+        tid = p._thread.native_id
+        deadline = time.monotonic() + 5
+        slack = -1
+        while time.monotonic() < deadline:  # the thread sets it as it starts
+            with open(f"/proc/{tid}/timerslack_ns") as f:  # a thread of this process
+                slack = int(f.read())
+            if slack <= 1000:
+                break
+            time.sleep(0.01)
+        assert slack <= 1000
+    finally:
+        clients.close()
+
+
+def test_linger_thread_is_not_woken_for_a_batch_it_sends_in_time(kafka: RunningBroker) -> None:
+    """Without linger.ms, a batch the linger thread sent makes it look again EAGER_GAP_S later,
+    when the partition's next batch may go; a record that opens that batch meanwhile does not
+    wake it (a wake-up and a GIL hand-over a batch at 10,000 records/s), and one that is due
+    before the thread looks does.  The thread is stopped here: ``_send_ready`` and
+    ``_look_at`` are driven by hand."""
+    from shmq.client.producer import EAGER_GAP_S, INF
+
+    clients = Clients("shm", kafka.bootstrap)
+    try:
+        topic = new_topic(clients, 2)
+        p = clients.producer()
+        p.produce(topic, b"warm-up", partition=0)
+        assert p.flush(10) == 0
+        p._stop = True
+        p._wake.set()
+        p._thread.join(5)
+        assert not p._thread.is_alive()
+        k = (topic, 0)
+        # an open batch whose gap passed: the thread sends it and looks again one gap later
+        p._last_send[k] = time.monotonic()
+        p.produce(topic, b"b", partition=0)  # within the gap: stays open
+        assert p._open_get(k) is not None
+        time.sleep(EAGER_GAP_S * 2)
+        with p._lock:
+            due = p._send_ready()
+        assert p._open_get(k) is None  # sent
+        assert due is not None and due == p._last_send[k] + EAGER_GAP_S
+
+        def opened(value: bytes, look_at: Any) -> bool:
+            """Whether a record opening the partition's batch within the gap woke the thread
+            that looks at ``look_at`` (the batch is sent afterwards)."""
+            p._wake.clear()
+            p._last_send[k] = time.monotonic()
+            p._look_at = look_at(p._last_send[k] + EAGER_GAP_S)
+            p.produce(topic, value, partition=0)
+            assert p._open_get(k) is not None
+            with p._lock:
+                p._send(k, p._open_get(k))
+            return p._wake.is_set()
+
+        # the thread looks when the batch may go: no wake-up; later, or looking now: woken
+        assert not opened(b"c", lambda may_go: may_go)
+        assert opened(b"d", lambda may_go: may_go + 0.01)
+        assert opened(b"e", lambda may_go: INF)
+        assert p.flush(10) == 0
+    finally:
+        clients.close()
+
+
 def _stop(pid: int) -> None:
     import os
     import signal
