@@ -25,7 +25,8 @@ Theory of operation
   usually follow each other closely under load, and a sleeping worker costs the client a write to
   the eventfd per entry), then sets ``consumer_sleeping`` and waits for the eventfd.  It spins
   only while entries have been coming less than ``SPIN_GAP_S`` apart: at a paced rate (10,000
-  entries/s) a spin through every gap cost more CPU than the wake-ups it saved.
+  entries/s) a spin through every gap cost more CPU than the wake-ups it saved.  Each spin
+  turn (a ``sched_yield`` and a loop turn) counts in the worker's ``ring_spins``.
 * **What is trusted.**  The worker validates the batch where it lies in the ring and appends it
   from there (no copy).  A client of the same uid that rewrote an entry after publishing it,
   between the CRC check and the ``pwritev``, could store a batch whose CRC fails; that client
@@ -87,7 +88,13 @@ IDLE_SPIN_S = 0.0002
 # batches back to back leaves gaps of microseconds, though each drain takes ~100 us): a longer
 # wait costs more CPU spun than the eventfd wake-up it saves.  At 10,000 entries/s (a gap of 100 us) the 200 us spin never ended, and
 # its loop turns (sched_yield + an epoll_wait a turn) were most of the worker's CPU: 57-60 us
-# a record against 43 without a spin (bench_shm --trace, shared box).
+# a record against 43 without a spin (bench_shm --trace, shared box).  The idle time at that
+# rate is 100 us less the drain (~40 us cold) and the wake-up, 30-60 us, so this bound still
+# spins after many entries there (0.5-0.8 turns a record on a loaded box, ``ring_spins``); a
+# lower one (20 us) made pipelined batches wake the worker per entry
+# (``test_no_wakeup_per_batch_under_load``): the two loads leave the same gaps.  A spin's CPU
+# is bounded by its time, not its turns (with a CPU free, each turn's sched_yield returns at
+# once): a cheaper turn only makes more turns (i14n).
 SPIN_GAP_S = 0.00005
 COMMIT_THREADS = 8                # RingServer.committer: group commits of this many logs at once
 MAX_MESSAGE_BYTES = 512           # an error message in a completion is cut to this
@@ -294,6 +301,7 @@ class RingSession:
             # the CPU to whatever waits for it here (the client, a local reader: with fewer
             # idle CPUs than spinners, a spin that keeps its CPU makes them wait a slice)
             os.sched_yield()
+            self.stats["ring_spins"] += 1
             self._schedule()
         elif self._completion_full():
             self.rings.set_waiting()  # the client's completion reads will kick us
@@ -562,7 +570,8 @@ class RingServer:
         self.ctx = ctx
         self.path = path
         self.stats = stats
-        for key in ("ring_sessions", "ring_sessions_open", "ring_entries", "ring_wakeups", "ring_kicks", "ring_refused"):
+        for key in ("ring_sessions", "ring_sessions_open", "ring_entries", "ring_wakeups", "ring_kicks", "ring_spins",
+                    "ring_refused"):
             stats.setdefault(key, 0)
         self.loop = asyncio.get_running_loop()
         self.sessions: dict[int, RingSession] = {}
