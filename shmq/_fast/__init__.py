@@ -66,6 +66,7 @@ if HAVE_FAST:
     slot_seq = _seqlock.slot_seq
     MetricsWriter = _metrics.MetricsWriter
     wait_slot = _seqlock.wait_slot
+    wait_bound = _seqlock.wait_bound
     ring = _ring
     ProducerTable = _producers.ProducerTable
     murmur2 = _client.murmur2
@@ -104,6 +105,7 @@ else:
     slot_seq = _seqlock_reference.slot_seq
     MetricsWriter = _metrics_reference.MetricsWriter  # type: ignore[misc,assignment]
     wait_slot = _seqlock_reference.wait_slot
+    wait_bound = _seqlock_reference.wait_bound
     ring = _ring_reference  # type: ignore[misc,assignment]
     ProducerTable = _producers_reference.ProducerTable  # type: ignore[misc,assignment]
     murmur2 = _client_reference.murmur2
@@ -139,7 +141,7 @@ from shmq._fast._seqlock_reference import DEFAULT_MAX_SPINS, SLOT_SIZE  # noqa: 
 
 __all__ = [
     "MetricsWriter", "WorkerRings",
-    "DEFAULT_MAX_SPINS", "SLOT_SIZE", "read_slot", "ring", "slot_seq", "wait_slot", "write_slot",
+    "DEFAULT_MAX_SPINS", "SLOT_SIZE", "read_slot", "ring", "slot_seq", "wait_bound", "wait_slot", "write_slot",
     "COL_ATTRIBUTES", "COL_BASE_OFFSET", "COL_BASE_SEQUENCE", "COL_BASE_TIMESTAMP",
     "COL_LAST_OFFSET", "COL_LEADER_EPOCH", "COL_MAX_TIMESTAMP", "COL_POSITION",
     "COL_PRODUCER_EPOCH", "COL_PRODUCER_ID", "COL_RECORDS_COUNT", "COL_SIZE", "HAVE_FAST",

@@ -188,6 +188,126 @@ static inline int shmq_slot_read(const unsigned char *base, shmq_slot_values_t *
     return 0;
 }
 
+/* Short time slices while a thread sleeps (``shmq.ipc.sched`` in C: no Python frame and no
+ * ctypes call per wait).  ``sched_getattr`` finds the thread's policy, nice value and slice;
+ * ``sched_setattr`` asks for ``ns`` slices with the same policy and nice (its reset-on-fork flag
+ * kept); the restore puts the slice it found back.  Only SCHED_OTHER and SCHED_BATCH threads are
+ * changed; a kernel that refuses changes nothing. */
+typedef struct {
+    uint32_t size;
+    uint32_t policy;
+    uint64_t flags;
+    int32_t nice;
+    uint32_t priority;
+    uint64_t runtime;
+    uint64_t deadline;
+    uint64_t period;
+    uint32_t util_min;
+    uint32_t util_max;
+} shmq_sched_attr_t;
+
+_Static_assert(sizeof(shmq_sched_attr_t) == 56, "sched_attr (SCHED_ATTR_SIZE_VER1) is 56 bytes");
+
+static inline int shmq_sched_set(uint32_t policy, uint64_t flags, int32_t nice, uint64_t ns) {
+#if defined(SYS_sched_setattr)
+    shmq_sched_attr_t want = {0};
+    want.size = sizeof want;
+    want.policy = policy;
+    want.flags = flags & 1;  /* SCHED_FLAG_RESET_ON_FORK: the thread's own, kept */
+    want.nice = nice;
+    want.runtime = ns;
+    return syscall(SYS_sched_setattr, 0, &want, 0) == 0;
+#else
+    (void)policy; (void)flags; (void)nice; (void)ns;
+    return 0;
+#endif
+}
+
+/* 1 when the thread now has ``ns`` slices and *saved holds what to put back. */
+static inline int shmq_slice_swap(shmq_sched_attr_t *saved, uint64_t ns) {
+#if defined(SYS_sched_getattr)
+    if (ns == 0 || syscall(SYS_sched_getattr, 0, saved, sizeof *saved, 0) != 0)
+        return 0;
+    if ((saved->policy != 0 && saved->policy != 3) || saved->runtime == ns)
+        return 0;  /* not SCHED_OTHER / SCHED_BATCH, or has that slice already */
+    return shmq_sched_set(saved->policy, saved->flags, saved->nice, ns);
+#else
+    (void)saved; (void)ns;
+    return 0;
+#endif
+}
+
+static inline void shmq_slice_restore(const shmq_sched_attr_t *saved) {
+    shmq_sched_set(saved->policy, saved->flags, saved->nice, saved->runtime);
+}
+
+/* A local reader's wait, whole: until the slot's bound (``lso`` when ``committed``, else ``hw``)
+ * passes ``offset``, ``offset`` falls below ``log_start``, the slot has no leader, or
+ * ``timeout_ns`` passed.  Each round reads the slot (seqlock), and when it must wait, looks at
+ * seq for ``spin_ns`` (yielding between looks) and then sleeps on the futex; the thread has
+ * ``slice_ns`` slices (0: untouched) from its first sleep until the function returns, so a
+ * wait that the spin ends makes no scheduler call at all.
+ * Returns 1 with *out the last snapshot, or 0 when the slot stayed odd for ``max_spins`` reads
+ * (a writer preempted or dead mid-update: the caller decides).  *waited_ns: how long the wait
+ * waited (from the first round that found the bound not passed), -1 when it did not. */
+static inline int shmq_slot_wait_bound(unsigned char *base, int64_t offset, int committed,
+                                       int64_t timeout_ns, int64_t spin_ns, int64_t slice_ns,
+                                       long max_spins, shmq_slot_values_t *out,
+                                       int64_t *waited_ns) {
+    shmq_slot_t *s = (shmq_slot_t *)base;
+    shmq_sched_attr_t saved;
+    int swapped = -1;  /* -1: not tried yet, 0: no change, 1: restore at the end */
+    int ok;
+    int64_t now, began = -1, left, spin;
+    int64_t deadline = shmq_monotonic_ns() + (timeout_ns > 0 ? timeout_ns : 0);
+    struct timespec ts;
+    uint64_t seen;
+    while (1) {
+        seen = __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE);
+        ok = shmq_slot_read(base, out, max_spins);
+        now = shmq_monotonic_ns();
+        if (!ok)
+            break;
+        if ((committed ? out->lso : out->hw) > offset || offset < out->log_start
+                || out->leader < 0 || now >= deadline)
+            break;
+        if (began < 0)
+            began = now;
+        left = deadline - now;
+        spin = spin_ns < left ? spin_ns : left;
+        if (spin > 0) {
+            int64_t until = now + spin;
+            int changed = 0;
+            while (1) {  /* as shmq_slot_wait's spin: sched_yield, never a pause loop */
+                if (__atomic_load_n(&s->seq, __ATOMIC_ACQUIRE) != seen) {
+                    changed = 1;
+                    break;
+                }
+                sched_yield();
+                if (shmq_monotonic_ns() >= until)
+                    break;
+            }
+            if (changed)
+                continue;
+            left = deadline - shmq_monotonic_ns();
+            if (left <= 0)
+                continue;  /* the next round sees the deadline */
+        }
+        if (swapped < 0)
+            swapped = shmq_slice_swap(&saved, (uint64_t)slice_ns);
+        __atomic_exchange_n(&s->waiters, 1, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&s->seq, __ATOMIC_SEQ_CST) != seen)
+            continue;
+        ts.tv_sec = left / 1000000000;
+        ts.tv_nsec = left % 1000000000;
+        syscall(SYS_futex, shmq_slot_futex_word(s), FUTEX_WAIT, (uint32_t)seen, &ts, NULL, 0);
+    }
+    if (swapped == 1)
+        shmq_slice_restore(&saved);
+    *waited_ns = began < 0 ? -1 : now - began;
+    return ok;
+}
+
 /* The seq word alone (acquire), for tests and diagnostics. */
 static inline uint64_t shmq_slot_seq(const unsigned char *base) {
     return __atomic_load_n(&((const shmq_slot_t *)base)->seq, __ATOMIC_ACQUIRE);

@@ -195,3 +195,45 @@ def wait_slot(buf: Any, slot_offset: int, seen: int, timeout: float, spin: float
         err = _futex(view, slot_offset, _FUTEX_WAIT, seen & 0xFFFFFFFF,
                      None if timeout < 0 else timeout)
         return err != errno.ETIMEDOUT
+
+
+def wait_bound(buf: Any, slot_offset: int, offset: int, committed: bool, timeout: float,
+               spin: float = 0.0, slice_us: float = 0.0, max_spins: int = DEFAULT_MAX_SPINS
+               ) -> tuple[tuple[int, int, int, int, int, int, int, int] | None, float]:
+    """A local reader's wait, whole (see seqlock.pyx): ``(values, waited)`` once the slot's
+    bound (lso when ``committed``, else hw) passes ``offset``, ``offset`` is below the log
+    start, the slot has no leader or ``timeout`` passed; values None when the slot stayed odd.
+    The thread has ``slice_us`` slices from its first futex sleep until it returns."""
+    from shmq.ipc import sched  # a leaf's twin: the slice calls only when it sleeps
+
+    if max_spins < 1:
+        raise ValueError("max_spins must be at least 1")
+    deadline = time.monotonic() + max(timeout, 0.0)
+    began = -1.0
+    saved: Any = None
+    swapped = False
+    try:
+        while True:
+            seen = slot_seq(buf, slot_offset)
+            values = read_slot(buf, slot_offset, max_spins)
+            now = time.monotonic()
+            if values is None:
+                break
+            if (values[4] if committed else values[3]) > offset or offset < values[2] \
+                    or values[0] < 0 or now >= deadline:
+                break
+            if began < 0:
+                began = now
+            left = deadline - now
+            if spin > 0:  # the spin alone, then the slice, then the futex
+                if wait_slot(buf, slot_offset, seen, min(spin, left), min(spin, left)):
+                    continue
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    continue
+            if not swapped:
+                saved, swapped = sched.swap_slice(slice_us), True
+            wait_slot(buf, slot_offset, seen, left, 0.0)
+    finally:
+        sched.restore_slice(saved)
+    return values, (-1.0 if began < 0 else now - began)

@@ -20,3 +20,13 @@ def read_slot(
 ) -> tuple[int, int, int, int, int, int, int, int] | None: ...
 def slot_seq(buf: Buffer, slot_offset: int) -> int: ...
 def wait_slot(buf: Buffer, slot_offset: int, seen: int, timeout: float, spin: float = ...) -> bool: ...
+def wait_bound(
+    buf: Buffer,
+    slot_offset: int,
+    offset: int,
+    committed: bool,
+    timeout: float,
+    spin: float = ...,
+    slice_us: float = ...,
+    max_spins: int = ...,
+) -> tuple[tuple[int, int, int, int, int, int, int, int] | None, float]: ...

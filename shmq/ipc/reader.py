@@ -428,31 +428,33 @@ class PartitionReader:
              spin: float = WAIT_SPIN_S) -> PartitionState:
         """The state once the bound passes ``offset`` or ``timeout`` seconds passed (each wait
         looks at the slot for ``spin`` seconds before it sleeps on the futex, unless the last
-        wait lasted longer than ``SPIN_GAP_S``: then it sleeps at once)."""
-        now = time.monotonic()
-        deadline = now + timeout
+        wait lasted longer than ``SPIN_GAP_S``: then it sleeps at once).
+
+        One call into ``_fast.wait_bound`` (no GIL, no Python frame a round): it reads the
+        slot, spins, and sleeps, and the thread has ``WAIT_SLICE_US`` slices only from its
+        first futex sleep until it returns (three scheduler calls a wait that sleeps, none for
+        one that the spin or the slot itself ends)."""
+        deadline = time.monotonic() + timeout
         buf = self.table._buffer()
         at = HEADER_SIZE + SLOT_SIZE * self.slot
-        began = 0.0
-        saved = None
-        try:
-            while True:
-                seq = _fast.slot_seq(buf, at)  # StateTable.seq without its two method calls
-                st = self.state()
-                bound = st.last_stable if isolation == READ_COMMITTED else st.high_watermark
-                now = time.monotonic()
-                left = deadline - now
-                if bound > offset or left <= 0 or offset < st.log_start:
-                    if began:
-                        self._last_wait = now - began
-                    return st
-                if not began:
-                    began = now
-                    saved = sched.swap_slice(WAIT_SLICE_US)
-                _fast.wait_slot(buf, at, seq, left,
-                                spin if self._last_wait < SPIN_GAP_S else 0.0)
-        finally:
-            sched.restore_slice(saved)
+        committed = isolation == READ_COMMITTED
+        while True:
+            values, waited = _fast.wait_bound(
+                buf, at, offset, committed, deadline - time.monotonic(),
+                spin if self._last_wait < SPIN_GAP_S else 0.0, WAIT_SLICE_US)
+            if waited >= 0:
+                self._last_wait = waited
+            if values is not None:
+                st = tuple.__new__(PartitionState, values)
+                if st.leader < 0:
+                    raise NotReadableError(f"slot {self.slot} has no published state")
+                return st
+            # the slot stayed odd past the seqlock's spins: a writer preempted mid-update
+            # (waited out here, with patience) or dead (NotReadableError); then wait on
+            st = self.state()
+            bound = st.last_stable if committed else st.high_watermark
+            if bound > offset or offset < st.log_start or time.monotonic() >= deadline:
+                return st
 
     # -- reads ------------------------------------------------------------------------------
 

@@ -406,13 +406,14 @@ def test_reader_sleeps_at_once_after_a_long_wait(monkeypatch: pytest.MonkeyPatch
     from shmq.ipc.state_table import StateTable
 
     spins: list[float] = []
-    real = reader_mod._fast.wait_slot
+    real = reader_mod._fast.wait_bound
 
-    def spy(buf: Any, at: int, seq: int, left: float, spin: float) -> bool:
+    def spy(buf: Any, at: int, offset: int, committed: bool, left: float, spin: float,
+            slice_us: float) -> Any:
         spins.append(spin)
-        return real(buf, at, seq, left, spin)
+        return real(buf, at, offset, committed, left, spin, slice_us)
 
-    monkeypatch.setattr(reader_mod._fast, "wait_slot", spy)
+    monkeypatch.setattr(reader_mod._fast, "wait_bound", spy)
     with StateTable.create(2) as table:
         table.write(1, 1, 0, 0, 7, 7, 7, 3, 0)  # high watermark 7
         reader = PartitionReader(table, 1, lambda node: "/nonexistent")
@@ -422,4 +423,86 @@ def test_reader_sleeps_at_once_after_a_long_wait(monkeypatch: pytest.MonkeyPatch
         spins.clear()
         reader.wait(7, 0.005)
         assert spins and all(s == 0.0 for s in spins), spins
+        table.clear(1)
+
+
+@pytest.mark.parametrize("impl", SEQLOCK_IMPLS, ids=lambda m: m.__name__)
+def test_wait_bound_returns_the_snapshot_that_ends_the_wait(impl) -> None:
+    """``wait_bound``, a local reader's whole wait in one call: back at once (waited -1) when
+    the bound (hw, or lso when committed) is past the offset, the offset is below the log start
+    or the slot has no leader; else after ``timeout`` with the last snapshot, or woken by the
+    publish that passes the offset; None for a slot stuck odd."""
+    mapping = _slot_page()
+    with memoryview(mapping) as view:
+        impl.write_slot(view, 64, 1, 0, 3, 9, 5, 9, 2, 0)  # log start 3, hw 9, lso 5
+        now = impl.wait_bound(view, 64, 8, False, 5.0)
+        assert now == ((1, 0, 3, 9, 5, 9, 2, 0), -1.0)
+        assert impl.wait_bound(view, 64, 2, True, 5.0)[1] == -1.0  # below the log start
+        t0 = time.monotonic()
+        values, waited = impl.wait_bound(view, 64, 5, True, 0.05)  # lso 5: nothing past 5
+        assert values == (1, 0, 3, 9, 5, 9, 2, 0) and 0.04 <= waited < 1
+        assert 0.04 <= time.monotonic() - t0 < 1
+        assert impl.wait_bound(view, 64, 5, True, 0.0) == ((1, 0, 3, 9, 5, 9, 2, 0), -1.0)
+
+        def publish() -> None:
+            time.sleep(0.05)
+            impl.write_slot(view, 64, 1, 0, 3, 9, 6, 9, 2, 0)  # still not past 6
+            time.sleep(0.02)
+            impl.write_slot(view, 64, 1, 0, 3, 9, 7, 9, 2, 0)
+
+        th = threading.Thread(target=publish)
+        th.start()
+        values, waited = impl.wait_bound(view, 64, 6, True, 5.0, 0.01)
+        th.join()
+        assert values == (1, 0, 3, 9, 7, 9, 2, 0) and 0.05 <= waited < 1
+        impl.write_slot(view, 64, -1, -1, -1, -1, -1, -1, 0, 0)  # unpublished: back at once
+        assert impl.wait_bound(view, 64, 100, False, 5.0)[1] == -1.0
+        seq = impl.slot_seq(view, 64)
+        struct.pack_into("=Q", view, 64, seq + 1)  # a writer that died mid-update
+        assert impl.wait_bound(view, 64, 100, False, 5.0, 0.0, 0.0, 10) == (None, -1.0)
+        del th
+    mapping.close()
+
+
+def test_a_wait_the_spin_ends_leaves_the_slice_alone() -> None:
+    """The waiting thread asks for short slices only when it goes to sleep on the futex: while
+    it spins (and so in a wait the spin ends) its own slice stays, with no scheduler call;
+    asleep it has ``WAIT_SLICE_US``; back, its own again."""
+    from shmq.ipc import reader as reader_mod
+    from shmq.ipc import sched
+    from shmq.ipc.reader import PartitionReader
+    from shmq.ipc.state_table import StateTable
+
+    took: list[bool] = []
+    probe = threading.Thread(target=lambda: took.append(sched.request_slice(100)))
+    probe.start()
+    probe.join()
+    if took != [True]:
+        pytest.skip("this kernel takes no custom slice for SCHED_OTHER threads")
+    assert reader_mod.WAIT_SLICE_US == 100.0
+    seen: dict[str, Any] = {}
+    tid: list[int] = []
+    with StateTable.create(2) as table:
+        table.write(1, 1, 0, 0, 7, 7, 7, 3, 0)
+        reader = PartitionReader(table, 1, lambda node: "/nonexistent")
+
+        def waits() -> None:
+            assert sched.request_slice(3000)
+            tid.append(threading.get_native_id())
+            seen["st"] = reader.wait(7, 0.6, spin=0.25)  # spins 250 ms, then sleeps
+            seen["after"] = sched.slice_ns()
+
+        th = threading.Thread(target=waits)
+        th.start()
+        while not tid:
+            time.sleep(0.001)
+        spinning, asleep = [], []
+        t0 = time.monotonic()
+        while th.is_alive():
+            (spinning if time.monotonic() - t0 < 0.15 else asleep).append(sched.slice_ns(tid[0]))
+            time.sleep(0.01)
+        th.join()
+        assert spinning and set(spinning) == {3_000_000}, spinning
+        assert 100_000 in asleep, asleep
+        assert seen["after"] == 3_000_000 and seen["st"].high_watermark == 7
         table.clear(1)
