@@ -242,38 +242,41 @@ static inline void shmq_slice_restore(const shmq_sched_attr_t *saved) {
 }
 
 /* A local reader's wait, whole: until the slot's bound (``lso`` when ``committed``, else ``hw``)
- * passes ``offset``, ``offset`` falls below ``log_start``, the slot has no leader, or
- * ``timeout_ns`` passed.  Each round reads the slot (seqlock), and when it must wait, looks at
- * seq for ``spin_ns`` (yielding between looks) and then sleeps on the futex; the thread has
- * ``slice_ns`` slices (0: untouched) from its first sleep until the function returns, so a
- * wait that the spin ends makes no scheduler call at all.
- * Returns 1 with *out the last snapshot, or 0 when the slot stayed odd for ``max_spins`` reads
- * (a writer preempted or dead mid-update: the caller decides).  *waited_ns: how long the wait
- * waited (from the first round that found the bound not passed), -1 when it did not. */
+ * passes ``offset``, ``offset`` falls below ``log_start``, the slot has no leader, or the clock
+ * (CLOCK_MONOTONIC, ns) reaches ``deadline_ns``.  Each round reads the slot (seqlock), and when
+ * it must wait, looks at seq for ``spin_ns`` (yielding between looks) and then sleeps on the
+ * futex; the thread has ``slice_ns`` slices (0: untouched) from its first sleep until the
+ * function returns, so a wait that the spin ends makes no scheduler call at all.
+ * Returns 1 with *out the last snapshot; 0 when the slot stayed odd for ``max_spins`` reads (a
+ * writer preempted or dead mid-update: the caller decides); 2 when a signal interrupted the
+ * sleep (the caller runs its handlers, then may call again).  *began: when the wait began
+ * waiting (the first round that found the bound not passed; left alone when it is >= 0 on
+ * entry: a wait called again after a signal); -1 while it has not. */
 static inline int shmq_slot_wait_bound(unsigned char *base, int64_t offset, int committed,
-                                       int64_t timeout_ns, int64_t spin_ns, int64_t slice_ns,
+                                       int64_t deadline_ns, int64_t spin_ns, int64_t slice_ns,
                                        long max_spins, shmq_slot_values_t *out,
-                                       int64_t *waited_ns) {
+                                       int64_t *began) {
     shmq_slot_t *s = (shmq_slot_t *)base;
     shmq_sched_attr_t saved;
     int swapped = -1;  /* -1: not tried yet, 0: no change, 1: restore at the end */
-    int ok;
-    int64_t now, began = -1, left, spin;
-    int64_t deadline = shmq_monotonic_ns() + (timeout_ns > 0 ? timeout_ns : 0);
+    int r;
+    int64_t now, left, spin;
     struct timespec ts;
     uint64_t seen;
     while (1) {
         seen = __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE);
-        ok = shmq_slot_read(base, out, max_spins);
+        if (!shmq_slot_read(base, out, max_spins)) {
+            r = 0;
+            break;
+        }
         now = shmq_monotonic_ns();
-        if (!ok)
-            break;
+        r = 1;
         if ((committed ? out->lso : out->hw) > offset || offset < out->log_start
-                || out->leader < 0 || now >= deadline)
+                || out->leader < 0 || now >= deadline_ns)
             break;
-        if (began < 0)
-            began = now;
-        left = deadline - now;
+        if (*began < 0)
+            *began = now;
+        left = deadline_ns - now;
         spin = spin_ns < left ? spin_ns : left;
         if (spin > 0) {
             int64_t until = now + spin;
@@ -289,7 +292,7 @@ static inline int shmq_slot_wait_bound(unsigned char *base, int64_t offset, int 
             }
             if (changed)
                 continue;
-            left = deadline - shmq_monotonic_ns();
+            left = deadline_ns - shmq_monotonic_ns();
             if (left <= 0)
                 continue;  /* the next round sees the deadline */
         }
@@ -300,12 +303,15 @@ static inline int shmq_slot_wait_bound(unsigned char *base, int64_t offset, int 
             continue;
         ts.tv_sec = left / 1000000000;
         ts.tv_nsec = left % 1000000000;
-        syscall(SYS_futex, shmq_slot_futex_word(s), FUTEX_WAIT, (uint32_t)seen, &ts, NULL, 0);
+        if (syscall(SYS_futex, shmq_slot_futex_word(s), FUTEX_WAIT, (uint32_t)seen, &ts,
+                    NULL, 0) == -1 && errno == EINTR) {
+            r = 2;
+            break;
+        }
     }
     if (swapped == 1)
         shmq_slice_restore(&saved);
-    *waited_ns = began < 0 ? -1 : now - began;
-    return ok;
+    return r;
 }
 
 /* The seq word alone (acquire), for tests and diagnostics. */

@@ -32,6 +32,7 @@ The atomics live in ``_seqlock.h`` (GCC ``__atomic`` builtins).  The pure-Python
 
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
 from libc.string cimport memset
+from cpython.exc cimport PyErr_CheckSignals
 
 cdef extern from "_seqlock.h":
     ctypedef struct shmq_slot_values_t:
@@ -49,9 +50,10 @@ cdef extern from "_seqlock.h":
     uint64_t shmq_slot_seq(const unsigned char *base) noexcept nogil
     int shmq_slot_wait(unsigned char *base, uint64_t seen, int64_t timeout_ns, int64_t spin_ns) noexcept nogil
     int shmq_slot_wait_bound(unsigned char *base, int64_t offset, int committed,
-                             int64_t timeout_ns, int64_t spin_ns, int64_t slice_ns,
+                             int64_t deadline_ns, int64_t spin_ns, int64_t slice_ns,
                              long max_spins, shmq_slot_values_t *out,
-                             int64_t *waited_ns) noexcept nogil
+                             int64_t *began) noexcept nogil
+    int64_t shmq_monotonic_ns() noexcept nogil
 
 SLOT_SIZE = 64
 # Each attempt costs one `pause` (~40-140 cycles) at most: 10,000 attempts bound a reader to
@@ -131,13 +133,14 @@ def wait_bound(unsigned char[::1] buf not None, Py_ssize_t slot_offset, int64_t 
     ``offset``, ``offset`` is below the log start, the slot has no leader, or ``timeout``
     seconds passed.  Each sleep is preceded by a look at seq for ``spin`` seconds; from the
     first sleep on the thread has ``slice_us`` microsecond slices (0: untouched), its own put
-    back before the call returns.  Returns ``(values, waited)``: the last snapshot as
-    ``read_slot`` gives it (None when the slot stayed odd for ``max_spins`` reads), and how
-    long it waited in seconds (-1.0: it did not).  The buffer must be writable (the slot's
-    ``waiters`` flag)."""
+    back before the call returns.  A signal that interrupts the sleep runs its Python handler
+    (which may raise, e.g. KeyboardInterrupt), then the wait goes on.  Returns ``(values,
+    waited)``: the last snapshot as ``read_slot`` gives it (None when the slot stayed odd for
+    ``max_spins`` reads), and how long it waited in seconds (-1.0: it did not).  The buffer
+    must be writable (the slot's ``waiters`` flag)."""
     cdef shmq_slot_values_t v
-    cdef int ok
-    cdef int64_t waited
+    cdef int r
+    cdef int64_t began = -1, end
     cdef int64_t ns = <int64_t>(min(timeout, 1e9) * 1e9) if timeout > 0 else 0
     cdef int64_t spin_ns = <int64_t>(min(spin, 1e9) * 1e9) if spin > 0 else 0
     cdef int64_t slice_ns = <int64_t>(min(slice_us, 1e9) * 1e3) if slice_us > 0 else 0
@@ -145,10 +148,16 @@ def wait_bound(unsigned char[::1] buf not None, Py_ssize_t slot_offset, int64_t 
     _check_slot(buf.shape[0], &buf[0], slot_offset)
     if max_spins < 1:
         raise ValueError("max_spins must be at least 1")
-    with nogil:
-        ok = shmq_slot_wait_bound(&buf[slot_offset], offset, committed, ns, spin_ns, slice_ns,
-                                  max_spins, &v, &waited)
-    if not ok:
-        return None, (-1.0 if waited < 0 else waited * 1e-9)
-    return ((v.leader, v.epoch, v.log_start, v.hw, v.lso, v.leo, v.segments_gen, v.flags),
-            -1.0 if waited < 0 else waited * 1e-9)
+    cdef int64_t deadline = shmq_monotonic_ns() + ns
+    while True:
+        with nogil:
+            r = shmq_slot_wait_bound(&buf[slot_offset], offset, committed, deadline, spin_ns,
+                                     slice_ns, max_spins, &v, &began)
+        if r != 2:
+            break
+        PyErr_CheckSignals()  # a handler that raises ends the wait here
+    end = shmq_monotonic_ns()
+    waited = -1.0 if began < 0 else (end - began) * 1e-9
+    if r == 0:
+        return None, waited
+    return (v.leader, v.epoch, v.log_start, v.hw, v.lso, v.leo, v.segments_gen, v.flags), waited

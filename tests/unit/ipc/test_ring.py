@@ -506,3 +506,49 @@ def test_a_wait_the_spin_ends_leaves_the_slice_alone() -> None:
         assert 100_000 in asleep, asleep
         assert seen["after"] == 3_000_000 and seen["st"].high_watermark == 7
         table.clear(1)
+
+
+def test_a_signal_ends_a_long_wait_through_its_handler() -> None:
+    """A signal that arrives while a reader sleeps in ``wait`` runs its Python handler at once
+    (Ctrl-C during ``read(timeout=30)`` raises KeyboardInterrupt then, not after 30 s), and a
+    handler that returns lets the wait go on to its end."""
+    import signal
+
+    from shmq.ipc.reader import PartitionReader
+    from shmq.ipc.state_table import StateTable
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers run in the main thread only")
+
+    class Stop(Exception):
+        pass
+
+    calls: list[float] = []
+
+    def quiet(signum: int, frame: Any) -> None:
+        calls.append(time.monotonic())
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Stop
+
+    old = signal.signal(signal.SIGALRM, quiet)
+    try:
+        with StateTable.create(2) as table:
+            table.write(1, 1, 0, 0, 7, 7, 7, 3, 0)
+            reader = PartitionReader(table, 1, lambda node: "/nonexistent")
+            reader._last_wait = 1.0  # no spin: straight into the futex
+            t0 = time.monotonic()
+            signal.setitimer(signal.ITIMER_REAL, 0.05)
+            assert reader.wait(7, 0.3).high_watermark == 7  # the handler ran, the wait went on
+            assert len(calls) == 1 and calls[0] - t0 < 0.25
+            assert time.monotonic() - t0 >= 0.29
+            signal.signal(signal.SIGALRM, stop)
+            t0 = time.monotonic()
+            signal.setitimer(signal.ITIMER_REAL, 0.05)
+            with pytest.raises(Stop):
+                reader.wait(7, 10.0)
+            assert time.monotonic() - t0 < 2.0
+            table.clear(1)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
