@@ -21,8 +21,8 @@ Theory of operation
   deletes or truncates segments: the reader lists the directory again.  A deleted file stays
   readable while mapped, but offsets below the log start are ``OffsetOutOfRangeError``, as over
   the wire.
-* **Waiting** for data is a futex wait on the slot's seq word (``wait_slot``, after looking at
-  it for ``WAIT_SPIN_S``): the worker's
+* **Waiting** for data is a futex wait on the slot's seq word (``wait_bound``: the whole wait in
+  one call without the GIL, after looking at it for ``WAIT_SPIN_S``): the worker's
   publish wakes the reader, no polling.  The state table is therefore attached read-write (the
   reader sets the slot's ``waiters`` flag); segment files are only ever mapped read-only.
 * A read returns whole batches from one segment, as Kafka's do: zero-copy views of the mapping
@@ -68,7 +68,13 @@ WAIT_SPIN_S = 0.0002
 # put back when the wait returns, since the thread is the caller's): woken by the worker's
 # publish, it then preempts a task that has run longer rather than waiting for that task's
 # slice to end (1.4 ms here, up to a 4 ms tick): the waiting reader's run-queue time was most
-# of bench_shm's p99 at 10,000 records/s.  Its share of the CPU is unchanged.
+# of bench_shm's p99 at 10,000 records/s.  Its share of the CPU is unchanged.  The slice is
+# asked for only when the wait goes to sleep on the futex (``_fast.wait_bound``), not for a
+# wait that the slot or the spin ends.  Its cost (Linux 6.18, this VM): changing a running
+# thread's slice ends its run-to-parity protection, and a thread that has just run is often not
+# eligible, so the switch to the short slice right before the sleep preempts it about once a
+# wait (an involuntary context switch: a thread waiting on a slot published every 100 us spent
+# 13.7 us of CPU a wait with the swap, 6-9 us without or with a short slice kept throughout).
 # ``SHMQ_READER_SLICE_US=0`` leaves the thread's slice alone.
 WAIT_SLICE_US = sched.slice_us_from_env("SHMQ_READER_SLICE_US", 100.0)
 # ... but only while the waits are short: after a wait that lasted longer than this the next

@@ -78,7 +78,10 @@ def swap_slice(us: float) -> tuple[int, int, int] | None:
     """Give the calling thread ``us`` microsecond slices for a while (a wait on the user's
     thread); what to hand ``restore_slice`` afterwards, or None when nothing was changed (the
     kernel takes no slice, the thread is not SCHED_OTHER / SCHED_BATCH, it has that slice
-    already, or ``us`` <= 0).  Three system calls a wait, with ``restore_slice``."""
+    already, or ``us`` <= 0).  Three system calls a wait, with ``restore_slice``, plus the
+    ctypes calls' own cost (~6 us the pair): a local reader's wait does the same in C, and only
+    when it sleeps (``_fast.wait_bound``, ``shmq_slice_swap`` in ``_seqlock.h``); this one is
+    the pure-Python twin's."""
     if us <= 0:
         return None
     got = _get()
