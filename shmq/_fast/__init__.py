@@ -58,6 +58,7 @@ if HAVE_FAST:
     fill_headers = _batch.fill_headers
     murmur2_partitions = _batch.murmur2_partitions
     encode_arrow_batch_into = _batch.encode_arrow_batch_into
+    import_spark_batch = _batch.import_spark_batch
     largest_lower_bound = _index.largest_lower_bound
     smallest_upper_bound = _index.smallest_upper_bound
     MappedFile = _mapping.MappedFile
@@ -97,6 +98,7 @@ else:
     fill_headers = _reference.fill_headers
     murmur2_partitions = _reference.murmur2_partitions
     encode_arrow_batch_into = _reference.encode_arrow_batch_into
+    import_spark_batch = _reference.import_spark_batch
     largest_lower_bound = _reference.largest_lower_bound
     smallest_upper_bound = _reference.smallest_upper_bound
     MappedFile = _reference.MappedFile  # type: ignore[misc,assignment]

@@ -750,3 +750,32 @@ class MappedFile(mmap.mmap):
         except OSError:
             pass
         return asked
+
+
+def import_spark_batch(importer: Any, schema: Any, n: int, block: Any, at_koff: int,
+                       at_kdata: int, at_kvalid: int, r4: int, data: int, bits: int, r8: int,
+                       knulls: int, vnulls: int, topic_ends: Any, topic_data: Any,
+                       partitions: Any, types: Any) -> Any:
+    """The compiled module's Arrow C data interface import, as pyarrow arrays built in Python
+    (``importer`` is not needed): the same columns over the same buffers."""
+    import pyarrow as pa
+
+    sl = block.slice
+
+    def binary(off: int, at: int, valid: int, nulls: int) -> Any:
+        end = struct.unpack_from("=i", block, off + 4 * n)[0]  # the last row's end
+        return pa.Array.from_buffers(pa.binary(), n, [sl(valid, n // 8 + 1) if nulls else None,
+                                                      sl(off, 4 * (n + 1)), sl(at, end)],
+                                     null_count=nulls)
+
+    fields = [f.type for f in schema]
+    arrays = [
+        binary(at_koff, at_kdata, at_kvalid, knulls),
+        binary(at_koff + r4, at_kdata + data, at_kvalid + bits, vnulls),
+        pa.Array.from_buffers(fields[2], n, [None, topic_ends, topic_data]),
+        pa.Array.from_buffers(fields[3], n, [None, partitions]),
+        pa.Array.from_buffers(fields[4], n, [None, sl(0, 8 * n)]),
+        pa.Array.from_buffers(fields[5], n, [None, sl(r8, 8 * n)]),
+        pa.Array.from_buffers(fields[6], n, [None, types]),
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)

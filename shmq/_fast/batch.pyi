@@ -117,3 +117,22 @@ def encode_arrow_batch_into(
     producer_epoch: int = -1,
     base_sequence: int = -1,
 ) -> int: ...
+def import_spark_batch(
+    importer: Any,
+    schema: Any,
+    n: int,
+    block: Any,
+    at_koff: int,
+    at_kdata: int,
+    at_kvalid: int,
+    r4: int,
+    data: int,
+    bits: int,
+    r8: int,
+    knulls: int,
+    vnulls: int,
+    topic_ends: Any,
+    topic_data: Any,
+    partitions: Any,
+    types: Any,
+) -> Any: ...

@@ -29,7 +29,7 @@ Every function here bounds every read by the buffer it was given: bad input rais
 ``_reference.py`` has the same names and behaviour and is the oracle in the parity tests.
 """
 
-from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, INT64_MAX, INT64_MIN
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t, INT64_MAX, INT64_MIN
 from libc.string cimport memcpy, memset
 from libc.stdlib cimport malloc, realloc, free
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING
@@ -1278,3 +1278,133 @@ def encode_arrow_batch_into(unsigned char[::1] out not None, Py_ssize_t pos, Py_
                                 producer_epoch, base_sequence)
         shmq_store_u32(start + 17, crc32c_c(start + 21, size - 21))
     return size
+
+
+# The Arrow C data interface (arrow/c/abi.h), for ``import_spark_batch``: a RecordBatch is
+# handed to pyarrow as one struct ArrowArray whose children point into buffers that Python
+# objects own; the parent's release callback drops those objects (with the GIL).
+cdef extern from *:
+    """
+    struct ShmqArrowArray {
+        int64_t length;
+        int64_t null_count;
+        int64_t offset;
+        int64_t n_buffers;
+        int64_t n_children;
+        const void **buffers;
+        struct ShmqArrowArray **children;
+        struct ShmqArrowArray *dictionary;
+        void (*release)(struct ShmqArrowArray *);
+        void *private_data;
+    };
+    typedef struct {
+        struct ShmqArrowArray kids[7];
+        struct ShmqArrowArray *kid_ptrs[7];
+        const void *bufs[7][3];
+        const void *parent_bufs[1];
+        PyObject *keep;
+    } shmq_spark_export_t;
+
+    static void shmq_spark_kid_release(struct ShmqArrowArray *a) { a->release = NULL; }
+
+    static void shmq_spark_release(struct ShmqArrowArray *a) {
+        shmq_spark_export_t *e = (shmq_spark_export_t *)a->private_data;
+        if (e != NULL) {
+            if (e->keep != NULL && Py_IsInitialized()) {
+                PyGILState_STATE g = PyGILState_Ensure();
+                Py_DECREF(e->keep);
+                PyGILState_Release(g);
+            }
+            free(e);
+        }
+        a->private_data = NULL;
+        a->release = NULL;
+    }
+
+    static inline void shmq_spark_kid(shmq_spark_export_t *e, int i, int64_t n,
+                                      int64_t nulls, int64_t n_buffers, const void *b0,
+                                      const void *b1, const void *b2) {
+        struct ShmqArrowArray *k = &e->kids[i];
+        e->bufs[i][0] = b0;
+        e->bufs[i][1] = b1;
+        e->bufs[i][2] = b2;
+        k->length = n;
+        k->null_count = nulls;
+        k->offset = 0;
+        k->n_buffers = n_buffers;
+        k->n_children = 0;
+        k->buffers = e->bufs[i];
+        k->children = NULL;
+        k->dictionary = NULL;
+        k->release = shmq_spark_kid_release;
+        k->private_data = NULL;
+        e->kid_ptrs[i] = k;
+    }
+    """
+    struct ShmqArrowArray:
+        int64_t length
+        int64_t null_count
+        int64_t offset
+        int64_t n_buffers
+        int64_t n_children
+        const void **buffers
+        ShmqArrowArray **children
+        ShmqArrowArray *dictionary
+        void (*release)(ShmqArrowArray *)
+        void *private_data
+    ctypedef struct shmq_spark_export_t:
+        ShmqArrowArray *kid_ptrs[7]
+        const void *parent_bufs[1]
+        PyObject *keep
+    void shmq_spark_release(ShmqArrowArray *a)
+    void shmq_spark_kid(shmq_spark_export_t *e, int i, int64_t n, int64_t nulls,
+                        int64_t n_buffers, const void *b0, const void *b1, const void *b2)
+
+
+def import_spark_batch(object importer, object schema, int64_t n, object block,
+                       Py_ssize_t at_koff, Py_ssize_t at_kdata, Py_ssize_t at_kvalid,
+                       Py_ssize_t r4, Py_ssize_t data, Py_ssize_t bits, Py_ssize_t r8,
+                       int64_t knulls, int64_t vnulls, object topic_ends, object topic_data,
+                       object partitions, object types):
+    """The spark_bridge RecordBatch (no headers) of ``sections_to_arrow``'s filled ``block``
+    (a ``pyarrow.Buffer``; the positions as it lays them out) and the constant columns'
+    buffers (topic offsets and bytes, partition, timestampType), through the Arrow C data
+    interface: ``importer(address, schema)`` is ``pyarrow.RecordBatch._import_from_c``.  The
+    batch holds the five buffer objects until pyarrow releases it (~6 us less than building
+    seven arrays and a batch from Python)."""
+    cdef ShmqArrowArray parent
+    cdef shmq_spark_export_t *e
+    cdef uintptr_t b = block.address
+    cdef tuple keep = (block, topic_ends, topic_data, partitions, types)
+    cdef uintptr_t te = topic_ends.address, td = topic_data.address
+    cdef uintptr_t pa_ = partitions.address, ty = types.address
+    e = <shmq_spark_export_t *>malloc(sizeof(shmq_spark_export_t))
+    if e == NULL:
+        raise MemoryError()
+    shmq_spark_kid(e, 0, n, knulls, 3, <const void *>(b + at_kvalid) if knulls else NULL,
+                   <const void *>(b + at_koff), <const void *>(b + at_kdata))
+    shmq_spark_kid(e, 1, n, vnulls, 3, <const void *>(b + at_kvalid + bits) if vnulls else NULL,
+                   <const void *>(b + at_koff + r4), <const void *>(b + at_kdata + data))
+    shmq_spark_kid(e, 2, n, 0, 3, NULL, <const void *>te, <const void *>td)
+    shmq_spark_kid(e, 3, n, 0, 2, NULL, <const void *>pa_, NULL)
+    shmq_spark_kid(e, 4, n, 0, 2, NULL, <const void *>b, NULL)
+    shmq_spark_kid(e, 5, n, 0, 2, NULL, <const void *>(b + r8), NULL)
+    shmq_spark_kid(e, 6, n, 0, 2, NULL, <const void *>ty, NULL)
+    e.parent_bufs[0] = NULL
+    Py_INCREF(keep)
+    e.keep = <PyObject *>keep
+    parent.length = n
+    parent.null_count = 0
+    parent.offset = 0
+    parent.n_buffers = 1
+    parent.n_children = 7
+    parent.buffers = e.parent_bufs
+    parent.children = e.kid_ptrs
+    parent.dictionary = NULL
+    parent.release = shmq_spark_release
+    parent.private_data = e
+    try:
+        return importer(<uintptr_t>&parent, schema)
+    finally:
+        if parent.release != NULL:  # not moved: the import failed before it took the array
+            parent.release(&parent)

@@ -108,6 +108,11 @@ class ConstantColumns:
 
     def string(self, text: str, n: int) -> pa.Array:
         """``n`` rows of ``text`` as a ``string`` array."""
+        ends, data = self.string_buffers(text, n)
+        return pa.Array.from_buffers(pa.string(), n, [None, ends, data])
+
+    def string_buffers(self, text: str, n: int) -> tuple[pa.Buffer, pa.Buffer]:
+        """``string``'s two buffers (offsets, bytes), without the array."""
         raw = text.encode()
 
         def build(cap: int) -> tuple[pa.Buffer, pa.Buffer]:
@@ -119,14 +124,14 @@ class ConstantColumns:
             e32.setflags(write=False)
             return pa.py_buffer(e32), pa.py_buffer(data)
         ends, data = self._get(("string", text), n, build)
-        return pa.Array.from_buffers(pa.string(), n, [None, ends.slice(0, 4 * (n + 1)),
-                                                      data.slice(0, len(raw) * n)])
+        return ends.slice(0, 4 * (n + 1)), data.slice(0, len(raw) * n)
 
 
 # the Arrow types, made once (``pa.timestamp("us", tz="UTC")`` costs ~0.25 us a call)
 _BINARY, _STRING, _INT32, _INT64 = pa.binary(), pa.string(), pa.int32(), pa.int64()
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 _NAMES = SCHEMA.names
+_IMPORT = pa.RecordBatch._import_from_c  # the Arrow C data interface (import_spark_batch)
 _NAMES_WITH_HEADERS = SCHEMA_WITH_HEADERS.names
 # Up to this many sections the meta table is read as a Python list: numpy's slicing, compares
 # and reductions cost ~1 us each on a handful of values
@@ -180,6 +185,18 @@ def sections_to_arrow(bodies: list[Any], meta: np.ndarray, topic: str, partition
         mv[at_kvalid + bits : at_kvalid + bits + rows // 8 + 1],
         min_offset, max_offset, 1000)
     del mv
+    # The usual read: one C call hands pyarrow the whole batch (Arrow C data interface).  Not
+    # when a validity bitmap's size would differ: pyarrow sizes an imported bitmap ceil(n / 8)
+    # bytes, this module n // 8 + 1 (the same bytes but for n a multiple of 8 with nulls).
+    if constants is not None and not include_headers and lats is not None and (
+            n & 7 or not (knulls or vnulls)):
+        kind = _uniform_kind(lats, n)
+        if kind is not None:
+            ends, text = constants.string_buffers(topic, n)
+            return _fast.import_spark_batch(
+                _IMPORT, SCHEMA, n, block, at_koff, at_kdata, at_kvalid, r4, data, bits, r8,
+                knulls, vnulls, ends, text, constants.int32(partition, n),
+                constants.int32(kind, n))
     sl = block.slice
     offsets = sl(0, 8 * n)
     offset_array = pa.Array.from_buffers(_INT64, n, [None, offsets])
@@ -230,6 +247,18 @@ def _repeated_string(text: str, n: int,
         np.frombuffer(data, dtype=np.uint8, count=len(raw) * n).reshape(n, len(raw))[:] = \
             np.frombuffer(raw, dtype=np.uint8)
     return pa.Array.from_buffers(pa.string(), n, [None, ends, data])
+
+
+def _uniform_kind(lats: list[int], n: int) -> int | None:
+    """The timestampType of every row (0 CreateTime, 1 LogAppendTime) when all the sections
+    agree (``lats``: ``meta[3::4]`` as a list), None when they do not; 0 for no rows."""
+    if not n:
+        return 0
+    no = _fast.NO_LOG_APPEND_TIME
+    with_lat = sum(1 for t in lats if t != no)
+    if with_lat == 0:
+        return 0
+    return 1 if with_lat == len(lats) else None
 
 
 def _timestamp_types(meta: np.ndarray, n: int, offsets: pa.Array,

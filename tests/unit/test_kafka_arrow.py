@@ -12,6 +12,7 @@ import datetime as dt
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute below; nothing else imports it)
 import pytest
 
 from shmq import _fast
