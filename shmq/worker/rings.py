@@ -47,7 +47,9 @@ import concurrent.futures
 import logging
 import os
 import socket
+import threading
 import time
+import weakref
 from collections import deque
 from functools import partial
 from pathlib import Path
@@ -145,6 +147,67 @@ class _Group:
         self.failed: dict[int, BaseException] = {}
         self.started = started
         self.flushed = 0
+
+
+class _LogCommit:
+    """One log's group commits for the ring sessions (``RingServer.commit``): the answers
+    waiting for an fsync, and whether a commit thread is running rounds for them.
+
+    The loop adds waiters (``request``); the thread (``run``) takes the highest offset asked
+    for, fsyncs (``PartitionLog.flush``, which covers the log's end as it finds it), hands the
+    waiters that fsync covered to the loop in one ``call_soon_threadsafe``, and goes on while
+    more are waiting; it stops (``running`` False) only under ``lock`` with none left, so a
+    request either joins a running round or hands a new one to a thread, never neither."""
+
+    __slots__ = ("server", "lock", "waiters", "running")
+
+    def __init__(self, server: RingServer) -> None:
+        self.server = server  # (not the log: the server's table of these is weak on the log)
+        self.lock = threading.Lock()
+        self.waiters: list[tuple[int, Any]] = []  # (offset it needs durable, done)
+        self.running = False
+
+    def request(self, upto: int, done: Any) -> bool:
+        """(the loop) Whether a thread must be started for it (none is running rounds)."""
+        with self.lock:
+            self.waiters.append((upto, done))
+            if self.running:
+                return False
+            self.running = True
+            return True
+
+    def run(self, plog: Any) -> None:
+        """(a commit thread) Rounds until no waiter is left."""
+        loop, stats = self.server.loop, self.server.stats
+        while True:
+            with self.lock:
+                if not self.waiters:
+                    self.running = False
+                    return
+                target = max(upto for upto, _ in self.waiters)
+            exc: BaseException | None = None
+            try:
+                plog.flush(target, checkpoint=False)
+            except BaseException as e:  # noqa: BLE001 - its waiters are answered with it
+                exc = e
+            with self.lock:  # the waiters this round covered (all it found, any added since
+                # that need no more than it made durable)
+                covered = [w for w in self.waiters if w[0] <= target]
+                self.waiters = [w for w in self.waiters if w[0] > target]
+            try:
+                loop.call_soon_threadsafe(_deliver, stats, covered, exc)
+            except RuntimeError:  # the loop is closed: the worker is going away
+                with self.lock:
+                    self.waiters, self.running = [], False
+                return
+
+
+def _deliver(stats: dict[str, int], covered: list[tuple[int, Any]],
+             exc: BaseException | None) -> None:
+    """(the loop) A round's end to the answers it covered, in the order they asked."""
+    stats["ring_commit_rounds"] += 1
+    for _, done in covered:
+        done(exc)
 
 
 class RingSession:
@@ -394,9 +457,9 @@ class RingSession:
         return taken, more
 
     def _flush_then_answer(self, durable: list) -> None:
-        """Hand the group commit of these acks=all entries to the commit threads now (one
-        flush a log, to its highest offset: each covers the log's end as it finds it); they
-        are answered once it is done (``_flushed``), after every earlier entry."""
+        """Ask for the group commit of these acks=all entries now (one flush a log, to its
+        highest offset: ``RingServer.commit``); they are answered once every log's is done
+        (``_flushed``), after every earlier entry."""
         logs: dict[int, Durable] = {}
         for _, _, _, d in durable:
             seen = logs.get(id(d.log))
@@ -407,23 +470,15 @@ class RingSession:
             metrics.add(PRODUCE_WAITS_STARTED)
         group = _Group(durable, len(logs), time.monotonic_ns())
         self.groups.append(group)
-        pool = self.server.committer()
+        commit = self.server.commit
         for key, d in logs.items():
-            job = pool.submit(d.log.flush, d.upto, checkpoint=False)
-            # straight to the loop when done: one turn of it, not an asyncio future's two
-            job.add_done_callback(partial(self._flush_done, group, key))
+            commit(d.log, d.upto, partial(self._flushed, group, key))
 
-    def _flush_done(self, group: _Group, key: int, job: concurrent.futures.Future) -> None:
-        """(the commit thread) hands a finished flush to the loop."""
-        try:
-            self.loop.call_soon_threadsafe(self._flushed, group, key, job)
-        except RuntimeError:  # the loop is closed: the worker is going away
-            pass
-
-    def _flushed(self, group: _Group, key: int, job: concurrent.futures.Future) -> None:
-        """One flush of ``group`` is done (on the loop): once all are, the groups at the front
-        whose flushes are all done are answered, in ring order."""
-        exc = job.exception()
+    def _flushed(self, group: _Group, key: int, exc: BaseException | None) -> None:
+        """One flush of ``group`` is done (on the loop; ``exc``: it failed): once all are, the
+        groups at the front whose flushes are all done are answered, in ring order."""
+        if self.closed:
+            return
         if exc is not None:
             if not isinstance(exc, OSError):
                 log.error("flush for acks=all raised", exc_info=exc)
@@ -571,21 +626,36 @@ class RingServer:
         self.path = path
         self.stats = stats
         for key in ("ring_sessions", "ring_sessions_open", "ring_entries", "ring_wakeups", "ring_kicks", "ring_spins",
-                    "ring_refused"):
+                    "ring_refused", "ring_commit_handoffs", "ring_commit_rounds"):
             stats.setdefault(key, 0)
         self.loop = asyncio.get_running_loop()
         self.sessions: dict[int, RingSession] = {}
         self.next_id = 1
         self.sock: socket.socket | None = None
         self._committer: concurrent.futures.ThreadPoolExecutor | None = None
+        # each log's group commit rounds (weak: a deleted log's go with it)
+        self._commits: weakref.WeakKeyDictionary[Any, _LogCommit] = weakref.WeakKeyDictionary()
 
     def committer(self) -> concurrent.futures.ThreadPoolExecutor:
-        """The threads that run the sessions' group commits (``PartitionLog.flush``: one at a
-        time a log, any number of logs at once), made at the first."""
+        """The threads that run the group commits (``_LogCommit.run``: one at a time a log,
+        any number of logs at once), made at the first."""
         if self._committer is None:
             self._committer = concurrent.futures.ThreadPoolExecutor(
                 COMMIT_THREADS, thread_name_prefix="shmq-commit")
         return self._committer
+
+    def commit(self, plog: Any, upto: int, done: Any) -> None:
+        """(the loop) Call ``done(None)`` on the loop once ``plog`` is fsynced below ``upto``
+        (``done(exc)`` if the fsync that was to cover it failed).  A log's fsyncs run one
+        round at a time on a commit thread: a request made while a round runs joins the next,
+        which starts as that one ends and covers everything appended by then, so a round costs
+        one hand-off to a thread and one wake-up of the loop however many drains it covers."""
+        commit = self._commits.get(plog)
+        if commit is None:
+            commit = self._commits[plog] = _LogCommit(self)
+        if commit.request(upto, done):
+            self.stats["ring_commit_handoffs"] += 1
+            self.committer().submit(commit.run, plog)
 
     def start(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)

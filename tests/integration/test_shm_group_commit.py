@@ -65,3 +65,43 @@ def test_ring_batches_are_written_back_at_append_and_answered_in_order(tmp_path:
     assert len(answered) >= 8, lines  # the warm-up's and the eight batches' (maybe split)
     assert len(writebacks) >= len(answered), (len(writebacks), len(answered))
     assert 2 <= len(fsyncs) < len(answered), (len(fsyncs), len(answered))
+
+
+def test_ring_group_commits_run_in_rounds_one_handoff_and_one_wakeup_each(tmp_path: Path) -> None:
+    """Pipelined acks=all batches to a disk whose every fsync takes 50 ms: the worker's
+    drains do not each hand a flush to a commit thread and wait for its wake-up; a log's fsyncs
+    run in rounds (``RingServer.commit``), each covering every drain that asked while the one
+    before ran, so the commit-thread hand-offs and the loop's wake-ups from them
+    (``ring_commit_handoffs``, ``ring_commit_rounds``) are a few, not one a drain.  Every batch
+    is still answered without error, at offsets in the order sent, and only once its fsync is
+    done (no answer before the first 50 ms)."""
+    from shmq.ipc.client import attach
+
+    b = start_broker(tmp_path / "data", workers=1,
+                     env=dict(os.environ, SHMQ_FAULT_FSYNC_DELAY_MS="50"))
+    try:
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        admin.create_topics([NewTopic("rounds", 1, 1)])["rounds"].result(30)
+        time.sleep(0.2)
+        n = 200
+        with attach(b.data_dir, max_in_flight=n) as local:  # idempotent, all n in flight
+            local.send_batch("rounds", 0, [b"warm-up"], acks=-1).result(30)
+            before = b.worker_stats(time.time())[0]
+            started = time.monotonic()
+            futures = [local.send_batch("rounds", 0, [b"%06d" % i], acks=-1) for i in range(n)]
+            first = futures[0].result(30)
+            first_at = time.monotonic() - started
+            results = [f.result(30) for f in futures]
+            elapsed = time.monotonic() - started
+        after = b.worker_stats(time.time())[0]
+    finally:
+        assert b.stop() == 0, b.log_path.read_text()[-3000:]
+    assert first.base_offset == 1 and first_at >= 0.05, (first, first_at)
+    assert [r.base_offset for r in results] == list(range(1, n + 1))
+    assert all(r.error_code == 0 for r in results)
+    handoffs = after["ring_commit_handoffs"] - before["ring_commit_handoffs"]
+    rounds = after["ring_commit_rounds"] - before["ring_commit_rounds"]
+    # one round a 50 ms fsync at most (and one more that found the last covered)
+    assert 1 <= rounds <= elapsed / 0.05 + 2, (rounds, elapsed)
+    assert 1 <= handoffs <= rounds, (handoffs, rounds)
+    assert rounds < n / 4, (rounds, n, handoffs, elapsed)
