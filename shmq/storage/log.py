@@ -1132,72 +1132,86 @@ class PartitionLog:
         (``_checkpoint_due``): see "Durability" in the module docstring.
 
         Returns True when this call ran the fsync, False when an earlier flush already covered
-        ``up_to``.  Before it waits for the flush lock (an fsync of earlier appends may hold it)
-        it starts the disk writes of what is new (``_start_writeback``): the fsync it then runs
-        finds them written or in flight instead of starting them itself.
+        ``up_to``.  When it must wait for the flush lock (an fsync of earlier appends holds it)
+        it first starts the disk writes of what is new (``_start_writeback``): the fsync it then
+        runs finds them written or in flight instead of starting them itself.  With the lock
+        free it starts nothing: its fdatasync starts them at once.
         """
         called = time.monotonic_ns() if self.flush_trace is not None else 0
-        self._start_writeback(up_to)
-        with self._flush_lock:
-            locked = time.monotonic_ns() if called else 0
-            with self._lock:
-                leo = self.log_end_offset
-                needed = leo if up_to is None else min(up_to, leo)
-                if self.recovery_point >= leo:
-                    self.flush_requested = False  # nothing left for flush.messages / flush.ms
-                if needed <= (self.recovery_point if checkpoint else self.durable_offset):
-                    return False
-                now_ms = int(time.time() * 1000)
-                checkpoint = checkpoint or self._checkpoint_due(now_ms)
-                target = leo  # cover every append so far: later waiters find it done
-                logs = self.segments[self._segment_for(self.durable_offset):] \
-                    if self.durable_offset < leo else []
-                indexes = self.segments[self._segment_for(self.recovery_point):] \
-                    if checkpoint else []
-                # (index files a checkpoint creates need their names made durable too)
-                sync_dir = self._directory_dirty or any(s.indexes_deferred for s in indexes)
-                self._directory_dirty = False
-                epochs = None if self._epochs_durable else list(self.epoch_entries)
-                self._epochs_durable = True
-                sync_topic_id, self._topic_id_durable = not self._topic_id_durable, True
-                record = self._recovery_record() if checkpoint and self.segments[-1].loaded \
-                    else None
-                txn_dirty, self._txn_dirty = self._txn_dirty, set()
-                if checkpoint:
-                    self.flush_requested = self._checkpoint_wanted = False
-                    flushed_messages, flushed_bytes = (self.unflushed_messages,
-                                                       self._bytes_since_checkpoint)
-            started = time.perf_counter_ns()
-            for seg in logs:
-                seg.flush_log()
-            for seg in indexes:
-                seg.flush_indexes()
-            for base in txn_dirty:
-                checkpoint_file.fsync_file(txn_index.path_for(self.directory, base))
-            if epochs is not None:  # before the durable offset passes the batches they start
-                # a new log's first flush fsyncs its directory below anyway: that one fsync
-                # makes the checkpoint's rename durable too (one fsync in five of a clean stop
-                # of new logs, which spent half its time in fsync)
-                self._write_epochs(epochs, sync=True, sync_directory=not sync_dir)
-            if sync_topic_id:
-                checkpoint_file.fsync_file(self.directory / layout.PARTITION_METADATA)
-            if sync_dir:
-                checkpoint_file.fsync_directory(self.directory)
-            if self.flush_observer is not None:
-                self.flush_observer(time.perf_counter_ns() - started)
-            if called and self.flush_trace is not None:
-                self.flush_trace.append((called, locked, time.monotonic_ns(), target))
-            with self._lock:
-                self.durable_offset = max(self.durable_offset, target)
-                if checkpoint:
-                    self.recovery_point = max(self.recovery_point, target)
-                    self.unflushed_messages = max(0, self.unflushed_messages - flushed_messages)
-                    self._bytes_since_checkpoint = max(
-                        0, self._bytes_since_checkpoint - flushed_bytes)
-                    self.last_flush_ms = now_ms
-                    if record is not None and not self.closed:
-                        self._recovery_file.write(record)
-            return True
+        if not self._flush_lock.acquire(blocking=False):
+            # an fsync of earlier appends runs: start the disk writes of what is new while
+            # this waits for it (with the lock free the fdatasync below starts them itself
+            # at once, and a start first would be one more system call for nothing)
+            self._start_writeback(up_to)
+            self._flush_lock.acquire()
+        try:
+            return self._flush_locked(up_to, checkpoint, called)
+        finally:
+            self._flush_lock.release()
+
+    def _flush_locked(self, up_to: int | None, checkpoint: bool, called: int) -> bool:
+        """``flush`` with ``_flush_lock`` held."""
+        locked = time.monotonic_ns() if called else 0
+        with self._lock:
+            leo = self.log_end_offset
+            needed = leo if up_to is None else min(up_to, leo)
+            if self.recovery_point >= leo:
+                self.flush_requested = False  # nothing left for flush.messages / flush.ms
+            if needed <= (self.recovery_point if checkpoint else self.durable_offset):
+                return False
+            now_ms = int(time.time() * 1000)
+            checkpoint = checkpoint or self._checkpoint_due(now_ms)
+            target = leo  # cover every append so far: later waiters find it done
+            logs = self.segments[self._segment_for(self.durable_offset):] \
+                if self.durable_offset < leo else []
+            if logs:  # the fsync writes every byte so far: a later start begins after them
+                self._writeback_mark = (logs[-1].base_offset, logs[-1].size)
+            indexes = self.segments[self._segment_for(self.recovery_point):] \
+                if checkpoint else []
+            # (index files a checkpoint creates need their names made durable too)
+            sync_dir = self._directory_dirty or any(s.indexes_deferred for s in indexes)
+            self._directory_dirty = False
+            epochs = None if self._epochs_durable else list(self.epoch_entries)
+            self._epochs_durable = True
+            sync_topic_id, self._topic_id_durable = not self._topic_id_durable, True
+            record = self._recovery_record() if checkpoint and self.segments[-1].loaded \
+                else None
+            txn_dirty, self._txn_dirty = self._txn_dirty, set()
+            if checkpoint:
+                self.flush_requested = self._checkpoint_wanted = False
+                flushed_messages, flushed_bytes = (self.unflushed_messages,
+                                                   self._bytes_since_checkpoint)
+        started = time.perf_counter_ns()
+        for seg in logs:
+            seg.flush_log()
+        for seg in indexes:
+            seg.flush_indexes()
+        for base in txn_dirty:
+            checkpoint_file.fsync_file(txn_index.path_for(self.directory, base))
+        if epochs is not None:  # before the durable offset passes the batches they start
+            # a new log's first flush fsyncs its directory below anyway: that one fsync
+            # makes the checkpoint's rename durable too (one fsync in five of a clean stop
+            # of new logs, which spent half its time in fsync)
+            self._write_epochs(epochs, sync=True, sync_directory=not sync_dir)
+        if sync_topic_id:
+            checkpoint_file.fsync_file(self.directory / layout.PARTITION_METADATA)
+        if sync_dir:
+            checkpoint_file.fsync_directory(self.directory)
+        if self.flush_observer is not None:
+            self.flush_observer(time.perf_counter_ns() - started)
+        if called and self.flush_trace is not None:
+            self.flush_trace.append((called, locked, time.monotonic_ns(), target))
+        with self._lock:
+            self.durable_offset = max(self.durable_offset, target)
+            if checkpoint:
+                self.recovery_point = max(self.recovery_point, target)
+                self.unflushed_messages = max(0, self.unflushed_messages - flushed_messages)
+                self._bytes_since_checkpoint = max(
+                    0, self._bytes_since_checkpoint - flushed_bytes)
+                self.last_flush_ms = now_ms
+                if record is not None and not self.closed:
+                    self._recovery_file.write(record)
+        return True
 
     def _checkpoint_due(self, now_ms: int) -> bool:
         """Whether an acknowledgement's flush should take the checkpoint too (under ``_lock``):

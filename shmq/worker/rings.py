@@ -383,7 +383,7 @@ class RingSession:
         durable: list[tuple[list, int, PartitionResult, Durable]] = []
         taken = 0
         more = False
-        trace, ctx, pending = self.trace, self.ctx, self.pending
+        trace, ctx, pending, server = self.trace, self.ctx, self.pending, self.server
         stages: tuple[int, ...] = ()
         if trace is not None and self._sched >= 0:
             began_ns = time.monotonic_ns()
@@ -444,9 +444,13 @@ class RingSession:
                 free -= self._answer(slot, corr, result)
             else:
                 durable.append((slot, corr, result, done))
-                # its disk writes start now, not when the flush thread gets to them (after
-                # this drain's last entry): the fsync that covers it then waits for less
-                done.log.start_writeback(done.upto)
+                # while a round of its log's group commit runs, its disk writes start now,
+                # not when the next round's fsync gets to them: that fsync then waits for
+                # less.  With none running, the round this drain hands off starts them at
+                # once (``PartitionLog.flush``): a start here would be a system call (and a
+                # hand-over of the GIL to the commit thread) on the loop for nothing.
+                if server.committing(done.log):
+                    done.log.start_writeback(done.upto)
         self.stats["ring_entries"] += taken
         if trace is not None and self._sched >= 0:
             queued_ns = int(os.pread(self._sched, 80, 0).split()[1])
@@ -643,6 +647,11 @@ class RingServer:
             self._committer = concurrent.futures.ThreadPoolExecutor(
                 COMMIT_THREADS, thread_name_prefix="shmq-commit")
         return self._committer
+
+    def committing(self, plog: Any) -> bool:
+        """Whether a commit thread is running rounds of ``plog``'s group commit."""
+        commit = self._commits.get(plog)
+        return commit is not None and commit.running
 
     def commit(self, plog: Any, upto: int, done: Any) -> None:
         """(the loop) Call ``done(None)`` on the loop once ``plog`` is fsynced below ``upto``

@@ -20,8 +20,9 @@ import shmq
 
 def test_ring_batches_are_written_back_at_append_and_answered_in_order(tmp_path: Path) -> None:
     """Eight acks=all batches (five in flight, idempotent) to a disk whose every fsync takes
-    300 ms: each batch's disk writes start when it is appended (one ``start_writeback`` an
-    entry in the worker's trace), the group commits cover the batches appended while the
+    300 ms: the disk writes of a batch appended while a group commit of its log runs start
+    when it is appended (``start_writeback`` in the worker's trace; one appended with none
+    running is written by the fsync the drain then starts, at once), the group commits cover the batches appended while the
     previous one ran (a few fsyncs, not eight: under 2.4 s), and every record is reported once,
     without error, at offsets in the order produced."""
     trace = tmp_path / "trace"
@@ -63,7 +64,9 @@ def test_ring_batches_are_written_back_at_append_and_answered_in_order(tmp_path:
     writebacks = [w for w in lines if w[0] == "F" and w[4] == "-1"]
     fsyncs = [w for w in lines if w[0] == "F" and w[4] != "-1"]
     assert len(answered) >= 8, lines  # the warm-up's and the eight batches' (maybe split)
-    assert len(writebacks) >= len(answered), (len(writebacks), len(answered))
+    # the warm-up found no round running (no start); the batches behind the first mostly did
+    assert len(answered) // 2 <= len(writebacks) < len(answered), (len(writebacks),
+                                                                  len(answered))
     assert 2 <= len(fsyncs) < len(answered), (len(fsyncs), len(answered))
 
 

@@ -965,9 +965,14 @@ def test_end_offset_for_epoch_follows_leader_epoch_file_cache(tmp_path) -> None:
 
 
 def test_flush_starts_the_writeback_of_each_new_byte_once(tmp_path, monkeypatch) -> None:
-    """Before it waits for the flush lock, a flush starts the disk writes of every byte appended
-    since the previous start (``disk.start_writeback``), across rolls, each byte once; one that
-    finds everything durable starts nothing.  Checked against the files' sizes."""
+    """Before it waits for the flush lock (held by an fsync of earlier appends: here by the
+    test), a flush starts the disk writes of every byte appended since the previous start
+    (``disk.start_writeback``), across rolls, each byte once; one that finds everything durable
+    starts nothing, and so does one that finds the lock free (its fdatasync starts them at
+    once: a start first would be a system call for nothing).  Checked against the files'
+    sizes."""
+    import threading
+
     from shmq.storage import disk
 
     started: list[tuple[str, int, int]] = []
@@ -977,16 +982,30 @@ def test_flush_starts_the_writeback_of_each_new_byte_once(tmp_path, monkeypatch)
         started.append((os.readlink(f"/proc/self/fd/{fd}"), offset, length))
         return real(fd, offset, length)
 
+    def flush_behind_the_lock() -> bool:
+        results: list[bool] = []
+        log._flush_lock.acquire()
+        t = threading.Thread(target=lambda: results.append(log.flush()))
+        t.start()
+        deadline = time.monotonic() + 10
+        while len(started) == before and time.monotonic() < deadline:
+            time.sleep(0.001)  # the waiting flush started the writes first
+        log._flush_lock.release()
+        t.join(10)
+        return results[0]
+
     monkeypatch.setattr(disk, "start_writeback", recording)
     log = open_log(tmp_path, segment_bytes=3000)
     for _ in range(40):
         log.append(kbatch([b"v" * 100]))
     assert len(log.segments) > 2  # rolled
-    assert log.flush() is True
+    before = len(started)
+    assert flush_behind_the_lock() is True
     assert log.flush() is False  # nothing new: nothing started
     for _ in range(3):
         log.append(kbatch([b"w" * 100]))
-    assert log.flush() is True
+    before = len(started)
+    assert flush_behind_the_lock() is True
     covered: dict[str, list[tuple[int, int]]] = {}
     for path, offset, length in started:
         covered.setdefault(path, []).append((offset, offset + length))
@@ -995,4 +1014,13 @@ def test_flush_starts_the_writeback_of_each_new_byte_once(tmp_path, monkeypatch)
         assert spans and spans[0][0] == 0, seg
         assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False)), spans  # once
         assert spans[-1][1] == os.path.getsize(seg.log_path)
+    n = len(started)
+    log.append(kbatch([b"x" * 100]))
+    assert log.flush() is True  # the lock free: fdatasync alone
+    assert len(started) == n, started[n:]
+    log.append(kbatch([b"y" * 100]))  # and a later start begins after the bytes it wrote
+    log.start_writeback()
+    last = log.segments[-1]
+    assert started[n:] == [(str(last.log_path), os.path.getsize(last.log_path) - len(
+        kbatch([b"y" * 100])), len(kbatch([b"y" * 100])))], started[n:]
     log.close()
