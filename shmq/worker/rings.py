@@ -11,9 +11,13 @@ Theory of operation
   through ``produce.produce_partition`` (the very function the wire handler calls: validation,
   idempotence, append, high watermark, state table, long-poll wake-ups), then its COMPLETION is
   written: at once for acks=1, never for acks=0, and for acks=all after the group commit that
-  covers it: its disk writes start at its append (``PartitionLog.start_writeback``), and after
-  the drain's last entry one flush a log goes to the executor (``_flush_then_answer``; a flush
-  under way covers what it found, the next waits for it and covers the rest).  An
+  covers it: after the drain's last entry it asks for one flush a log (``_flush_then_answer``,
+  ``RingServer.commit``).  A log's flushes run in rounds on a commit thread (``_LogCommit``):
+  a request made while a round runs joins the next, which starts as that one ends and covers
+  all appended by then, so a round costs one hand-off to a thread and one wake-up of the loop
+  however many drains asked; an entry appended while a round runs has its disk writes started
+  at its append (``PartitionLog.start_writeback``), one appended with none running is written
+  by the round its drain starts at once.  An
   entry's ring space is released when its completion is written (acks=0: when appended), in ring
   order, so an entry without an answer is still in the ring when the worker dies and the client
   can resend it exactly.  A drain handles at most ``DRAIN_BATCH`` entries, then yields to the loop.
