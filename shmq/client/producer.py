@@ -94,6 +94,15 @@ SPARES = 12
 # records/s at acks=1, 20 us CPU a record); records produced within the gap gather in one
 # batch, which the linger thread sends when the gap is over.
 EAGER_GAP_S = 0.0002
+# ... and it doubles for each batch of the partition unanswered past EAGER_GAP_FREE: at acks=all
+# an answer waits for the group-commit fdatasync (0.5-0.7 ms), so at 10,000 records/s five
+# batches of ~3 records filled max.in.flight and the records produced then waited for an
+# answer (bench_client --stages: 11 % of the records, most of the slowest 1 %); a gap that grows
+# as the window fills spreads its places over the wait, records gathering meanwhile in the open
+# batch, as Kafka's producer gathers them while in-flight is full.  Quick answers (acks=1)
+# leave at most one batch unanswered: the gap stays EAGER_GAP_S.
+EAGER_GAP_FREE = int(__import__("os").environ.get("SHMQ_GAP_FREE", "1"))
+EAGER_GAP_GROWTH = float(__import__("os").environ.get("SHMQ_GAP_GROWTH", "2"))
 EAGER_CHECK_S = 0.001      # how often the linger thread looks for room in flight (linger.ms unset):
 #                            often enough for latency, seldom enough that batches amortise a send
 # the linger thread's timer slack (``prctl(PR_SET_TIMERSLACK)``): its timed waits for
@@ -741,7 +750,8 @@ class ShmProducer(Producer, ProducerCore):
         if batch.count() >= self._batch_records or batch.size() >= self._batch_bytes:
             self._send(k, batch)
         elif fresh and self._eager:
-            if (time.monotonic() - self._last_send.get(k, 0.0) >= EAGER_GAP_S
+            gap = self._gap(k)
+            if (time.monotonic() - self._last_send.get(k, 0.0) >= gap
                     and k not in self._backlog and self._io.acquire(blocking=False)):
                 try:
                     if not self._broker.can_send(topic, partition):
@@ -751,10 +761,16 @@ class ShmProducer(Producer, ProducerCore):
                         return
                 finally:
                     self._io.release()
-            if self._look_at > self._last_send.get(k, 0.0) + EAGER_GAP_S:
+            if self._look_at > self._last_send.get(k, 0.0) + gap:
                 self._wake.set()  # else the linger thread looks in time without a wake-up
         elif fresh and self._look_at > batch.opened + self._linger:
             self._wake.set()
+
+    def _gap(self, k: tuple[str, int]) -> float:
+        """How long after a partition's last batch went its next may go (linger.ms unset):
+        EAGER_GAP_S, times EAGER_GAP_GROWTH for each unanswered batch past EAGER_GAP_FREE."""
+        extra = self._broker.unanswered(*k) - EAGER_GAP_FREE
+        return EAGER_GAP_S if extra <= 0 else EAGER_GAP_S * EAGER_GAP_GROWTH ** extra
 
     def _hold_unknown(self, topic: str, partition: int, key: Any, value: Any, timestamp: int,
                       headers: Any, size: int, cb: Any) -> None:
@@ -1376,16 +1392,18 @@ class ShmProducer(Producer, ProducerCore):
         due = now + EAGER_CHECK_S if self._backlog else None
         for k, batch in self._open_items():
             if self._eager:
-                gap = self._last_send.get(k, 0.0) + EAGER_GAP_S
+                gap = self._last_send.get(k, 0.0) + self._gap(k)
                 if now >= gap and self._broker.can_send(*k):
                     self._send(k, batch)
                     if k not in self._backlog:
-                        # the next batch of a busy partition may go EAGER_GAP_S from now: the
+                        # the next batch of a busy partition may go a gap from now: the
                         # thread looks then, so the record that opens it needs no wake-up
-                        at = self._last_send.get(k, now) + EAGER_GAP_S
+                        at = self._last_send.get(k, now) + min(self._gap(k), EAGER_CHECK_S)
                         due = at if due is None else min(due, at)
                     continue
-                at = gap if now < gap else now + EAGER_CHECK_S
+                # a long gap (answers outstanding) shrinks as answers come: looked at again
+                # within EAGER_CHECK_S, as the poll()s of a busy caller look at it
+                at = min(gap, now + EAGER_CHECK_S) if now < gap else now + EAGER_CHECK_S
             elif now - batch.opened >= self._linger and self._broker.can_send(*k):
                 self._send(k, batch)
                 continue
