@@ -99,10 +99,12 @@ EAGER_GAP_S = 0.0002
 # batches of ~3 records filled max.in.flight and the records produced then waited for an
 # answer (bench_client --stages: 11 % of the records, most of the slowest 1 %); a gap that grows
 # as the window fills spreads its places over the wait, records gathering meanwhile in the open
-# batch, as Kafka's producer gathers them while in-flight is full.  Quick answers (acks=1)
-# leave at most one batch unanswered: the gap stays EAGER_GAP_S.
-EAGER_GAP_FREE = int(__import__("os").environ.get("SHMQ_GAP_FREE", "1"))
-EAGER_GAP_GROWTH = float(__import__("os").environ.get("SHMQ_GAP_GROWTH", "2"))
+# batch, as Kafka's producer gathers them while in-flight is full (--stages, 6 runs each at
+# load 2-3.5: records meeting a full window 2-20 % against 12-31 %).  At most EAGER_GAP_MAX.
+# Quick answers (acks=1) leave at most one batch unanswered: the gap stays EAGER_GAP_S.
+EAGER_GAP_FREE = 1
+EAGER_GAP_GROWTH = 2.0
+EAGER_GAP_MAX = 0.001
 EAGER_CHECK_S = 0.001      # how often the linger thread looks for room in flight (linger.ms unset):
 #                            often enough for latency, seldom enough that batches amortise a send
 # the linger thread's timer slack (``prctl(PR_SET_TIMERSLACK)``): its timed waits for
@@ -770,7 +772,8 @@ class ShmProducer(Producer, ProducerCore):
         """How long after a partition's last batch went its next may go (linger.ms unset):
         EAGER_GAP_S, times EAGER_GAP_GROWTH for each unanswered batch past EAGER_GAP_FREE."""
         extra = self._broker.unanswered(*k) - EAGER_GAP_FREE
-        return EAGER_GAP_S if extra <= 0 else EAGER_GAP_S * EAGER_GAP_GROWTH ** extra
+        return EAGER_GAP_S if extra <= 0 else min(EAGER_GAP_MAX,
+                                                  EAGER_GAP_S * EAGER_GAP_GROWTH ** extra)
 
     def _hold_unknown(self, topic: str, partition: int, key: Any, value: Any, timestamp: int,
                       headers: Any, size: int, cb: Any) -> None:
