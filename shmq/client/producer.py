@@ -612,6 +612,9 @@ class ShmProducer(Producer, ProducerCore):
         self._reported = 0        # records of batches without callbacks answered since poll
         self._spares: list[bytearray] = []  # sent batches' buffers, for the next batches
         self._last_send: dict[tuple[str, int], float] = {}  # when each partition's last batch went
+        # partitions whose open batch met max.in.flight unanswered: it goes EAGER_GAP_S after the
+        # last one once an answer makes room, not after the grown gap (``_gap``)
+        self._met_full: set[tuple[str, int]] = set()
         # The two locks (see "Never blocking" in the module docstring): ``_lock`` (the C lock
         # ProducerCore.produce takes) guards the open batches, the backlogs, the counts and the
         # reports, and is never held while waiting for anything; ``_io`` guards the LocalBroker
@@ -770,10 +773,16 @@ class ShmProducer(Producer, ProducerCore):
 
     def _gap(self, k: tuple[str, int]) -> float:
         """How long after a partition's last batch went its next may go (linger.ms unset):
-        EAGER_GAP_S, times EAGER_GAP_GROWTH for each unanswered batch past EAGER_GAP_FREE."""
-        extra = self._broker.unanswered(*k) - EAGER_GAP_FREE
-        return EAGER_GAP_S if extra <= 0 else min(EAGER_GAP_MAX,
-                                                  EAGER_GAP_S * EAGER_GAP_GROWTH ** extra)
+        EAGER_GAP_S, times EAGER_GAP_GROWTH for each unanswered batch past EAGER_GAP_FREE (at
+        most EAGER_GAP_MAX); EAGER_GAP_S for a batch that met a full window (its records waited
+        for an answer already)."""
+        u = self._broker.unanswered(*k)
+        if u >= self._broker.max_in_flight:
+            self._met_full.add(k)  # its open batch waits for an answer: then it goes at once
+        extra = u - EAGER_GAP_FREE
+        if extra <= 0 or k in self._met_full:
+            return EAGER_GAP_S
+        return min(EAGER_GAP_MAX, EAGER_GAP_S * EAGER_GAP_GROWTH ** extra)
 
     def _hold_unknown(self, topic: str, partition: int, key: Any, value: Any, timestamp: int,
                       headers: Any, size: int, cb: Any) -> None:
@@ -894,6 +903,7 @@ class ShmProducer(Producer, ProducerCore):
         if sent is None:
             return False  # not ready, no room in flight or in the ring: it goes later
         self._last_send[k] = time.monotonic()
+        self._met_full.discard(k)
         if len(self._spares) < SPARES and batch.size() <= SPARE_MAX:
             spare = batch.release()  # its bytes are in the ring: a next batch's buffer
             if spare is not None:
