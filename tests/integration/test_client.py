@@ -1132,7 +1132,20 @@ def test_eager_gap_grows_with_unanswered_batches(kafka: RunningBroker) -> None:
         with p._lock:
             p._send_ready()
         assert p._open_get(k) is None  # answered: the gap is EAGER_GAP_S again, and passed
+        # a full window (max.in.flight unanswered): the open batch's records wait for an answer
+        # already, so once one makes room it goes EAGER_GAP_S after the last, not the grown gap
+        for value in (b"e", b"f", b"g", b"h"):
+            p.produce(topic, value, partition=0)
+            batch = p._open_get(k)
+            if batch is not None:
+                with p._lock:
+                    p._send(k, batch)
+        assert broker.unanswered(*k) == broker.max_in_flight
+        p.produce(topic, b"i", partition=0)
+        assert p._open_get(k) is not None
+        assert p._gap(k) == EAGER_GAP_S and k in p._met_full
         assert p.flush(10) == 0
+        assert k not in p._met_full  # sent: the next batch's gap grows again
     finally:
         clients.close()
 
