@@ -94,17 +94,6 @@ SPARES = 12
 # records/s at acks=1, 20 us CPU a record); records produced within the gap gather in one
 # batch, which the linger thread sends when the gap is over.
 EAGER_GAP_S = 0.0002
-# ... and it doubles for each batch of the partition unanswered past EAGER_GAP_FREE: at acks=all
-# an answer waits for the group-commit fdatasync (0.5-0.7 ms), so at 10,000 records/s five
-# batches of ~3 records filled max.in.flight and the records produced then waited for an
-# answer (bench_client --stages: 11 % of the records, most of the slowest 1 %); a gap that grows
-# as the window fills spreads its places over the wait, records gathering meanwhile in the open
-# batch, as Kafka's producer gathers them while in-flight is full (--stages, 6 runs each at
-# load 2-3.5: records meeting a full window 2-20 % against 12-31 %).  At most EAGER_GAP_MAX.
-# Quick answers (acks=1) leave at most one batch unanswered: the gap stays EAGER_GAP_S.
-EAGER_GAP_FREE = 1
-EAGER_GAP_GROWTH = 2.0
-EAGER_GAP_MAX = 0.001
 EAGER_CHECK_S = 0.001      # how often the linger thread looks for room in flight (linger.ms unset):
 #                            often enough for latency, seldom enough that batches amortise a send
 # the linger thread's timer slack (``prctl(PR_SET_TIMERSLACK)``): its timed waits for
@@ -612,9 +601,6 @@ class ShmProducer(Producer, ProducerCore):
         self._reported = 0        # records of batches without callbacks answered since poll
         self._spares: list[bytearray] = []  # sent batches' buffers, for the next batches
         self._last_send: dict[tuple[str, int], float] = {}  # when each partition's last batch went
-        # partitions whose open batch met max.in.flight unanswered: it goes EAGER_GAP_S after the
-        # last one once an answer makes room, not after the grown gap (``_gap``)
-        self._met_full: set[tuple[str, int]] = set()
         # The two locks (see "Never blocking" in the module docstring): ``_lock`` (the C lock
         # ProducerCore.produce takes) guards the open batches, the backlogs, the counts and the
         # reports, and is never held while waiting for anything; ``_io`` guards the LocalBroker
@@ -755,8 +741,7 @@ class ShmProducer(Producer, ProducerCore):
         if batch.count() >= self._batch_records or batch.size() >= self._batch_bytes:
             self._send(k, batch)
         elif fresh and self._eager:
-            gap = self._gap(k)
-            if (time.monotonic() - self._last_send.get(k, 0.0) >= gap
+            if (time.monotonic() - self._last_send.get(k, 0.0) >= EAGER_GAP_S
                     and k not in self._backlog and self._io.acquire(blocking=False)):
                 try:
                     if not self._broker.can_send(topic, partition):
@@ -766,23 +751,10 @@ class ShmProducer(Producer, ProducerCore):
                         return
                 finally:
                     self._io.release()
-            if self._look_at > self._last_send.get(k, 0.0) + gap:
+            if self._look_at > self._last_send.get(k, 0.0) + EAGER_GAP_S:
                 self._wake.set()  # else the linger thread looks in time without a wake-up
         elif fresh and self._look_at > batch.opened + self._linger:
             self._wake.set()
-
-    def _gap(self, k: tuple[str, int]) -> float:
-        """How long after a partition's last batch went its next may go (linger.ms unset):
-        EAGER_GAP_S, times EAGER_GAP_GROWTH for each unanswered batch past EAGER_GAP_FREE (at
-        most EAGER_GAP_MAX); EAGER_GAP_S for a batch that met a full window (its records waited
-        for an answer already)."""
-        u = self._broker.unanswered(*k)
-        if u >= self._broker.max_in_flight:
-            self._met_full.add(k)  # its open batch waits for an answer: then it goes at once
-        extra = u - EAGER_GAP_FREE
-        if extra <= 0 or k in self._met_full:
-            return EAGER_GAP_S
-        return min(EAGER_GAP_MAX, EAGER_GAP_S * EAGER_GAP_GROWTH ** extra)
 
     def _hold_unknown(self, topic: str, partition: int, key: Any, value: Any, timestamp: int,
                       headers: Any, size: int, cb: Any) -> None:
@@ -903,7 +875,6 @@ class ShmProducer(Producer, ProducerCore):
         if sent is None:
             return False  # not ready, no room in flight or in the ring: it goes later
         self._last_send[k] = time.monotonic()
-        self._met_full.discard(k)
         if len(self._spares) < SPARES and batch.size() <= SPARE_MAX:
             spare = batch.release()  # its bytes are in the ring: a next batch's buffer
             if spare is not None:
@@ -1405,18 +1376,16 @@ class ShmProducer(Producer, ProducerCore):
         due = now + EAGER_CHECK_S if self._backlog else None
         for k, batch in self._open_items():
             if self._eager:
-                gap = self._last_send.get(k, 0.0) + self._gap(k)
+                gap = self._last_send.get(k, 0.0) + EAGER_GAP_S
                 if now >= gap and self._broker.can_send(*k):
                     self._send(k, batch)
                     if k not in self._backlog:
-                        # the next batch of a busy partition may go a gap from now: the
+                        # the next batch of a busy partition may go EAGER_GAP_S from now: the
                         # thread looks then, so the record that opens it needs no wake-up
-                        at = self._last_send.get(k, now) + min(self._gap(k), EAGER_CHECK_S)
+                        at = self._last_send.get(k, now) + EAGER_GAP_S
                         due = at if due is None else min(due, at)
                     continue
-                # a long gap (answers outstanding) shrinks as answers come: looked at again
-                # within EAGER_CHECK_S, as the poll()s of a busy caller look at it
-                at = min(gap, now + EAGER_CHECK_S) if now < gap else now + EAGER_CHECK_S
+                at = gap if now < gap else now + EAGER_CHECK_S
             elif now - batch.opened >= self._linger and self._broker.can_send(*k):
                 self._send(k, batch)
                 continue

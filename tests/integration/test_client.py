@@ -1092,64 +1092,6 @@ def test_linger_thread_is_not_woken_for_a_batch_it_sends_in_time(kafka: RunningB
         clients.close()
 
 
-def test_eager_gap_grows_with_unanswered_batches(kafka: RunningBroker) -> None:
-    """Without linger.ms, a partition's next batch waits longer after its last one the more of
-    its batches are unanswered (EAGER_GAP_S, doubled for each past one): at acks=all five
-    batches of a few records filled max.in.flight within one fsync and the records produced
-    then waited for an answer.  As answers come the gap shrinks back.  The linger thread is
-    stopped here and the answers are left unread until the end."""
-    from shmq.client.producer import EAGER_GAP_S
-
-    clients = Clients("shm", kafka.bootstrap)
-    try:
-        topic = new_topic(clients, 1)
-        p = clients.producer()
-        p.produce(topic, b"warm-up", partition=0)
-        assert p.flush(10) == 0
-        p._stop = True
-        p._wake.set()
-        p._thread.join(5)
-        assert not p._thread.is_alive()
-        k = (topic, 0)
-        broker = p._broker
-        for value in (b"a", b"b", b"c"):  # three batches in the ring, their answers unread
-            p.produce(topic, value, partition=0)
-            batch = p._open_get(k)
-            if batch is not None:
-                with p._lock:
-                    p._send(k, batch)
-        assert broker.unanswered(*k) == 3
-        p.produce(topic, b"d", partition=0)  # within the gap: stays open
-        assert p._open_get(k) is not None
-        p._last_send[k] = time.monotonic() - EAGER_GAP_S * 2  # past EAGER_GAP_S, not the grown gap
-        with p._lock:
-            p._send_ready()
-        assert p._open_get(k) is not None  # waits: three unanswered
-        deadline = time.monotonic() + 10
-        while broker.unanswered(*k) and time.monotonic() < deadline:
-            with p._io:
-                p._pump(0.1)
-        with p._lock:
-            p._send_ready()
-        assert p._open_get(k) is None  # answered: the gap is EAGER_GAP_S again, and passed
-        # a full window (max.in.flight unanswered): the open batch's records wait for an answer
-        # already, so once one makes room it goes EAGER_GAP_S after the last, not the grown gap
-        for value in (b"e", b"f", b"g", b"h"):
-            p.produce(topic, value, partition=0)
-            batch = p._open_get(k)
-            if batch is not None:
-                with p._lock:
-                    p._send(k, batch)
-        assert broker.unanswered(*k) == broker.max_in_flight
-        p.produce(topic, b"i", partition=0)
-        assert p._open_get(k) is not None
-        assert p._gap(k) == EAGER_GAP_S and k in p._met_full
-        assert p.flush(10) == 0
-        assert k not in p._met_full  # sent: the next batch's gap grows again
-    finally:
-        clients.close()
-
-
 def _stop(pid: int) -> None:
     import os
     import signal
