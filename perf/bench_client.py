@@ -463,10 +463,10 @@ def latency_stages(res: dict[str, Any], trace_dir: Path) -> list[str]:
     slow = order[int(len(order) * 0.99):]
     mid = order[int(len(order) * 0.45): int(len(order) * 0.55)]
     out = [f"  stages ({len(total):,} records; slowest 1 %: {len(slow)}, >= "
-           f"{total[slow[0]] / 1000:.0f} us)           p50     p90   median rec  slow median"]
+           f"{total[slow[0]] / 1000:.0f} us)           p50     p90     p99   median rec  slow median"]
     for name, v in stages:
         out.append(f"    {name:<42} {np.median(v) / 1000:7.1f} {np.percentile(v, 90) / 1000:7.1f}"
-                   f" {np.median(v[mid]) / 1000:11.1f} {np.median(v[slow]) / 1000:12.1f}")
+                   f" {np.percentile(v, 99) / 1000:7.1f} {np.median(v[mid]) / 1000:11.1f} {np.median(v[slow]) / 1000:12.1f}")
     main = np.stack([v for _, v in stages])
     largest = np.bincount(main[:, slow].argmax(axis=0), minlength=len(stages))
     out.append("    largest stage of each slow record: " + ", ".join(
