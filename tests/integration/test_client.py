@@ -989,6 +989,17 @@ def test_compression_type_is_applied(clients: Clients, kafka: RunningBroker) -> 
         c.close()
 
 
+def _warm_up_and_stop_linger(p: Any, topic: str) -> None:
+    """One record delivered to partition 0, then the producer's linger thread stopped: what
+    the tests below check is then done by the caller's thread (or by hand) only."""
+    p.produce(topic, b"warm-up", partition=0)
+    assert p.flush(10) == 0
+    p._stop = True
+    p._wake.set()
+    p._thread.join(5)
+    assert not p._thread.is_alive()
+
+
 def test_poll_sends_an_open_batch_that_may_go(kafka: RunningBroker) -> None:
     """``poll`` sends, on the caller's thread, an open batch that may go now (linger.ms unset:
     room in flight and the 200 us gap passed), not only the linger thread: that thread needs
@@ -999,12 +1010,7 @@ def test_poll_sends_an_open_batch_that_may_go(kafka: RunningBroker) -> None:
     try:
         topic = new_topic(clients, 1)
         p = clients.producer()
-        p.produce(topic, b"warm-up", partition=0)
-        assert p.flush(10) == 0
-        p._stop = True
-        p._wake.set()
-        p._thread.join(5)
-        assert not p._thread.is_alive()
+        _warm_up_and_stop_linger(p, topic)
         k = (topic, 0)
         p._last_send[k] = time.monotonic()  # within the gap: the record stays in its batch
         reports: list[Any] = []
@@ -1054,12 +1060,7 @@ def test_linger_thread_is_not_woken_for_a_batch_it_sends_in_time(kafka: RunningB
     try:
         topic = new_topic(clients, 2)
         p = clients.producer()
-        p.produce(topic, b"warm-up", partition=0)
-        assert p.flush(10) == 0
-        p._stop = True
-        p._wake.set()
-        p._thread.join(5)
-        assert not p._thread.is_alive()
+        _warm_up_and_stop_linger(p, topic)
         k = (topic, 0)
         # an open batch whose gap passed: the thread sends it and looks again one gap later
         p._last_send[k] = time.monotonic()
