@@ -111,38 +111,29 @@ static inline int64_t shmq_monotonic_ns(void) {
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-/* Sleep until the slot's seq is no longer ``seen`` or ``timeout_ns`` passed (< 0: no limit).
- * First look at seq for up to ``spin_ns`` (at most ``timeout_ns``; no flag set, so the writer
- * makes no system call), yielding the CPU between looks: data that follows within that time is
- * seen without the futex round trip and the wake-up of a halted CPU.
- * Returns 1 when seq changed (or may have: a wake-up), 0 on timeout.  Spurious returns are
- * allowed: the caller re-reads the slot. */
-static inline int shmq_slot_wait(unsigned char *base, uint64_t seen, int64_t timeout_ns,
-                                 int64_t spin_ns) {
-    shmq_slot_t *s = (shmq_slot_t *)base;
-    struct timespec ts, *tp = NULL;
-    long r;
-    if (timeout_ns >= 0 && spin_ns > timeout_ns)
-        spin_ns = timeout_ns;  /* the spin counts against the timeout: never past it */
-    if (spin_ns > 0) {
-        int64_t until = shmq_monotonic_ns() + spin_ns;
-        while (1) {
-            if (__atomic_load_n(&s->seq, __ATOMIC_ACQUIRE) != seen)
-                return 1;
-            /* Not a pause loop: the CPU goes to whatever else waits for it here (the writer,
-             * its producer), and sched_yield returns at once when nothing does.  A pause loop
-             * kept the CPU for the scheduler's slice (milliseconds) on a box with fewer idle
-             * CPUs than spinners, and the writer's wake-ups waited that long. */
-            sched_yield();
-            if (shmq_monotonic_ns() >= until)
-                break;
-        }
-        if (timeout_ns >= 0) {
-            timeout_ns -= spin_ns;
-            if (timeout_ns <= 0)
-                return 0;
-        }
+/* Look at the slot's seq for up to ``spin_ns`` (no flag set, so the writer makes no system
+ * call), yielding the CPU between looks: data that follows within that time is seen without
+ * the futex round trip and the wake-up of a halted CPU.  1 when seq is no longer ``seen``. */
+static inline int shmq_slot_spin(shmq_slot_t *s, uint64_t seen, int64_t spin_ns) {
+    int64_t until = shmq_monotonic_ns() + spin_ns;
+    while (1) {
+        if (__atomic_load_n(&s->seq, __ATOMIC_ACQUIRE) != seen)
+            return 1;
+        /* Not a pause loop: the CPU goes to whatever else waits for it here (the writer,
+         * its producer), and sched_yield returns at once when nothing does.  A pause loop
+         * kept the CPU for the scheduler's slice (milliseconds) on a box with fewer idle
+         * CPUs than spinners, and the writer's wake-ups waited that long. */
+        sched_yield();
+        if (shmq_monotonic_ns() >= until)
+            return 0;
     }
+}
+
+/* Set the slot's waiters flag and sleep on its futex while seq is ``seen``, at most
+ * ``timeout_ns`` (< 0: no limit).  1 when seq changed or may have (a wake-up), 0 on timeout,
+ * 2 when a signal interrupted the sleep. */
+static inline int shmq_slot_sleep(shmq_slot_t *s, uint64_t seen, int64_t timeout_ns) {
+    struct timespec ts, *tp = NULL;
     __atomic_exchange_n(&s->waiters, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&s->seq, __ATOMIC_SEQ_CST) != seen)
         return 1;
@@ -151,10 +142,35 @@ static inline int shmq_slot_wait(unsigned char *base, uint64_t seen, int64_t tim
         ts.tv_nsec = timeout_ns % 1000000000;
         tp = &ts;
     }
-    r = syscall(SYS_futex, shmq_slot_futex_word(s), FUTEX_WAIT, (uint32_t)seen, tp, NULL, 0);
-    if (r == -1 && errno == ETIMEDOUT)
-        return 0;
+    if (syscall(SYS_futex, shmq_slot_futex_word(s), FUTEX_WAIT, (uint32_t)seen, tp, NULL,
+                0) == -1) {
+        if (errno == ETIMEDOUT)
+            return 0;
+        if (errno == EINTR)
+            return 2;
+    }
     return 1;
+}
+
+/* Sleep until the slot's seq is no longer ``seen`` or ``timeout_ns`` passed (< 0: no limit),
+ * after a spin of up to ``spin_ns`` (``shmq_slot_spin``; it counts against the timeout).
+ * Returns 1 when seq changed (or may have: a wake-up or a signal), 0 on timeout.  Spurious
+ * returns are allowed: the caller re-reads the slot. */
+static inline int shmq_slot_wait(unsigned char *base, uint64_t seen, int64_t timeout_ns,
+                                 int64_t spin_ns) {
+    shmq_slot_t *s = (shmq_slot_t *)base;
+    if (timeout_ns >= 0 && spin_ns > timeout_ns)
+        spin_ns = timeout_ns;  /* the spin counts against the timeout: never past it */
+    if (spin_ns > 0) {
+        if (shmq_slot_spin(s, seen, spin_ns))
+            return 1;
+        if (timeout_ns >= 0) {
+            timeout_ns -= spin_ns;
+            if (timeout_ns <= 0)
+                return 0;
+        }
+    }
+    return shmq_slot_sleep(s, seen, timeout_ns) != 0;
 }
 
 /* Reader.  Returns 1 and fills *out with a consistent snapshot, or 0 after max_spins attempts
@@ -261,7 +277,6 @@ static inline int shmq_slot_wait_bound(unsigned char *base, int64_t offset, int 
     int swapped = -1;  /* -1: not tried yet, 0: no change, 1: restore at the end */
     int r;
     int64_t now, left, spin;
-    struct timespec ts;
     uint64_t seen;
     while (1) {
         seen = __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE);
@@ -279,18 +294,7 @@ static inline int shmq_slot_wait_bound(unsigned char *base, int64_t offset, int 
         left = deadline_ns - now;
         spin = spin_ns < left ? spin_ns : left;
         if (spin > 0) {
-            int64_t until = now + spin;
-            int changed = 0;
-            while (1) {  /* as shmq_slot_wait's spin: sched_yield, never a pause loop */
-                if (__atomic_load_n(&s->seq, __ATOMIC_ACQUIRE) != seen) {
-                    changed = 1;
-                    break;
-                }
-                sched_yield();
-                if (shmq_monotonic_ns() >= until)
-                    break;
-            }
-            if (changed)
+            if (shmq_slot_spin(s, seen, spin))
                 continue;
             left = deadline_ns - shmq_monotonic_ns();
             if (left <= 0)
@@ -298,13 +302,7 @@ static inline int shmq_slot_wait_bound(unsigned char *base, int64_t offset, int 
         }
         if (swapped < 0)
             swapped = shmq_slice_swap(&saved, (uint64_t)slice_ns);
-        __atomic_exchange_n(&s->waiters, 1, __ATOMIC_SEQ_CST);
-        if (__atomic_load_n(&s->seq, __ATOMIC_SEQ_CST) != seen)
-            continue;
-        ts.tv_sec = left / 1000000000;
-        ts.tv_nsec = left % 1000000000;
-        if (syscall(SYS_futex, shmq_slot_futex_word(s), FUTEX_WAIT, (uint32_t)seen, &ts,
-                    NULL, 0) == -1 && errno == EINTR) {
+        if (shmq_slot_sleep(s, seen, left) == 2) {
             r = 2;
             break;
         }
